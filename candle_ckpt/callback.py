@@ -1,0 +1,82 @@
+"""``CandleCheckpointCallback``: CANDLE's checkpoint callback for ``model.fit``.
+
+It holds no file logic: each epoch end becomes one call to the shared
+:class:`~candle_ckpt.engine.CheckpointEngine`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from candle_ckpt.engine import CheckpointEngine
+from candle_ckpt.keras_capture import capture_model
+from candle_ckpt.keras_state import ModelState
+from candle_ckpt.layout import Layout
+from candle_ckpt.oplog import OpsLog, get_logger
+from candle_ckpt.params import CkptConfig
+
+
+class CandleCheckpointCallback(keras.callbacks.Callback):
+    """Checkpoint every epoch that the ``ckpt_*`` parameters say to keep.
+
+    Args:
+        gParameters: The job's parameter dict (``ckpt_*`` keys and ``epochs``).
+        logger: ``"DEFAULT"`` (the ``candle_ckpt`` logger), a
+            :class:`logging.Logger`, or None for ``ckpt.log`` only.
+        verbose: Print progress to the console (with ``logger="DEFAULT"``).
+
+    Raises:
+        ValueError, TypeError: a parameter is invalid (the message names it).
+        OSError: ``ckpt_directory`` cannot be created or written.
+        DirectoryLocked: another live process writes to the same directory.
+    """
+
+    def __init__(
+        self,
+        gParameters: Mapping[str, Any],
+        logger: str | logging.Logger | None = "DEFAULT",
+        verbose: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
+        self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self._state: ModelState | None = None
+
+    def on_train_begin(self, logs=None) -> None:
+        self._state = ModelState(self.model)
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        # Keras counts epochs from 0; a checkpoint is named after completed epochs.
+        state = self._state or ModelState(self.model)
+        self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
+
+    def on_train_end(self, logs=None) -> None:
+        self.engine.finish()
+
+    def stats(self) -> dict[str, Any]:
+        """Durations and MB/s of every save, writer waits and errors."""
+        return self.engine.stats()
+
+    def report_final(self) -> None:
+        """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
+        self.engine.finish()
+        recs = self.engine.records
+        if not recs:
+            self.ops.info("report: no checkpoints were written in this run")
+            return
+        total = sum(r["bytes"] for r in recs)
+        secs = sum(r["save_s"] for r in recs)
+        best = self.engine.best
+        self.ops.info(
+            f"report: {len(recs)} checkpoints, {total / 1e6:.1f} MB in {secs:.2f} s "
+            f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
+            f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.engine.errors)}"
+        )

@@ -1,0 +1,251 @@
+"""The only module that knows how Keras keeps state.
+
+It relies on two private pieces of ``keras.src.saving.saving_lib`` (pinned in
+``setup.cfg``; ``tests/integration/test_keras_format.py`` fails loudly if they
+change):
+
+* ``_save_state`` walks a model the way ``model.save_weights`` does. We hand it
+  a recording store, so we learn which variables go to which H5 path without
+  writing anything. That "plan" lets us take a host snapshot (one copy of each
+  variable) and later write a standard ``.weights.h5`` from the snapshot on any
+  thread, while training goes on.
+* ``_load_state`` with ``H5IOStore`` reads a ``.weights.h5``. We feed it the
+  bytes that were just CRC-verified, so a restart reads each file once.
+
+Trap handled here: a freshly compiled model has no optimizer variables until
+its first step, and stock ``load_weights`` then silently skips the optimizer
+state. :func:`build_optimizer` builds it first.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import keras
+import numpy as np
+from keras.src.saving import saving_lib
+
+from candle_ckpt.checksum import CrcFile
+
+KERAS_VERSION = keras.__version__
+
+
+@dataclass
+class Entry:
+    """One H5 group: its path, its attributes and its ``(key, value)`` pairs."""
+
+    path: str
+    metadata: dict[str, Any]
+    items: list[tuple[str, Any]] = field(default_factory=list)
+    # True when save_own_variables handed us copies we could not map back to
+    # variables: such a plan must be re-walked for every snapshot.
+    volatile: bool = False
+
+
+class _PlanStore(saving_lib.H5IOStore):
+    """A weights store that records instead of writing (see module docstring)."""
+
+    def __init__(self) -> None:  # deliberately no super().__init__: no file
+        self.mode = "w"
+        self.entries: list[Entry] = []
+
+    def __bool__(self) -> bool:
+        return True
+
+    def make(self, path, metadata=None):
+        self.entries.append(Entry(path, dict(metadata or {})))
+        return self
+
+    def __setitem__(self, key, value) -> None:
+        self.entries[-1].items.append((str(key), value))
+
+    def close(self) -> None:
+        pass
+
+
+def _optimizers(obj: Any) -> list[Any]:
+    """The optimizers reachable from ``obj`` (a model's, wrapped ones, or ``obj`` itself)."""
+    found: list[Any] = []
+    opt = obj if isinstance(obj, keras.optimizers.Optimizer) else getattr(obj, "optimizer", None)
+    while opt is not None and all(opt is not o for o in found):
+        found.append(opt)
+        opt = getattr(opt, "inner_optimizer", None)
+    return found
+
+
+def make_plan(obj: Any, extra_optimizers: tuple = ()) -> list[Entry]:
+    """Return the save plan of a Keras model (or any KerasSaveable).
+
+    Layers hand ``save_own_variables`` their variables; optimizers hand it
+    ``variable.numpy()`` copies, in ``optimizer.variables`` order. Those are
+    mapped back to the variables so that the plan can be reused; anything else
+    that is not a variable marks its entry volatile.
+    """
+    store = _PlanStore()
+    saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=set())
+    optimizers = _optimizers(obj) + list(extra_optimizers)
+    plan = []
+    for entry in store.entries:
+        if not (entry.metadata or entry.items):
+            continue
+        if any(not isinstance(v, keras.Variable) for _, v in entry.items):
+            opt = next(
+                (
+                    o
+                    for o in optimizers
+                    if o.name == entry.metadata.get("name") and len(o.variables) == len(entry.items)
+                ),
+                None,
+            )
+            if opt is not None and all(
+                k == str(i) and tuple(np.shape(v)) == tuple(var.shape)
+                for i, ((k, v), var) in enumerate(zip(entry.items, opt.variables, strict=True))
+            ):
+                entry.items = [(str(i), var) for i, var in enumerate(opt.variables)]
+            else:
+                entry.volatile = True
+        plan.append(entry)
+    return plan
+
+
+def _to_host(value: Any) -> np.ndarray:
+    """Copy one variable or tensor to a new host array (exactly one copy)."""
+    if isinstance(value, keras.Variable):
+        inner = value.value
+        if hasattr(inner, "numpy"):  # TF: read_value().numpy() is a fresh copy
+            return np.asarray(inner.numpy())
+        return np.array(keras.ops.convert_to_numpy(inner), copy=True)
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return np.array(keras.ops.convert_to_numpy(value), copy=True)
+
+
+@dataclass
+class HostSnapshot:
+    """Weights and optimizer state copied to host memory, ready to be written."""
+
+    entries: list[tuple[str, dict[str, Any], list[tuple[str, np.ndarray]]]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for _, _, items in self.entries for _, a in items)
+
+    def write_h5(self, f: CrcFile | str) -> None:
+        """Write a standard Keras ``.weights.h5`` (same groups, attrs and datasets)."""
+        with h5py.File(f, "w") as h5:
+            for path, metadata, items in self.entries:
+                group = h5.create_group("vars") if not path else h5.create_group(path).create_group("vars")
+                for k, v in metadata.items():
+                    group.attrs[k] = v
+                for key, array in items:
+                    if keras.backend.standardize_dtype(array.dtype) == "bfloat16":
+                        ds = group.create_dataset(key, data=array)
+                        ds.attrs["dtype"] = "bfloat16"
+                    else:
+                        group[key] = array
+
+
+class ModelState:
+    """Snapshot / restore for one Keras model (weights and optimizer).
+
+    The save plan is computed once and reused while the set of variables is
+    unchanged, so a snapshot costs one copy of each variable and nothing more.
+    """
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._plan: list[Entry] | None = None
+        self._plan_key: tuple[int, int] | None = None
+
+    def _variable_count(self) -> tuple[int, int]:
+        opt = getattr(self.model, "optimizer", None)
+        return len(self.model.variables), len(opt.variables) if opt is not None else 0
+
+    def plan(self) -> list[Entry]:
+        key = self._variable_count()
+        if self._plan is None or key != self._plan_key or any(e.volatile for e in self._plan):
+            self._plan = make_plan(self.model)
+            self._plan_key = key
+        return self._plan
+
+    def snapshot(self) -> HostSnapshot:
+        """Copy the model's state to host memory on the calling thread."""
+        if not self.model.built:
+            raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
+        return HostSnapshot([(e.path, e.metadata, [(k, _to_host(v)) for k, v in e.items]) for e in self.plan()])
+
+    def full_model_parts(self) -> tuple[str, str]:
+        """Return (config.json, metadata.json) of the ``.keras`` archive."""
+        return saving_lib._serialize_model_as_json(self.model)
+
+    def restore(self, weights: bytes) -> None:
+        """Load a ``.weights.h5`` held in memory into the model, optimizer included.
+
+        Raises:
+            ValueError: if the checkpoint does not match the model.
+        """
+        build_optimizer(self.model)
+        load_weights_bytes(self.model, weights)
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Create the optimizer's variables so that its state can be loaded."""
+    if not model.built:
+        raise ValueError(
+            "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
+        )
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not opt.built:
+        opt.build(model.trainable_variables)
+
+
+def load_weights_bytes(obj: Any, weights: bytes, *, objects_to_skip=()) -> None:
+    """Load ``.weights.h5`` bytes into ``obj`` with Keras's own loader, strictly."""
+    store = saving_lib.H5IOStore(io.BytesIO(weights), mode="r")
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Skipping variable loading")
+            saving_lib._load_state(
+                obj,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables={id(o) for o in objects_to_skip},
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+
+
+def write_keras_archive(f: CrcFile, config_json: str, metadata_json: str, weights_path: str) -> None:
+    """Write a ``.keras`` zip (config, metadata, weights) that ``load_model`` reads."""
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("metadata.json", metadata_json)
+        zf.writestr("config.json", config_json)
+        zf.write(weights_path, "model.weights.h5")
+
+
+def backend_name() -> str:
+    return keras.backend.backend()
+
+
+def describe_plan(plan: list[Entry]) -> str:
+    """A JSON summary (paths, shapes, dtypes) used by the format test."""
+    return json.dumps(
+        [
+            [e.path, e.metadata, [[k, list(getattr(v, "shape", ())), str(getattr(v, "dtype", ""))] for k, v in e.items]]
+            for e in plan
+        ]
+    )

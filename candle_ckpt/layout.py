@@ -1,0 +1,109 @@
+"""Pure path arithmetic for a checkpoint directory. No I/O.
+
+::
+
+    <ckpt_directory>/
+        ckpt.log                  operations log
+        ckpts/
+            lock                  held (flock) by the one writer
+            work/                 the checkpoint being written
+            epochs/NNN/           committed checkpoints (NNN = completed epochs)
+            best -> epochs/NNN    relative symlink (or a pointer file)
+            last -> epochs/NNN
+            trash-*/              directories being deleted (cleaned at start)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+LINK_NAMES = ("best", "last")
+SIDECAR = "ckpt-info.json"
+WEIGHTS_FILE = "model.weights.h5"
+MODEL_FILE = "model.keras"
+_EPOCH_RE = re.compile(r"^[0-9]{3,9}$")
+_LINK_TARGET_RE = re.compile(r"^epochs/([0-9]{3,9})/?$")
+_SAFE_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def epoch_name(epoch: int) -> str:
+    """Return the directory name of ``epoch``: at least three digits."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0; got {epoch!r}")
+    return f"{epoch:03d}"
+
+
+def parse_epoch(name: str) -> int | None:
+    """Return the epoch of an ``epochs/`` entry name, or None if it is not one."""
+    if _EPOCH_RE.match(name):
+        return int(name)
+    return None
+
+
+def parse_link_target(target: str) -> int | None:
+    """Return the epoch a ``best``/``last`` link points to, or None if unsafe.
+
+    Only the exact relative form ``epochs/NNN`` is accepted: an absolute path,
+    ``..`` or anything else is refused, so a link can never lead outside
+    ``ckpts/``.
+    """
+    m = _LINK_TARGET_RE.match(target.strip())
+    return int(m.group(1)) if m else None
+
+
+def link_target(epoch: int) -> str:
+    """Return the relative target stored in a ``best``/``last`` link."""
+    return f"epochs/{epoch_name(epoch)}"
+
+
+def is_safe_filename(name: str) -> bool:
+    """True if ``name`` is a plain file name inside a checkpoint directory."""
+    return bool(_SAFE_FILE_RE.match(name)) and name not in (".", "..")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The paths of one checkpoint directory."""
+
+    root: str
+
+    @classmethod
+    def at(cls, directory: str | os.PathLike[str]) -> Layout:
+        return cls(os.path.abspath(os.fspath(directory)))
+
+    @property
+    def ckpts(self) -> str:
+        return os.path.join(self.root, "ckpts")
+
+    @property
+    def work(self) -> str:
+        return os.path.join(self.ckpts, "work")
+
+    @property
+    def epochs(self) -> str:
+        return os.path.join(self.ckpts, "epochs")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.root, "ckpt.log")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.ckpts, "lock")
+
+    def link(self, name: str) -> str:
+        if name not in LINK_NAMES:
+            raise ValueError(f"link name must be one of {LINK_NAMES}; got {name!r}")
+        return os.path.join(self.ckpts, name)
+
+    def epoch_dir(self, epoch: int) -> str:
+        return os.path.join(self.epochs, epoch_name(epoch))
+
+    def trash_dir(self, tag: str) -> str:
+        return os.path.join(self.ckpts, f"trash-{tag}")
+
+    def is_debris(self, name: str) -> bool:
+        """True for entries of ``ckpts/`` that a crashed writer leaves behind."""
+        return name == "work" or name.startswith("trash-") or name.startswith(".tmp-")

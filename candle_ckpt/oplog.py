@@ -1,0 +1,73 @@
+"""``ckpt.log``: the operations log of a checkpoint directory, plus console logging.
+
+Lines are appended with a timestamp and flushed at once, so the log survives
+a kill. Console output goes through ``logging.getLogger("candle_ckpt")``; the
+console handler is added at most once, however many callbacks are created
+(CANDLE added one per callback).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+ROOT_LOGGER = "candle_ckpt"
+_HANDLER_MARK = "_candle_ckpt_console"
+
+
+def get_logger(logger: str | logging.Logger | None = "DEFAULT", verbose: bool = True) -> logging.Logger | None:
+    """Resolve CANDLE's ``logger`` argument.
+
+    ``"DEFAULT"`` gives the ``candle_ckpt`` logger, with one console handler
+    when ``verbose``; a :class:`logging.Logger` is used as is; None disables
+    console logging (``ckpt.log`` is still written).
+    """
+    if logger is None:
+        return None
+    if isinstance(logger, logging.Logger):
+        return logger
+    if logger != "DEFAULT":
+        raise TypeError(f"logger must be 'DEFAULT', a logging.Logger or None; got {logger!r}")
+    log = logging.getLogger(ROOT_LOGGER)
+    if verbose:
+        if not any(getattr(h, _HANDLER_MARK, False) for h in log.handlers):
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s candle_ckpt %(levelname)s: %(message)s"))
+            setattr(handler, _HANDLER_MARK, True)
+            log.addHandler(handler)
+        if log.level == logging.NOTSET or log.level > logging.INFO:
+            log.setLevel(logging.INFO)
+    return log
+
+
+class OpsLog:
+    """Appends to ``<ckpt_directory>/ckpt.log`` and mirrors to a logger."""
+
+    def __init__(self, path: str, logger: logging.Logger | None = None) -> None:
+        self.path = path
+        self.logger = logger
+        self._lock = threading.Lock()
+
+    def write(self, message: str, level: int = logging.INFO) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        line = f"{stamp} {logging.getLevelName(level)} {message}\n"
+        with self._lock:
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(line)
+            except OSError as err:  # a full disk must not turn a log line into a crash
+                logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
+        if self.logger is not None:
+            self.logger.log(level, message)
+
+    def info(self, message: str) -> None:
+        self.write(message, logging.INFO)
+
+    def warning(self, message: str) -> None:
+        self.write(message, logging.WARNING)
+
+    def error(self, message: str) -> None:
+        self.write(message, logging.ERROR)

@@ -1,0 +1,429 @@
+"""The checkpoint store: commit, list, verify, prune, lock, find the newest valid one.
+
+The commit protocol (every step goes through :class:`~candle_ckpt.durable.LocalFS`):
+
+1. write every file into ``ckpts/work/`` and fsync it (its CRC32 is computed
+   while it is written), then write ``ckpt-info.json`` last and fsync it;
+2. fsync ``work/``;
+3. rename ``work/`` to ``epochs/NNN`` and fsync ``epochs/``; an existing
+   ``epochs/NNN`` (from a rolled-back lineage) is first renamed aside into
+   ``trash-*`` only now that the new one is complete, and removed afterwards;
+4. move ``last`` (and ``best``) with a temporary symlink ``os.replace``-d over
+   the old one, fsyncing ``ckpts/``;
+5. prune (the callers do this after the commit).
+
+A crash at any instant leaves either the old state or the new one; leftovers
+(``work/``, ``trash-*``, ``.tmp-*``) are never read and are removed by the
+next writer. Readers trust nothing: sidecars are validated, links are only
+followed in the exact form ``epochs/NNN``, and every CRC is checked before
+anything is loaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from candle_ckpt import layout as L
+from candle_ckpt.checksum import CrcFile, crc32, format_crc, iter_file_chunks
+from candle_ckpt.durable import LocalFS, read_link
+from candle_ckpt.sidecar import Sidecar, SidecarError
+
+logger = logging.getLogger("candle_ckpt.store")
+
+
+class CheckpointError(Exception):
+    """Base class of the errors this library raises about checkpoints."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint failed validation; ``path`` and ``reason`` say why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class NoValidCheckpoint(CheckpointError):
+    """No checkpoint could be restored (``required`` mode or an explicit epoch)."""
+
+
+class DirectoryLocked(CheckpointError):
+    """Another live process is writing to this checkpoint directory."""
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file of a checkpoint: its name and a function that writes it."""
+
+    name: str
+    write: Callable[[CrcFile], None]
+
+
+# -- the writer lock ------------------------------------------------------------
+# flock is tied to the open file: the kernel drops it when the holder dies, so a
+# lock left by a killed process never blocks the next run. The lock is shared by
+# every store of one process (callback + restart + runner on the same directory).
+_LOCKS: dict[str, int] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _acquire_lock(path: str) -> bool:
+    """Take the writer lock; return True if this process took it just now."""
+    key = os.path.realpath(path)
+    with _LOCKS_GUARD:
+        if key in _LOCKS:
+            return False
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise DirectoryLocked(
+                f"checkpoint directory {os.path.dirname(os.path.dirname(path))} is in use by another "
+                f"writer ({holder}); refusing a second concurrent writer. Use another ckpt_directory, "
+                "or stop the other job (a killed job's lock is released by the kernel)."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
+        _LOCKS[key] = fd
+        return True
+
+
+def release_lock(path: str) -> None:
+    """Release this process's writer lock on ``path`` (used by tests and close())."""
+    with _LOCKS_GUARD:
+        fd = _LOCKS.pop(os.path.realpath(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """One checkpoint directory.
+
+    Reading (listing, verifying, finding a restart point) needs no lock.
+    Writing needs :meth:`open_for_write`, which takes the writer lock, removes a
+    crashed writer's leftovers and learns the next commit generation.
+
+    Args:
+        directory: ``ckpt_directory``; the store lives in ``<directory>/ckpts``.
+        fs: The file-system operations (tests inject faults here).
+        checksum: Compute and check CRC32s (``ckpt_checksum``).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, fs: LocalFS | None = None, checksum: bool = True) -> None:
+        self.layout = L.Layout.at(directory)
+        self.fs = fs or LocalFS()
+        self.checksum = checksum
+        self._generation: int | None = None
+
+    # -- writer side -------------------------------------------------------------
+    def open_for_write(self) -> None:
+        """Create the layout, check it is writable, lock it and clean debris."""
+        lay = self.layout
+        try:
+            os.makedirs(lay.epochs, exist_ok=True)
+        except OSError as err:
+            raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
+        if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
+            raise PermissionError(f"ckpt_directory {lay.root!r} is not writable by this process")
+        probe = os.path.join(lay.ckpts, f".tmp-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"x")
+            os.unlink(probe)
+        except OSError as err:
+            raise OSError(err.errno, f"ckpt_directory {lay.root!r} is not writable: {err.strerror}") from None
+        if _acquire_lock(lay.lock):
+            self.clean_debris()
+        if self._generation is None:
+            self._generation = self._max_generation() + 1
+
+    def close(self) -> None:
+        """Release the writer lock held by this process."""
+        release_lock(self.layout.lock)
+
+    def clean_debris(self) -> list[str]:
+        """Remove what a crashed writer left behind; return the names removed."""
+        removed = []
+        for name in sorted(os.listdir(self.layout.ckpts)):
+            if self.layout.is_debris(name):
+                path = os.path.join(self.layout.ckpts, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    self.fs.rmtree(path)
+                else:
+                    self.fs.unlink(path)
+                removed.append(name)
+        if removed:
+            self.fs.fsync_dir(self.layout.ckpts)
+            logger.info("removed leftovers of an interrupted save: %s", ", ".join(removed))
+        return removed
+
+    def _max_generation(self) -> int:
+        best = 0
+        for epoch in self.epochs():
+            try:
+                best = max(best, self.read_sidecar(epoch).generation)
+            except CheckpointError:
+                continue
+        return best
+
+    def commit(
+        self, epoch: int, files: Iterable[FileSpec], sidecar: Sidecar, *, best_epoch: int | None = None
+    ) -> Sidecar:
+        """Write a checkpoint for ``epoch`` atomically and move the links.
+
+        Args:
+            epoch: Number of completed epochs; the directory is ``epochs/NNN``.
+            files: The files to write; ``sidecar.model_file`` must be one of them.
+            sidecar: Template sidecar; ``files``, ``generation`` and the save
+                statistics are filled in here.
+            best_epoch: Where ``best`` must point after this commit (None: leave it).
+
+        Returns:
+            The sidecar as written.
+        """
+        if self._generation is None:
+            raise CheckpointError("open_for_write() must be called before commit()")
+        lay, fs = self.layout, self.fs
+        start = time.perf_counter()
+        if os.path.lexists(lay.work):
+            fs.rmtree(lay.work)
+        fs.makedirs(lay.work)
+        try:
+            entries = {}
+            for spec in files:
+                if not L.is_safe_filename(spec.name) or spec.name == L.SIDECAR:
+                    raise ValueError(f"checkpoint file name {spec.name!r} is not allowed")
+                entries[spec.name] = self._write_file(os.path.join(lay.work, spec.name), spec.write)
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            total = sum(e.size for e in entries.values())
+            final = replace(
+                sidecar,
+                epoch=epoch,
+                files=entries,
+                generation=self._generation,
+                save_duration_s=round(elapsed, 6),
+                save_mb_per_s=round(total / elapsed / 1e6, 3),
+            )
+            fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
+            fs.fsync_dir(lay.work)
+            self._publish(epoch)
+        except BaseException:
+            self._discard_work()
+            raise
+        self._generation += 1
+        self.set_link("last", epoch)
+        if (
+            best_epoch is not None
+            and self.link_epoch("best") != best_epoch
+            and os.path.isdir(lay.epoch_dir(best_epoch))
+        ):
+            self.set_link("best", best_epoch)
+        return final
+
+    def _write_file(self, path: str, write: Callable[[CrcFile], None]):
+        from candle_ckpt.sidecar import FileEntry
+
+        f = self.fs.create(path)
+        try:
+            write(f)
+            value = format_crc(f.crc32()) if self.checksum else None
+            f.close()
+        except BaseException:
+            f.abort()
+            raise
+        return FileEntry(f.size, value)
+
+    def _publish(self, epoch: int) -> None:
+        lay, fs = self.layout, self.fs
+        target = lay.epoch_dir(epoch)
+        if os.path.lexists(target):
+            # Replace only now that the new one is complete: move the old aside.
+            trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
+            fs.rename(target, trash)
+            fs.rename(lay.work, target)
+            fs.fsync_dir(lay.epochs)
+            fs.fsync_dir(lay.ckpts)
+            fs.rmtree(trash)
+        else:
+            fs.rename(lay.work, target)
+            fs.fsync_dir(lay.epochs)
+
+    def _discard_work(self) -> None:
+        try:
+            if os.path.lexists(self.layout.work):
+                self.fs.rmtree(self.layout.work)
+        except Exception:  # the original error matters more than the cleanup
+            logger.exception("could not remove %s after a failed save", self.layout.work)
+
+    def set_link(self, name: str, epoch: int) -> None:
+        """Atomically point ``best``/``last`` at ``epochs/NNN`` (which must exist)."""
+        if not os.path.isdir(self.layout.epoch_dir(epoch)):
+            raise CheckpointError(f"cannot point {name!r} at missing {self.layout.epoch_dir(epoch)}")
+        self.fs.set_link(self.layout.link(name), L.link_target(epoch))
+
+    def delete(self, epoch: int) -> None:
+        """Delete ``epochs/NNN``: rename it to ``trash-*`` first, so no half-deleted
+        directory is ever visible under ``epochs/``."""
+        lay = self.layout
+        trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
+        self.fs.rename(lay.epoch_dir(epoch), trash)
+        self.fs.fsync_dir(lay.epochs)
+        self.fs.rmtree(trash)
+
+    def prune(self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()) -> list[int]:
+        """Delete the checkpoints that ``select(epochs, protected)`` does not keep.
+
+        ``best``, ``last`` and ``protected`` are always kept, whatever
+        ``select`` returns. Covers every checkpoint in the directory, including
+        those of earlier runs of the same job.
+
+        Returns:
+            The epochs deleted.
+        """
+        epochs = self.epochs()
+        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
+        keep = set(select(epochs, keep_always)) | keep_always
+        doomed = [e for e in epochs if e not in keep]
+        for epoch in doomed:
+            self.delete(epoch)
+        return doomed
+
+    # -- reader side -------------------------------------------------------------
+    def exists(self) -> bool:
+        return os.path.isdir(self.layout.epochs)
+
+    def epochs(self) -> list[int]:
+        """Committed epoch numbers, ascending (names that are not numbers are ignored)."""
+        try:
+            names = os.listdir(self.layout.epochs)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            epoch = L.parse_epoch(name)
+            if epoch is not None and L.epoch_name(epoch) == name:
+                found.append(epoch)
+        return sorted(found)
+
+    def link_epoch(self, name: str) -> int | None:
+        """The epoch ``best``/``last`` points to, or None if absent or unsafe."""
+        try:
+            target = read_link(self.layout.link(name))
+        except (OSError, ValueError) as err:
+            logger.warning("ignoring %s: %s", self.layout.link(name), err)
+            return None
+        if target is None:
+            return None
+        epoch = L.parse_link_target(target)
+        if epoch is None:
+            logger.warning("ignoring %s: it points to %r, outside ckpts/epochs/", self.layout.link(name), target)
+        return epoch
+
+    def read_sidecar(self, epoch: int) -> Sidecar:
+        """Read and validate ``epochs/NNN/ckpt-info.json``."""
+        path = os.path.join(self.layout.epoch_dir(epoch), L.SIDECAR)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(L_MAX_READ)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(path, "sidecar is missing") from None
+        except OSError as err:
+            raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
+        try:
+            side = Sidecar.from_json(raw, source=path)
+        except SidecarError as err:
+            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+        if side.epoch != epoch:
+            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+        return side
+
+    def verify(self, epoch: int, *, keep: Iterable[str] = ()) -> tuple[Sidecar, dict[str, bytes]]:
+        """Check the sidecar and the size and CRC of every file of ``epoch``.
+
+        Args:
+            epoch: The checkpoint to check.
+            keep: Names of files whose verified bytes are returned, so the
+                caller can load them without reading the file a second time.
+
+        Returns:
+            ``(sidecar, {name: bytes})`` for the names in ``keep``.
+
+        Raises:
+            CorruptCheckpoint: naming the file and what is wrong with it.
+        """
+        side = self.read_sidecar(epoch)
+        wanted = set(keep)
+        kept: dict[str, bytes] = {}
+        directory = self.layout.epoch_dir(epoch)
+        for name, entry in side.files.items():
+            path = os.path.join(directory, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
+            size = os.path.getsize(path)
+            if size != entry.size:
+                raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
+            check = self.checksum and entry.crc32 is not None
+            if name in wanted:
+                with open(path, "rb") as f:
+                    data = f.read()
+                kept[name] = data
+                value = crc32(data) if check else None
+            elif check:
+                value = 0
+                for block in iter_file_chunks(path):
+                    value = crc32(block, value)
+            else:
+                continue
+            if check and format_crc(value) != entry.crc32:
+                raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
+        return side, kept
+
+    def candidates(self) -> Iterator[int]:
+        """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
+        last = self.link_epoch("last")
+        on_disk = self.epochs()
+        if last is not None and last in on_disk:
+            yield last
+        ranked = []
+        for epoch in on_disk:
+            if epoch == last:
+                continue
+            try:
+                ranked.append((self.read_sidecar(epoch).generation, epoch))
+            except CheckpointError:
+                ranked.append((-1, epoch))  # unreadable: tried last, and fails verify with its reason
+        for _, epoch in sorted(ranked, reverse=True):
+            yield epoch
+
+    def find_valid(self, *, keep: Iterable[str] = (), on_problem: Callable[[int, str], None] | None = None):
+        """Return ``(epoch, sidecar, kept_bytes)`` of the newest valid checkpoint, or None.
+
+        Every rejected candidate is reported through ``on_problem(epoch, reason)``.
+        """
+        keep = tuple(keep)
+        last = self.link_epoch("last")
+        if last is not None and not os.path.isdir(self.layout.epoch_dir(last)) and on_problem:
+            on_problem(last, "'last' points to a checkpoint that does not exist")
+        for epoch in self.candidates():
+            try:
+                side, kept = self.verify(epoch, keep=keep)
+            except CheckpointError as err:
+                if on_problem:
+                    on_problem(epoch, str(err))
+                continue
+            return epoch, side, kept
+        return None
+
+
+L_MAX_READ = 1 << 21  # never read more than this of a sidecar (it is refused above 1 MiB)
