@@ -17,6 +17,8 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
     start = time.perf_counter()
     snap = state.snapshot()
     files = [FileSpec(L.WEIGHTS_FILE, snap.write_h5)]
+    if snap.extra:
+        files.append(FileSpec(L.EXTRA_FILE, snap.write_extra))
     if not cfg.save_weights_only:
         config_json, metadata_json = state.full_model_parts()
 

@@ -130,10 +130,18 @@ class HostSnapshot:
     """Weights and optimizer state copied to host memory, ready to be written."""
 
     entries: list[tuple[str, dict[str, Any], list[tuple[str, np.ndarray]]]]
+    # Model variables that save_weights leaves out (the SeedGenerator state of
+    # Dropout and other random layers), as (variable.path, value).
+    extra: list[tuple[str, np.ndarray]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for _, _, items in self.entries for _, a in items)
+        return sum(a.nbytes for _, _, items in self.entries for _, a in items) + sum(a.nbytes for _, a in self.extra)
+
+    def write_extra(self, f: CrcFile | str) -> None:
+        """Write the variables ``save_weights`` omits as an ``.npz`` (paths + values)."""
+        arrays = {f"v{i}": value for i, (_, value) in enumerate(self.extra)}
+        np.savez(f, paths=np.array([path for path, _ in self.extra], dtype=str), **arrays)
 
     def write_h5(self, f: CrcFile | str) -> None:
         """Write a standard Keras ``.weights.h5`` (same groups, attrs and datasets)."""
@@ -177,7 +185,22 @@ class ModelState:
         """Copy the model's state to host memory on the calling thread."""
         if not self.model.built:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
-        return HostSnapshot([(e.path, e.metadata, [(k, _to_host(v)) for k, v in e.items]) for e in self.plan()])
+        plan = self.plan()
+        return HostSnapshot(
+            [(e.path, e.metadata, [(k, _to_host(v)) for k, v in e.items]) for e in plan],
+            [(v.path, _to_host(v)) for v in self.extra_variables(plan)],
+        )
+
+    def extra_variables(self, plan: list[Entry] | None = None) -> list[Any]:
+        """Model variables that the weights file does not hold (RNG seed states).
+
+        ``model.save_weights`` leaves out the state of each layer's
+        ``SeedGenerator`` (Dropout and other random layers); without it a
+        resumed run draws the same dropout masks again and is not
+        bit-identical. These go to a separate ``model.extra.npz``.
+        """
+        planned = {id(v) for e in (plan or self.plan()) for _, v in e.items}
+        return [v for v in self.model.variables if id(v) not in planned]
 
     def full_model_parts(self) -> tuple[str, str]:
         """Return (config.json, metadata.json) of the ``.keras`` archive."""
@@ -191,6 +214,32 @@ class ModelState:
         """
         build_optimizer(self.model)
         load_weights_bytes(self.model, weights)
+
+    def restore_extra(self, data: bytes) -> None:
+        """Load the ``model.extra.npz`` written by :meth:`HostSnapshot.write_extra`.
+
+        Raises:
+            ValueError: if its variables do not match the model's.
+        """
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            paths = [str(p) for p in npz["paths"]]
+            variables = self.extra_variables()
+            # Matched by position: Keras auto-numbers these paths
+            # (seed_generator_1, _2, ...), so names differ between two
+            # instances of the same model; the order of model.variables does not.
+            if len(paths) != len(variables):
+                raise ValueError(
+                    f"model.extra.npz holds {len(paths)} variables {paths} but the model has "
+                    f"{len(variables)}: {[v.path for v in variables]}"
+                )
+            for i, var in enumerate(variables):
+                value = npz[f"v{i}"]
+                if tuple(value.shape) != tuple(var.shape):
+                    raise ValueError(
+                        f"{var.path}: checkpoint shape {value.shape} (saved as {paths[i]}) != model shape "
+                        f"{tuple(var.shape)}"
+                    )
+                var.assign(value)
 
 
 def build_optimizer(model: keras.Model) -> None:

@@ -23,6 +23,7 @@ LINK_NAMES = ("best", "last")
 SIDECAR = "ckpt-info.json"
 WEIGHTS_FILE = "model.weights.h5"
 MODEL_FILE = "model.keras"
+EXTRA_FILE = "model.extra.npz"  # variables save_weights omits (RNG seed states)
 _EPOCH_RE = re.compile(r"^[0-9]{3,9}$")
 _LINK_TARGET_RE = re.compile(r"^epochs/([0-9]{3,9})/?$")
 _SAFE_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

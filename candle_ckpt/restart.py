@@ -51,7 +51,7 @@ def restart(
             ops.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
 
-    keep = (L.WEIGHTS_FILE,)
+    keep = (L.WEIGHTS_FILE, L.EXTRA_FILE)
     if cfg.restart_epoch is not None:
         if cfg.restart_epoch not in store.epochs():
             raise NoValidCheckpoint(
@@ -80,7 +80,15 @@ def restart(
         epoch, side, kept = found
     if side.model_file not in kept:
         raise NoValidCheckpoint(f"checkpoint {store.layout.epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
-    ModelState(model).restore(kept[side.model_file])
+    state = ModelState(model)
+    state.restore(kept[side.model_file])
+    if L.EXTRA_FILE in kept:
+        state.restore_extra(kept[L.EXTRA_FILE])
+    elif state.extra_variables():
+        ops.warning(
+            f"restart: {store.layout.epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer seed states "
+            "start fresh, so the resumed run will not be bit-identical"
+        )
     note_resumed(cfg.directory, side)
     ops.info(f"restart: resumed from {store.layout.epoch_dir(epoch)} (epoch {epoch}, generation {side.generation})")
     return side.to_dict()

@@ -1,0 +1,138 @@
+"""Tripwires on the Keras internals that ``candle_ckpt.keras_state`` relies on.
+
+If a Keras upgrade changes how ``save_weights`` lays out a ``.weights.h5``, or
+renames the private ``saving_lib`` functions we call, these tests fail loudly
+instead of checkpoints silently becoming unreadable by stock Keras.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
+
+import inspect  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import h5py  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from keras.src.saving import saving_lib  # noqa: E402
+
+from candle_ckpt.keras_state import ModelState, load_weights_bytes, make_plan  # noqa: E402
+
+
+def _rich_model(dtype: str | None = None) -> keras.Model:
+    """Embedding -> Dense -> BatchNormalization -> Dense with Adam, after one training step."""
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((3,), dtype="int32")
+    h = keras.layers.Embedding(10, 4, dtype=dtype)(tokens)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dense(8, activation="relu", dtype=dtype)(h)
+    h = keras.layers.BatchNormalization(dtype=dtype)(h)
+    out = keras.layers.Dense(1, dtype=dtype)(h)
+    model = keras.Model(tokens, out)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, size=(16, 3)).astype("int32")
+    y = rng.standard_normal((16, 1)).astype("float32")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    return model
+
+
+def _h5_tree(path: Path) -> dict[str, Any]:
+    """Every group and dataset of an HDF5 file: attrs, and for datasets shape, dtype and bytes."""
+    tree: dict[str, Any] = {}
+
+    def attrs(obj) -> dict[str, Any]:
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in obj.attrs.items()}
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset):
+            value = obj[()]
+            tree[name] = ("dataset", obj.shape, str(obj.dtype), attrs(obj), np.asarray(value).tobytes())
+        else:
+            tree[name] = ("group", attrs(obj))
+
+    with h5py.File(path, "r") as f:
+        tree["/"] = ("group", attrs(f))
+        f.visititems(visit)
+    return tree
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_snapshot_file_equals_keras_save_weights(tmp_path, dtype):
+    """Our .weights.h5 has exactly the groups, attrs, datasets, shapes, dtypes and values of model.save_weights."""
+    model = _rich_model(dtype)
+    ours, theirs = tmp_path / "ours.weights.h5", tmp_path / "theirs.weights.h5"
+    ModelState(model).snapshot().write_h5(str(ours))
+    model.save_weights(theirs)
+    got, want = _h5_tree(ours), _h5_tree(theirs)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+    # The tripwire is only meaningful if the file really holds every kind of state.
+    names = " ".join(want)
+    assert "optimizer/vars" in names and "batch_normalization" in names and "embedding" in names
+    assert want["optimizer/vars/0"][4] == np.asarray(1, dtype=want["optimizer/vars/0"][2]).tobytes()  # one step
+
+
+def test_bfloat16_round_trips_through_our_loader(tmp_path):
+    """A bfloat16 model's snapshot loads back through load_weights_bytes with identical values."""
+    model = _rich_model("bfloat16")
+    path = tmp_path / "w.weights.h5"
+    ModelState(model).snapshot().write_h5(str(path))
+    other = _rich_model("bfloat16")
+    for v in [*other.variables, *other.optimizer.variables]:
+        v.assign(keras.ops.zeros_like(v))
+    load_weights_bytes(other, path.read_bytes())
+    pairs = zip(
+        [*other.variables, *other.optimizer.variables], [*model.variables, *model.optimizer.variables], strict=True
+    )
+    for got, want in pairs:
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got.numpy(), "float32"), np.asarray(want.numpy(), "float32"))
+
+
+def test_plan_maps_every_optimizer_entry_to_optimizer_variables():
+    """make_plan maps the optimizer's saved entries back to optimizer.variables, so no entry is volatile."""
+    model = _rich_model()
+    plan = make_plan(model)
+    assert not [e.path for e in plan if e.volatile]
+    opt_entries = [e for e in plan if e.path == "optimizer"]
+    assert len(opt_entries) == 1
+    items = opt_entries[0].items
+    assert [k for k, _ in items] == [str(i) for i in range(len(model.optimizer.variables))]
+    assert all(v is var for (_, v), var in zip(items, model.optimizer.variables, strict=True))
+    # Every weight, trainable or not (BatchNormalization's moving statistics), is planned exactly once.
+    planned = [id(v) for e in plan for _, v in e.items]
+    assert len(planned) == len(set(planned))
+    assert {id(v) for v in model.weights} <= set(planned)
+
+
+def _parameters(func) -> list[str]:
+    return list(inspect.signature(func).parameters)
+
+
+def test_saving_lib_still_has_what_we_call():
+    """saving_lib still has _save_state, _load_state, H5IOStore and _serialize_model_as_json as we call them."""
+    assert _parameters(saving_lib._save_state)[:5] == [
+        "saveable",
+        "weights_store",
+        "assets_store",
+        "inner_path",
+        "visited_saveables",
+    ]
+    load = _parameters(saving_lib._load_state)
+    assert load[:4] == ["saveable", "weights_store", "assets_store", "inner_path"]
+    assert {"visited_saveables", "failed_saveables", "error_msgs"} <= set(load)
+    assert _parameters(saving_lib.H5IOStore.__init__)[:2] == ["self", "path_or_io"]
+    assert "mode" in _parameters(saving_lib.H5IOStore.__init__)
+    for method in ("make", "get", "close", "__setitem__", "__getitem__", "keys"):
+        assert callable(getattr(saving_lib.H5IOStore, method, None)), method
+    assert _parameters(saving_lib._serialize_model_as_json) == ["model"]
+    assert _parameters(saving_lib._raise_loading_failure)[0] == "error_msgs"
+    config_json, metadata_json = saving_lib._serialize_model_as_json(_rich_model())
+    assert isinstance(config_json, str) and isinstance(metadata_json, str)
