@@ -1,0 +1,87 @@
+"""Shared fixtures of the integration tests: a tiny seeded model, data and parameters.
+
+Every test here runs a real ``model.fit``; models are kept tiny (Dense 8->16->1)
+so the whole directory runs in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from candle_ckpt import engine, store  # noqa: E402
+
+
+def build_model(seed: int = 0, *, width: int = 16, inputs: int = 8, lr: float = 1e-2) -> keras.Model:
+    """Return a compiled Dense ``inputs -> width -> 1`` model with Adam, seeded."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((inputs,)), keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=lr), loss="mse")
+    return model
+
+
+def make_data(seed: int = 0, n: int = 64, inputs: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Return seeded synthetic regression data ``(x, y)`` as float32."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, inputs)).astype("float32")
+    y = (x @ rng.standard_normal((inputs, 1)) + 0.1 * rng.standard_normal((n, 1))).astype("float32")
+    return x, y
+
+
+def make_params(tmp_path: str | os.PathLike[str], **overrides: Any) -> dict[str, Any]:
+    """Return a gParameters dict checkpointing into ``<tmp_path>/save``.
+
+    Defaults: 3 epochs, save every epoch, best judged on ``loss`` (present
+    without validation data), restart mode auto. ``overrides`` win.
+    """
+    params: dict[str, Any] = {
+        "epochs": 3,
+        "ckpt_directory": str(Path(tmp_path) / "save"),
+        "ckpt_restart_mode": "auto",
+        "ckpt_save_best_metric": "loss",
+        "ckpt_save_interval": 1,
+    }
+    params.update(overrides)
+    return params
+
+
+@pytest.fixture
+def make_model() -> Callable[..., keras.Model]:
+    """Factory of tiny compiled models: ``make_model(seed=0, width=16, inputs=8, lr=1e-2)``."""
+    return build_model
+
+
+@pytest.fixture
+def data() -> tuple[np.ndarray, np.ndarray]:
+    """64 samples of 8 features and one target, seeded."""
+    return make_data()
+
+
+@pytest.fixture
+def params() -> Callable[..., dict[str, Any]]:
+    """``params(tmp_path, **overrides)`` -> gParameters dict (see :func:`make_params`)."""
+    return make_params
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state() -> Iterator[None]:
+    """Release this process's writer locks and forget restart() state after each test.
+
+    The lock and the resumed-from record are per process; without this, one
+    test's "run" would look like the same job to the next test.
+    """
+    yield
+    for path in list(store._LOCKS):
+        store.release_lock(path)
+    engine._RESUMED.clear()
