@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -128,12 +129,14 @@ def _marks(epoch: int, links: dict[str, int | None]) -> list[str]:
 def _fmt_bytes(n: int | None) -> str:
     if n is None:
         return "?"
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
+    if n < 1000:
+        return f"{n} B"
+    value, unit = n / 1000, "kB"
+    for bigger in ("MB", "GB", "TB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.1f} {unit}"
 
 
 def _fmt_value(value: Any) -> str:
@@ -142,8 +145,8 @@ def _fmt_value(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _fmt_time(stamp: str) -> str:
-    # Sidecars store "%Y-%m-%dT%H:%M:%S%z"; the table shows local wall time without the offset.
+def _fmt_time(stamp: str | None) -> str:
+    # Sidecars store "%Y-%m-%dT%H:%M:%S%z" in the writer's local time; the table drops the offset.
     return stamp[:19].replace("T", " ") if stamp else "-"
 
 
@@ -192,8 +195,7 @@ def _oplog(store: CheckpointStore) -> OpsLog:
 # -- list -----------------------------------------------------------------------------------
 
 
-def _rows(store: CheckpointStore, verify: bool) -> list[dict[str, Any]]:
-    links = _links(store)
+def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) -> list[dict[str, Any]]:
     bar_factory = _progress_factory() if verify else None
     rows = []
     for epoch in store.epochs():
@@ -203,31 +205,44 @@ def _rows(store: CheckpointStore, verify: bool) -> list[dict[str, Any]]:
             "best": links["best"] == epoch,
             "last": links["last"] == epoch,
             "verified": verify,
+            "valid": False,
+            "problem": None,
+            "timestamp": None,
+            "bytes": None,
+            "metric": None,
+            "metric_value": None,
+            "reason": None,
+            "generation": None,
         }
-        try:
-            side = _verify(store, epoch, bar_factory) if verify else store.read_sidecar(epoch)
-        except CheckpointError as err:
-            row.update(valid=False, problem=_problem(err))
-        else:
-            metric, value = _monitored(side)
-            row.update(
-                valid=True,
-                problem=None,
-                timestamp=side.timestamp,
-                bytes=side.total_bytes,
-                metric=metric,
-                metric_value=value,
-                reason=side.reason,
-                generation=side.generation,
-            )
         rows.append(row)
+        try:
+            side = store.read_sidecar(epoch)
+        except CheckpointError as err:
+            row["problem"] = _problem(err)
+            continue
+        metric, value = _monitored(side)
+        row.update(
+            timestamp=side.timestamp,
+            bytes=side.total_bytes,
+            metric=metric,
+            metric_value=value,
+            reason=side.reason,
+            generation=side.generation,
+        )
+        if verify:
+            try:
+                _verify(store, epoch, bar_factory)
+            except CheckpointError as err:
+                row["problem"] = _problem(err)
+                continue
+        row["valid"] = True
     return rows
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     store = _open_store(args.dir)
-    rows = _rows(store, args.verify)
     links = _links(store)
+    rows = _rows(store, links, args.verify)
     failed = args.verify and any(not r["valid"] for r in rows)
     if args.json:
         out = {"directory": store.layout.root, "best": links["best"], "last": links["last"], "checkpoints": rows}
@@ -236,25 +251,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no checkpoints in {store.layout.root}")
         return EXIT_OK
-    check = "CRC" if args.verify else "SIDECAR"
-    table = [("EPOCH", "SAVED", "SIZE", "METRIC", "REASON", "MARK", check)]
+    table = [("EPOCH", "SAVED", "SIZE", "METRIC", "REASON", "MARK", "CRC" if args.verify else "SIDECAR")]
     for r in rows:
-        mark = ",".join(n for n in L.LINK_NAMES if r[n]) or "-"
-        if r["valid"]:
-            metric = f"{r['metric']}={_fmt_value(r['metric_value'])}" if r["metric"] else "-"
-            table.append(
-                (
-                    L.epoch_name(r["epoch"]),
-                    _fmt_time(r["timestamp"]),
-                    _fmt_bytes(r["bytes"]),
-                    metric,
-                    r["reason"] or "-",
-                    mark,
-                    "ok",
-                )
+        metric = f"{r['metric']}={_fmt_value(r['metric_value'])}" if r["metric"] else "-"
+        table.append(
+            (
+                L.epoch_name(r["epoch"]),
+                _fmt_time(r["timestamp"]),
+                _fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
+                metric,
+                r["reason"] or "-",
+                ",".join(n for n in L.LINK_NAMES if r[n]) or "-",
+                "ok" if r["valid"] else f"INVALID: {r['problem']}",
             )
-        else:
-            table.append((L.epoch_name(r["epoch"]), "-", "-", "-", "-", mark, f"INVALID: {r['problem']}"))
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
@@ -291,7 +301,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if failures:
         print(f"{len(failures)} of {len(epochs)} checkpoints FAILED verification")
         raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
-    print(f"all {len(epochs)} checkpoints verified")
+    print(f"all {len(epochs)} checkpoints verified" if len(epochs) > 1 else "checkpoint verified")
     return EXIT_OK
 
 
@@ -595,6 +605,18 @@ def _exit_code(exc: SystemExit) -> int:
     return EXIT_ERROR
 
 
+def _route_library_warnings() -> None:
+    """Show the store's warnings (e.g. an unsafe ``last`` link it ignores) as one tagged line each."""
+    log = logging.getLogger("candle_ckpt")
+    if any(getattr(h, "_candle_ckpt_cli", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler._candle_ckpt_cli = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+
+
 def _fail(message: str, code: int) -> int:
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
@@ -608,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The demo owns its options (and its --help): pass them through untouched.
             return cmd_demo(argv[1:])
         args = build_parser().parse_args(argv)
+        _route_library_warnings()
         return args.func(args)
     except CliError as err:
         return _fail(str(err), err.code)

@@ -243,6 +243,20 @@ def test_list_reads_sidecars_and_verify_flags_the_flipped_byte(trained: Trained,
     assert f"INVALID: {L.WEIGHTS_FILE}: CRC32 is" in line4
 
 
+def test_list_ignores_a_last_link_that_leaves_the_directory(trained: Trained, tmp_path: Path) -> None:
+    """A tampered `last` link pointing outside ckpts/epochs is not followed; list warns once and still works."""
+    d = copy_of(trained, tmp_path)
+    (d / "ckpts" / "last").unlink()
+    (d / "ckpts" / "last").symlink_to("../../outside")
+    proc = cli("list", d, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["last"] is None and not any(r["last"] for r in out["checkpoints"])
+    assert proc.stderr.strip().splitlines() == [
+        f"candle-ckpt: WARNING: ignoring {d / 'ckpts' / 'last'}: it points to '../../outside', outside ckpts/epochs/"
+    ]
+
+
 def test_list_shows_a_corrupt_sidecar_as_invalid(trained: Trained, tmp_path: Path) -> None:
     """A sidecar whose own CRC fails is listed as invalid with the reason, the other rows still shown."""
     d = copy_of(trained, tmp_path)
