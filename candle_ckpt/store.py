@@ -291,13 +291,22 @@ class CheckpointStore:
         Returns:
             The epochs deleted.
         """
-        epochs = self.epochs()
-        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
-        keep = set(select(epochs, keep_always)) | keep_always
-        doomed = [e for e in epochs if e not in keep]
+        _, doomed = self.prune_plan(select, protected)
         for epoch in doomed:
             self.delete(epoch)
         return doomed
+
+    def prune_plan(
+        self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()
+    ) -> tuple[list[int], list[int]]:
+        """Return ``(keep, delete)``, both ascending: what :meth:`prune` would do, without doing it.
+
+        ``best``, ``last`` and ``protected`` are always in ``keep``.
+        """
+        epochs = self.epochs()
+        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
+        keep = set(select(epochs, keep_always)) | keep_always
+        return [e for e in epochs if e in keep], [e for e in epochs if e not in keep]
 
     # -- reader side -------------------------------------------------------------
     def exists(self) -> bool:
@@ -348,13 +357,17 @@ class CheckpointStore:
             raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
         return side
 
-    def verify(self, epoch: int, *, keep: Iterable[str] = ()) -> tuple[Sidecar, dict[str, bytes]]:
+    def verify(
+        self, epoch: int, *, keep: Iterable[str] = (), progress: Callable[[int], None] | None = None
+    ) -> tuple[Sidecar, dict[str, bytes]]:
         """Check the sidecar and the size and CRC of every file of ``epoch``.
 
         Args:
             epoch: The checkpoint to check.
             keep: Names of files whose verified bytes are returned, so the
                 caller can load them without reading the file a second time.
+            progress: Called with the number of bytes just checked, chunk by
+                chunk (the CLI's progress bar); it must not raise.
 
         Returns:
             ``(sidecar, {name: bytes})`` for the names in ``keep``.
@@ -379,10 +392,14 @@ class CheckpointStore:
                     data = f.read()
                 kept[name] = data
                 value = crc32(data) if check else None
+                if progress is not None:
+                    progress(len(data))
             elif check:
                 value = 0
                 for block in iter_file_chunks(path):
                     value = crc32(block, value)
+                    if progress is not None:
+                        progress(len(block))
             else:
                 continue
             if check and format_crc(value) != entry.crc32:
