@@ -195,9 +195,8 @@ class CheckpointEngine:
         protected = [self.resumed.epoch] if self.resumed else []
         deleted = self.store.prune(self.keep.select, protected)
         if deleted:
-            self.ops.info(
-                f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} (keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})"
-            )
+            names = ", ".join(L.epoch_name(e) for e in deleted)
+            self.ops.info(f"pruned epochs {names} (keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})")
 
     def _failed(self, epoch: int, err: BaseException) -> None:
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"

@@ -131,7 +131,9 @@ class CheckpointStore:
         """Create the layout, check it is writable, lock it and clean debris."""
         lay = self.layout
         try:
-            os.makedirs(lay.epochs, exist_ok=True)
+            # Through the fs and durable: without an fsync of their parents a power cut
+            # after the first commit returned could lose ckpts/ or epochs/ themselves.
+            self.fs.makedirs(lay.epochs, durable=True)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
         if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
