@@ -259,8 +259,11 @@ class CheckpointStore:
             write(f)
             value = format_crc(f.crc32()) if self.checksum else None
             f.close()
-        except BaseException:
+        except BaseException as err:
             f.abort()
+            if f.write_error is not None and err is not f.write_error:
+                # e.g. h5py's "Problems closing file": say what really happened (ENOSPC, EIO).
+                raise f.write_error from err
             raise
         return FileEntry(f.size, value)
 
