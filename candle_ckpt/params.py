@@ -106,10 +106,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="save_best_metric",
         kind="str",
         default="val_loss",
-        help=(
-            "Metric from the Keras epoch logs used to judge the best model, "
-            "e.g. val_loss."
-        ),
+        help=("Metric from the Keras epoch logs used to judge the best model, e.g. val_loss."),
         allowed="non-empty string",
     ),
     _Spec(
@@ -117,10 +114,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="save_best_mode",
         kind="choice",
         default="auto",
-        help=(
-            "Whether a lower ('min') or higher ('max') metric is better; "
-            "'auto' infers it from the metric name."
-        ),
+        help=("Whether a lower ('min') or higher ('max') metric is better; 'auto' infers it from the metric name."),
         allowed="auto, min, max",
         choices=("auto", "min", "max"),
     ),
@@ -147,10 +141,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="checksum",
         kind="bool",
         default=True,
-        help=(
-            "Record a checksum of each checkpoint and verify it before "
-            "restarting from it."
-        ),
+        help=("Record a checksum of each checkpoint and verify it before restarting from it."),
         allowed="boolean",
     ),
     _Spec(
@@ -171,9 +162,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="keep_limit",
         kind="int",
         default=1_000_000,
-        help=(
-            "Maximum number of epoch checkpoints kept on disk; older ones are deleted."
-        ),
+        help=("Maximum number of epoch checkpoints kept on disk; older ones are deleted."),
         allowed="integer > 0",
         minimum=0,
         strict=True,
@@ -191,10 +180,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="metadata",
         kind="text",
         default=None,
-        help=(
-            "Free-form string stored with each checkpoint; falls back to "
-            "CANDLE's metadata parameter."
-        ),
+        help=("Free-form string stored with each checkpoint; falls back to CANDLE's metadata parameter."),
         allowed="string or None",
         optional=True,
     ),
@@ -203,10 +189,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="save_weights_only",
         kind="bool",
         default=False,
-        help=(
-            "Save only the model weights instead of the full model with its "
-            "optimizer state."
-        ),
+        help=("Save only the model weights instead of the full model with its optimizer state."),
         allowed="boolean",
     ),
     _Spec(
@@ -214,10 +197,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="restart_epoch",
         kind="int",
         default=None,
-        help=(
-            "Restart from the checkpoint of this epoch instead of the latest "
-            "one; None means the latest."
-        ),
+        help=("Restart from the checkpoint of this epoch instead of the latest one; None means the latest."),
         allowed="integer >= 0 or None",
         optional=True,
         minimum=0,
@@ -228,8 +208,7 @@ _SPECS: tuple[_Spec, ...] = (
         kind="choice",
         default="raise",
         help=(
-            "What to do when writing a checkpoint fails: 'raise' stops "
-            "training, 'warn' logs a warning and continues."
+            "What to do when writing a checkpoint fails: 'raise' stops training, 'warn' logs a warning and continues."
         ),
         allowed="raise, warn",
         choices=("raise", "warn"),
@@ -239,10 +218,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="async_save",
         kind="bool",
         default=False,
-        help=(
-            "Write checkpoints in a background thread so that training is "
-            "not blocked by disk I/O."
-        ),
+        help=("Write checkpoints in a background thread so that training is not blocked by disk I/O."),
         allowed="boolean",
     ),
     _Spec(
@@ -250,10 +226,7 @@ _SPECS: tuple[_Spec, ...] = (
         field="async_timeout",
         kind="float",
         default=600.0,
-        help=(
-            "Seconds that train end and interpreter exit wait for pending "
-            "background checkpoint writes."
-        ),
+        help=("Seconds that train end and interpreter exit wait for pending background checkpoint writes."),
         allowed="finite number > 0 (seconds)",
         minimum=0.0,
         strict=True,
@@ -325,10 +298,7 @@ def _is_none_like(value: object) -> bool:
     """Return True for None and the strings ``"None"``/``"none"``/``""``."""
     if value is None:
         return True
-    return (
-        isinstance(value, str)
-        and str.lower(str.strip(_plain_text(value))) in _NONE_STRINGS
-    )
+    return isinstance(value, str) and str.lower(str.strip(_plain_text(value))) in _NONE_STRINGS
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
@@ -354,19 +324,13 @@ def _to_bool(spec: _Spec, key: str, value: object) -> bool:
             return True
         if text in _FALSE_STRINGS:
             return False
-        raise ValueError(
-            f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}"
-        )
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
         if number in (0, 1):
             return bool(number)
-        raise ValueError(
-            f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}"
-        )
-    raise TypeError(
-        f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe_typed(value)}"
-    )
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
+    raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe_typed(value)}")
 
 
 def _integral_float(key: str, number: float, original: object) -> int:
@@ -379,9 +343,7 @@ def _integral_float(key: str, number: float, original: object) -> int:
 def _to_int(spec: _Spec, key: str, value: object) -> int:
     """Coerce an integer parameter and check its range."""
     if isinstance(value, bool):
-        raise TypeError(
-            f"{key} must be an integer, not a boolean; got {_describe(value)}"
-        )
+        raise TypeError(f"{key} must be an integer, not a boolean; got {_describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
     elif isinstance(value, numbers.Real):
@@ -394,9 +356,7 @@ def _to_int(spec: _Spec, key: str, value: object) -> int:
             try:
                 as_float = float(text)
             except ValueError:
-                raise ValueError(
-                    f"{key} must be an integer; got {_describe(value)}"
-                ) from None
+                raise ValueError(f"{key} must be an integer; got {_describe(value)}") from None
             number = _integral_float(key, as_float, value)
     else:
         raise TypeError(f"{key} must be an integer; got {_describe_typed(value)}")
@@ -407,23 +367,17 @@ def _to_int(spec: _Spec, key: str, value: object) -> int:
 def _to_float(spec: _Spec, key: str, value: object) -> float:
     """Coerce a finite float parameter and check its range."""
     if isinstance(value, bool):
-        raise TypeError(
-            f"{key} must be a number, not a boolean; got {_describe(value)}"
-        )
+        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
     if isinstance(value, numbers.Real):
         try:
             number = float(value)
         except OverflowError:
-            raise ValueError(
-                f"{key} must be a finite number; got {_describe(value)}"
-            ) from None
+            raise ValueError(f"{key} must be a finite number; got {_describe(value)}") from None
     elif isinstance(value, str):
         try:
             number = float(str.strip(_plain_text(value)))
         except ValueError:
-            raise ValueError(
-                f"{key} must be a number; got {_describe(value)}"
-            ) from None
+            raise ValueError(f"{key} must be a number; got {_describe(value)}") from None
     else:
         raise TypeError(f"{key} must be a number; got {_describe_typed(value)}")
     if not math.isfinite(number):
@@ -439,9 +393,7 @@ def _to_choice(spec: _Spec, key: str, value: object) -> str:
         hint = ""
         if isinstance(value, bool):
             hint = " (quote the value: some config formats read off/on as booleans)"
-        raise TypeError(
-            f"{key} must be one of {allowed}; got {_describe_typed(value)}{hint}"
-        )
+        raise TypeError(f"{key} must be one of {allowed}; got {_describe_typed(value)}{hint}")
     text = str.lower(str.strip(_plain_text(value)))
     if text not in spec.choices:
         raise ValueError(f"{key} must be one of {allowed}; got {_describe(value)}")
@@ -451,9 +403,7 @@ def _to_choice(spec: _Spec, key: str, value: object) -> str:
 def _to_str(spec: _Spec, key: str, value: object) -> str:
     """Coerce a non-empty string parameter (surrounding whitespace removed)."""
     if not isinstance(value, str):
-        raise TypeError(
-            f"{key} must be a non-empty string; got {_describe_typed(value)}"
-        )
+        raise TypeError(f"{key} must be a non-empty string; got {_describe_typed(value)}")
     text = str.strip(_plain_text(value))
     if not text:
         raise ValueError(f"{key} must be a non-empty string; got {_describe(value)}")
@@ -466,16 +416,13 @@ def _to_path(spec: _Spec, key: str, value: object) -> str:
         value = os.fspath(value)
     if not isinstance(value, str):
         raise TypeError(
-            f"{key} must be a non-empty path (str or os.PathLike resolving to "
-            f"str); got {_describe_typed(value)}"
+            f"{key} must be a non-empty path (str or os.PathLike resolving to str); got {_describe_typed(value)}"
         )
     text = _plain_text(value)
     if not str.strip(text):
         raise ValueError(f"{key} must be a non-empty path; got {_describe(value)}")
     if "\x00" in text:
-        raise ValueError(
-            f"{key} must not contain NUL characters; got {_describe(value)}"
-        )
+        raise ValueError(f"{key} must not contain NUL characters; got {_describe(value)}")
     return text
 
 
@@ -528,10 +475,7 @@ def _coerce(spec: _Spec, value: object, key: str | None = None) -> Any:
             raise
         invalid = isinstance(exc, (ValueError, ArithmeticError))
         error_type = ValueError if invalid else TypeError
-        raise error_type(
-            f"{key}: cannot interpret value of type {type(value).__name__} "
-            f"({spec.allowed})"
-        ) from exc
+        raise error_type(f"{key}: cannot interpret value of type {type(value).__name__} ({spec.allowed})") from exc
 
 
 def _safe_message(exc: BaseException) -> str:
@@ -606,9 +550,7 @@ class CkptConfig:
             object.__setattr__(self, spec.field, value)
 
     @classmethod
-    def from_params(
-        cls, params: Mapping[str, Any], *, require_epochs: bool = False
-    ) -> CkptConfig:
+    def from_params(cls, params: Mapping[str, Any], *, require_epochs: bool = False) -> CkptConfig:
         """Build a configuration from a CANDLE ``gParameters`` mapping.
 
         Missing keys, and keys whose value is None, take their defaults.
@@ -648,10 +590,7 @@ class CkptConfig:
             )
         config = cls(**kwargs)
         if require_epochs and config.epochs is None:
-            raise ValueError(
-                "epochs is required (an integer > 0) but gParameters['epochs'] "
-                "is missing or None"
-            )
+            raise ValueError("epochs is required (an integer > 0) but gParameters['epochs'] is missing or None")
         return config
 
     def replace(self, **changes: Any) -> CkptConfig:
@@ -707,9 +646,7 @@ def str2bool(value: str | bool) -> bool:
             return True
         if text in _FALSE_STRINGS:
             return False
-    raise argparse.ArgumentTypeError(
-        f"Boolean value expected ({_BOOL_ALLOWED}); got {_describe(value)}"
-    )
+    raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {_describe(value)}")
 
 
 _DEF_TYPES: dict[str, Callable[[str], Any]] = {
@@ -752,14 +689,8 @@ def ckpt_defs(defs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         ``ckpt_*`` key whose name is not already defined in ``defs``.
     """
     result = list(defs) if defs is not None else []
-    present = {
-        d["name"]
-        for d in result
-        if isinstance(d, Mapping) and isinstance(d.get("name"), str)
-    }
-    result.extend(
-        _definition(spec) for spec in _SPECS if spec.cli and spec.key not in present
-    )
+    present = {d["name"] for d in result if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
+    result.extend(_definition(spec) for spec in _SPECS if spec.cli and spec.key not in present)
     return result
 
 
@@ -775,9 +706,7 @@ def _optional_int(text: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid integer value: {_describe(text)}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"invalid integer value: {_describe(text)}") from None
 
 
 def _has_option(parser: argparse.ArgumentParser, name: str) -> bool:

@@ -79,10 +79,7 @@ def resolve_mode(metric: str, mode: str) -> str:
         ValueError: If ``mode`` is not one of the allowed values.
     """
     if not isinstance(mode, str) or mode.strip().lower() not in _SAVE_BEST_MODES:
-        raise ValueError(
-            f"ckpt_save_best_mode must be one of {', '.join(_SAVE_BEST_MODES)}; "
-            f"got {mode!r}"
-        )
+        raise ValueError(f"ckpt_save_best_mode must be one of {', '.join(_SAVE_BEST_MODES)}; got {mode!r}")
     mode = mode.strip().lower()
     if mode != "auto":
         return mode
@@ -96,15 +93,10 @@ def resolve_mode(metric: str, mode: str) -> str:
 def _check_direction(mode: str) -> None:
     """Raise ``ValueError`` unless ``mode`` is ``"min"`` or ``"max"``."""
     if mode not in _MODES:
-        raise ValueError(
-            f"mode must be 'min' or 'max' (resolve 'auto' with resolve_mode first); "
-            f"got {mode!r}"
-        )
+        raise ValueError(f"mode must be 'min' or 'max' (resolve 'auto' with resolve_mode first); got {mode!r}")
 
 
-def is_improvement(
-    current: float, best: float | None, mode: str, min_delta: float = 0.0
-) -> bool:
+def is_improvement(current: float, best: float | None, mode: str, min_delta: float = 0.0) -> bool:
     """Tell whether ``current`` improves on ``best``.
 
     There is no infinite sentinel: ``best=None`` means "nothing seen yet", so
@@ -214,27 +206,18 @@ class BestState:
         metric, mode = d["metric"], d["mode"]
         value, epoch = d.get("value"), d.get("epoch")
         if not isinstance(metric, str) or not metric:
-            raise ValueError(
-                f"best state 'metric' must be a non-empty str; got {metric!r}"
-            )
+            raise ValueError(f"best state 'metric' must be a non-empty str; got {metric!r}")
         if mode not in _MODES:
             raise ValueError(f"best state 'mode' must be 'min' or 'max'; got {mode!r}")
         if value is not None and (
-            not isinstance(value, (int, float))
-            or isinstance(value, bool)
-            or not math.isfinite(value)
+            not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
         ):
-            raise ValueError(
-                f"best state 'value' must be a finite number or None; got {value!r}"
-            )
+            raise ValueError(f"best state 'value' must be a finite number or None; got {value!r}")
         if epoch is not None and (not _is_int(epoch) or epoch < 0):
-            raise ValueError(
-                f"best state 'epoch' must be a non-negative int or None; got {epoch!r}"
-            )
+            raise ValueError(f"best state 'epoch' must be a non-negative int or None; got {epoch!r}")
         if (value is None) != (epoch is None):
             raise ValueError(
-                "best state 'value' and 'epoch' must be both set or both None; "
-                f"got value={value!r}, epoch={epoch!r}"
+                f"best state 'value' and 'epoch' must be both set or both None; got value={value!r}, epoch={epoch!r}"
             )
         return cls(
             metric=metric,
@@ -243,9 +226,7 @@ class BestState:
             epoch=epoch,
         )
 
-    def update(
-        self, value: float, epoch: int, min_delta: float = 0.0
-    ) -> tuple[BestState, bool]:
+    def update(self, value: float, epoch: int, min_delta: float = 0.0) -> tuple[BestState, bool]:
         """Offer a new observation.
 
         Args:
@@ -456,14 +437,10 @@ def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential:
         return KeepLatest(limit)
     if mode == "exponential":
         return KeepExponential(limit)
-    raise ValueError(
-        f"ckpt_keep_mode must be one of {', '.join(_KEEP_MODES)}; got {mode!r}"
-    )
+    raise ValueError(f"ckpt_keep_mode must be one of {', '.join(_KEEP_MODES)}; got {mode!r}")
 
 
-def prune_plan(
-    epochs: Iterable[int], policy: KeepPolicy, protected: Iterable[int] = ()
-) -> tuple[list[int], list[int]]:
+def prune_plan(epochs: Iterable[int], policy: KeepPolicy, protected: Iterable[int] = ()) -> tuple[list[int], list[int]]:
     """Split existing epochs into those to keep and those to delete.
 
     Args:

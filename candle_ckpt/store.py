@@ -376,7 +376,11 @@ class CheckpointStore:
         return os.path.isdir(self.layout.epochs)
 
     def epochs(self) -> list[int]:
-        """Committed epoch numbers, ascending (names that are not numbers are ignored)."""
+        """Committed epoch numbers, ascending.
+
+        Names that are not numbers are ignored, and so is anything that is not
+        a real directory: a symlink named like an epoch could lead outside.
+        """
         try:
             names = os.listdir(self.layout.epochs)
         except FileNotFoundError:
@@ -384,8 +388,13 @@ class CheckpointStore:
         found = []
         for name in names:
             epoch = L.parse_epoch(name)
-            if epoch is not None and L.epoch_name(epoch) == name:
-                found.append(epoch)
+            if epoch is None or L.epoch_name(epoch) != name:
+                continue
+            path = os.path.join(self.layout.epochs, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                logger.warning("ignoring %s: not a directory (a symlink is never followed)", path)
+                continue
+            found.append(epoch)
         return sorted(found)
 
     def link_epoch(self, name: str) -> int | None:
