@@ -155,7 +155,9 @@ def test_full_disk_with_on_error_raise_stops_training(tmpfs: Path) -> None:
     fit = {"batch_size": 8, "shuffle": False, "verbose": 0, "callbacks": [cb]}
     model.fit(X, Y, epochs=1, **fit)
     ballast = fill_to(tmpfs, 0)
-    with pytest.raises(CheckpointSaveError, match=r"epoch 2: save failed: .*No space left on device.*intact"):
+    with pytest.raises(
+        CheckpointSaveError, match=r"epoch 2: checkpoint save failed: .*No space left on device; earlier"
+    ):
         model.fit(X, Y, initial_epoch=1, epochs=2, **fit)
     assert cb.engine.store.epochs() == [1]
     ballast.unlink()
