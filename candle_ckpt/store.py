@@ -12,6 +12,12 @@ The commit protocol (every step goes through :class:`~candle_ckpt.durable.LocalF
    the old one, fsyncing ``ckpts/``;
 5. prune (the callers do this after the commit).
 
+If any step fails (an fsync returning EIO included), the commit raises and
+undoes itself: ``work/`` is removed, a renamed ``epochs/NNN`` is withdrawn
+into ``trash-*``, and ``last``/``best`` are put back. A failed fsync is never
+retried as if it had succeeded (the PostgreSQL "fsyncgate" lesson): the next
+save writes every file anew.
+
 A crash at any instant leaves either the old state or the new one; leftovers
 (``work/``, ``trash-*``, ``.tmp-*``) are never read and are removed by the
 next writer. Readers trust nothing: sidecars are validated, links are only
@@ -131,7 +137,9 @@ class CheckpointStore:
         """Create the layout, check it is writable, lock it and clean debris."""
         lay = self.layout
         try:
-            os.makedirs(lay.epochs, exist_ok=True)
+            # Through the fs and durable: without an fsync of their parents a power cut
+            # after the first commit returned could lose ckpts/ or epochs/ themselves.
+            self.fs.makedirs(lay.epochs, durable=True)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
         if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
@@ -196,6 +204,9 @@ class CheckpointStore:
             raise CheckpointError("open_for_write() must be called before commit()")
         lay, fs = self.layout, self.fs
         start = time.perf_counter()
+        # A generation is never reused, even by a commit that fails half-way.
+        generation = self._generation
+        self._generation += 1
         if os.path.lexists(lay.work):
             fs.rmtree(lay.work)
         fs.makedirs(lay.work)
@@ -211,24 +222,33 @@ class CheckpointStore:
                 sidecar,
                 epoch=epoch,
                 files=entries,
-                generation=self._generation,
+                generation=generation,
                 save_duration_s=round(elapsed, 6),
                 save_mb_per_s=round(total / elapsed / 1e6, 3),
             )
             fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
             fs.fsync_dir(lay.work)
-            self._publish(epoch)
         except BaseException:
             self._discard_work()
             raise
-        self._generation += 1
-        self.set_link("last", epoch)
-        if (
-            best_epoch is not None
-            and self.link_epoch("best") != best_epoch
-            and os.path.isdir(lay.epoch_dir(best_epoch))
-        ):
-            self.set_link("best", best_epoch)
+        # From here on a failure (an fsync error above all) withdraws the new
+        # checkpoint and puts the links back: a failed save changes nothing that
+        # restart() would pick, and an fsync that failed is never trusted later.
+        old_links = {name: self._raw_link(name) for name in L.LINK_NAMES}
+        replaced = self._publish(epoch)
+        try:
+            self.set_link("last", epoch)
+            if (
+                best_epoch is not None
+                and self.link_epoch("best") != best_epoch
+                and os.path.isdir(lay.epoch_dir(best_epoch))
+            ):
+                self.set_link("best", best_epoch)
+        except BaseException:
+            self._unpublish(epoch, replaced, old_links)
+            raise
+        if replaced is not None:
+            fs.rmtree(replaced)
         return final
 
     def _write_file(self, path: str, write: Callable[[CrcFile], None]):
@@ -239,25 +259,77 @@ class CheckpointStore:
             write(f)
             value = format_crc(f.crc32()) if self.checksum else None
             f.close()
-        except BaseException:
+        except BaseException as err:
             f.abort()
+            if f.write_error is not None and err is not f.write_error:
+                # e.g. h5py's "Problems closing file": say what really happened (ENOSPC, EIO).
+                raise f.write_error from err
             raise
         return FileEntry(f.size, value)
 
-    def _publish(self, epoch: int) -> None:
+    def _publish(self, epoch: int) -> str | None:
+        """Rename ``work/`` to ``epochs/NNN`` durably; return where an old ``epochs/NNN`` was moved.
+
+        On failure ``work/`` is discarded and an old ``epochs/NNN`` is put back.
+        """
         lay, fs = self.layout, self.fs
         target = lay.epoch_dir(epoch)
-        if os.path.lexists(target):
-            # Replace only now that the new one is complete: move the old aside.
-            trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
-            fs.rename(target, trash)
+        replaced = None
+        try:
+            if os.path.lexists(target):
+                # Replace only now that the new one is complete: move the old aside.
+                replaced = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
+                fs.rename(target, replaced)
             fs.rename(lay.work, target)
+        except BaseException:
+            self._discard_work()
+            self._unpublish(epoch, replaced, None, withdraw=False)
+            raise
+        try:
             fs.fsync_dir(lay.epochs)
-            fs.fsync_dir(lay.ckpts)
-            fs.rmtree(trash)
-        else:
-            fs.rename(lay.work, target)
-            fs.fsync_dir(lay.epochs)
+            if replaced is not None:
+                fs.fsync_dir(lay.ckpts)
+        except BaseException:
+            self._unpublish(epoch, replaced, None)
+            raise
+        return replaced
+
+    def _unpublish(
+        self, epoch: int, replaced: str | None, old_links: dict[str, str | None] | None, *, withdraw: bool = True
+    ) -> None:
+        """Undo a failed commit, best effort: withdraw ``epochs/NNN``, restore what it replaced and the links.
+
+        Errors here are logged, never raised: the caller re-raises the original error.
+        """
+        lay, fs = self.layout, self.fs
+        target = lay.epoch_dir(epoch)
+        try:
+            if withdraw and os.path.isdir(target):
+                trash = lay.trash_dir(f"{L.epoch_name(epoch)}-failed-{uuid.uuid4().hex[:8]}")
+                fs.rename(target, trash)
+                if replaced is not None:
+                    fs.rename(replaced, target)
+                fs.fsync_dir(lay.epochs)
+                fs.rmtree(trash)
+            elif replaced is not None and not os.path.lexists(target):
+                fs.rename(replaced, target)
+                fs.fsync_dir(lay.epochs)
+            for name, old in (old_links or {}).items():
+                if self._raw_link(name) == old:
+                    continue
+                if old is None:
+                    fs.unlink(lay.link(name))
+                    fs.fsync_dir(lay.ckpts)
+                else:
+                    fs.set_link(lay.link(name), old)
+        except Exception:
+            logger.exception("could not fully undo the failed commit of %s", target)
+
+    def _raw_link(self, name: str) -> str | None:
+        try:
+            return read_link(self.layout.link(name))
+        except (OSError, ValueError):
+            return None
 
     def _discard_work(self) -> None:
         try:
@@ -313,7 +385,11 @@ class CheckpointStore:
         return os.path.isdir(self.layout.epochs)
 
     def epochs(self) -> list[int]:
-        """Committed epoch numbers, ascending (names that are not numbers are ignored)."""
+        """Committed epoch numbers, ascending.
+
+        Names that are not numbers are ignored, and so is anything that is not
+        a real directory: a symlink named like an epoch could lead outside.
+        """
         try:
             names = os.listdir(self.layout.epochs)
         except FileNotFoundError:
@@ -321,8 +397,13 @@ class CheckpointStore:
         found = []
         for name in names:
             epoch = L.parse_epoch(name)
-            if epoch is not None and L.epoch_name(epoch) == name:
-                found.append(epoch)
+            if epoch is None or L.epoch_name(epoch) != name:
+                continue
+            path = os.path.join(self.layout.epochs, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                logger.warning("ignoring %s: not a directory (a symlink is never followed)", path)
+                continue
+            found.append(epoch)
         return sorted(found)
 
     def link_epoch(self, name: str) -> int | None:
