@@ -58,7 +58,7 @@ def restart(
                 f"ckpt_restart_epoch={cfg.restart_epoch}: no checkpoint {store.layout.epoch_dir(cfg.restart_epoch)}"
             )
         try:
-            side, kept = store.verify(cfg.restart_epoch, keep=keep)
+            side, kept = store.verify(cfg.restart_epoch, keep=keep, mapped=True)
         except CheckpointError as err:
             raise NoValidCheckpoint(f"ckpt_restart_epoch={cfg.restart_epoch}: checkpoint is not valid: {err}") from None
         epoch = cfg.restart_epoch
@@ -69,7 +69,7 @@ def restart(
             problems.append(f"epoch {bad_epoch}: {why}")
             ops.warning(f"restart: skipping epoch {bad_epoch}: {why}")
 
-        found = store.find_valid(keep=keep, on_problem=report)
+        found = store.find_valid(keep=keep, on_problem=report, mapped=True)
         if found is None:
             note_resumed(cfg.directory, None)
             detail = "; ".join(problems) or "none were found"
@@ -80,7 +80,12 @@ def restart(
         epoch, side, kept = found
     if side.model_file not in kept:
         raise NoValidCheckpoint(f"checkpoint {store.layout.epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
-    ModelState(model).restore(kept[side.model_file])
+    try:
+        ModelState(model).restore(kept[side.model_file])
+    finally:
+        for data in kept.values():
+            if hasattr(data, "close"):
+                data.close()  # unmap now rather than at garbage collection
     note_resumed(cfg.directory, side)
     ops.info(f"restart: resumed from {store.layout.epoch_dir(epoch)} (epoch {epoch}, generation {side.generation})")
     return side.to_dict()

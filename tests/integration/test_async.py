@@ -434,3 +434,53 @@ def test_exit_join_that_runs_out_is_logged(tmp_path):
     ) in text
     ckpt = tmp_path / "ckpt"
     assert CheckpointStore(ckpt).epochs() == [1] and last_epoch(ckpt) == 1
+
+
+# -- the host snapshot ---------------------------------------------------------------------
+def test_async_snapshot_reuses_the_written_buffers_and_never_a_busy_one(tmp_path):
+    """A copied snapshot reuses the buffers of the previous one only after that one was written."""
+    model = make_model()
+    model.fit(X, Y, epochs=1, batch_size=8, verbose=0)  # builds the optimizer's variables
+    state = ModelState(model)
+    first = state.snapshot(copy=True)
+    kept = [a.copy() for a in first.arrays()]
+    model.fit(X, Y, epochs=1, batch_size=8, verbose=0)  # change every variable
+    second = state.snapshot(copy=True)  # the first is not written yet: new buffers
+    assert not any(np.shares_memory(a, b) for a, b in zip(first.arrays(), second.arrays(), strict=True))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first.arrays(), kept, strict=True))
+    second.write_h5(str(tmp_path / "second.weights.h5"))
+    model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+    third = state.snapshot(copy=True)  # the second is written: its buffers are reused
+    assert all(np.shares_memory(a, b) for a, b in zip(second.arrays(), third.arrays(), strict=True))
+    assert all(a.flags.owndata for a in third.arrays())  # copies, not views of the variables
+    current = ModelState(model).snapshot(copy=False).arrays()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(third.arrays(), current, strict=True))
+
+
+def test_sync_snapshot_is_a_view_of_the_variables():
+    """The sync path writes straight from the variables: its snapshot copies nothing."""
+    model = make_model()
+    view = ModelState(model).snapshot(copy=False)
+    kernel = np.asarray(model.layers[0].kernel.value.read_value())
+    assert any(np.shares_memory(a, kernel) for a in view.arrays())
+    assert not any(a.flags.writeable for a in view.arrays())
+
+
+def test_restart_loads_from_a_mapped_file_and_unmaps_it(tmp_path):
+    """restart() verifies and loads the weights through one read-only mapping of the file."""
+    from candle_ckpt import restart
+
+    cb = CandleCheckpointCallback(params(tmp_path, epochs=1, ckpt_async=False), verbose=False)
+    trained = make_model()
+    fit(trained, cb, 1)
+    store = CheckpointStore(tmp_path)
+    _, kept = store.verify(1, keep=[L.WEIGHTS_FILE], mapped=True)
+    import mmap
+
+    assert isinstance(kept[L.WEIGHTS_FILE], mmap.mmap)
+    kept[L.WEIGHTS_FILE].close()
+    fresh = make_model()
+    info = restart(params(tmp_path, epochs=1, ckpt_restart_mode="required"), fresh, verbose=False)
+    assert info["epoch"] == 1
+    for a, b in zip(ModelState(trained).snapshot().arrays(), ModelState(fresh).snapshot().arrays(), strict=True):
+        assert a.tobytes() == b.tobytes()
