@@ -89,7 +89,8 @@ class CheckpointEngine:
                 value = self.resumed.best_metric_last
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.best = BestState(cfg.save_best_metric, self.mode, float(value), self.resumed.best_epoch)
-        self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.warning)
+        self._durable_best = self.best  # the best as of the last commit that succeeded
+        self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.start_time = time.time()
@@ -125,18 +126,32 @@ class CheckpointEngine:
     ) -> bool:
         """Save ``epoch`` if the policy says so (or ``reason`` forces it).
 
+        In async mode the order is: surface the previous write's error, wait
+        for the write in flight (the wait is recorded in ``stats()``), take
+        the snapshot with ``capture`` on this thread, hand the commit to the
+        writer. Waiting *before* the snapshot keeps at most one snapshot alive.
+
         Returns True if a save was started. With ``ckpt_on_error=raise`` a
-        failure raises :class:`CheckpointSaveError`; with ``warn`` it is logged.
+        failure (of this save, or of the previous async one) raises
+        :class:`CheckpointSaveError`; with ``warn`` it is logged.
         """
         logs = dict(logs or {})
+        self._check_writer()  # a finished async job's failure surfaces at the next epoch end
         decided, best = self.decide(epoch, logs)
-        reason = reason or decided
-        if reason is None:
+        if (reason or decided) is None and not self._beats_durable_best_only(logs):
             return False
-        self._check_writer()  # an async failure of the previous save surfaces here
+        try:
+            self.writer.wait()
+        except TimeoutError as err:  # the previous write hangs: skip this save, memory stays bounded
+            self._failed(epoch, err)
+            return False
+        if self._check_writer():  # it failed and best tracking went back: decide again
+            decided, best = self.decide(epoch, logs)
+        if (reason or decided) is None:
+            return False
+        reason = reason or decided
         try:
             cap = capture()
-            self.best = best
             template = Sidecar(
                 epoch=epoch,
                 generation=0,
@@ -156,7 +171,10 @@ class CheckpointEngine:
                 backend=cap.backend,
                 extra=cap.extra,
             )
-            self.writer.submit(lambda: self._commit(epoch, cap, template, best))
+            self.best = best
+            self.writer.submit(
+                lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
+            )
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
             return False
@@ -165,11 +183,36 @@ class CheckpointEngine:
             return False
         return True
 
-    def _check_writer(self) -> None:
+    def _beats_durable_best_only(self, logs: Mapping[str, Any]) -> bool:
+        """True if this epoch is no new best only because of a best still being written.
+
+        If that write fails, this epoch *is* the new best: the caller must
+        wait for the outcome before deciding (rare; costs one wait).
+        """
+        pending, durable = self.best, self._durable_best
+        if not (self.cfg.save_best and self.writer.in_flight() and pending.epoch != durable.epoch):
+            return False
+        try:
+            value = float(logs[self.cfg.save_best_metric])
+        except (KeyError, TypeError, ValueError):
+            return False  # decide() has already said what is wrong with the logs
+        return is_improvement(value, durable.value, self.mode)
+
+    def _check_writer(self) -> bool:
+        """Surface a finished async job's failure; True if one was reported (warn mode)."""
         try:
             self.writer.check()
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
+            return True
+        return False
+
+    def _exit_error(self, err: BaseException) -> None:
+        """The last async write failed and the process is exiting: log it, loudly."""
+        epoch, cause = (err.epoch, err.err) if isinstance(err, _SaveFailure) else (None, err)
+        msg = f"epoch {epoch}: checkpoint save failed at exit: {type(cause).__name__}: {cause}"
+        self.errors.append(msg)
+        self.ops.error(msg + "; earlier checkpoints are intact")
 
     def _commit(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         try:
@@ -188,6 +231,7 @@ class CheckpointEngine:
             "mb_per_s": side.save_mb_per_s,
         }
         self.records.append(rec)
+        self._durable_best = best
         self.ops.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {side.total_bytes / 1e6:.1f} MB "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
@@ -195,10 +239,14 @@ class CheckpointEngine:
         protected = [self.resumed.epoch] if self.resumed else []
         deleted = self.store.prune(self.keep.select, protected)
         if deleted:
-            names = ", ".join(L.epoch_name(e) for e in deleted)
-            self.ops.info(f"pruned epochs {names} (keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})")
+            self.ops.info(
+                f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} "
+                f"(keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})"
+            )
 
     def _failed(self, epoch: int, err: BaseException) -> None:
+        if self.best.epoch == epoch:  # that best was never written: track against the durable one
+            self.best = self._durable_best
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
         self.errors.append(msg)
         if self.cfg.on_error == "raise":

@@ -58,7 +58,7 @@ def restart(
                 f"ckpt_restart_epoch={cfg.restart_epoch}: no checkpoint {store.layout.epoch_dir(cfg.restart_epoch)}"
             )
         try:
-            side, kept = store.verify(cfg.restart_epoch, keep=keep)
+            side, kept = store.verify(cfg.restart_epoch, keep=keep, mapped=True)
         except CheckpointError as err:
             raise NoValidCheckpoint(f"ckpt_restart_epoch={cfg.restart_epoch}: checkpoint is not valid: {err}") from None
         epoch = cfg.restart_epoch
@@ -69,7 +69,7 @@ def restart(
             problems.append(f"epoch {bad_epoch}: {why}")
             ops.warning(f"restart: skipping epoch {bad_epoch}: {why}")
 
-        found = store.find_valid(keep=keep, on_problem=report)
+        found = store.find_valid(keep=keep, on_problem=report, mapped=True)
         if found is None:
             note_resumed(cfg.directory, None)
             detail = "; ".join(problems) or "none were found"
@@ -81,14 +81,19 @@ def restart(
     if side.model_file not in kept:
         raise NoValidCheckpoint(f"checkpoint {store.layout.epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
     state = ModelState(model)
-    state.restore(kept[side.model_file])
-    if L.EXTRA_FILE in kept:
-        state.restore_extra(kept[L.EXTRA_FILE])
-    elif state.extra_variables():
-        ops.warning(
-            f"restart: {store.layout.epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer seed states "
-            "start fresh, so the resumed run will not be bit-identical"
-        )
+    try:
+        state.restore(kept[side.model_file])
+        if L.EXTRA_FILE in kept:
+            state.restore_extra(bytes(kept[L.EXTRA_FILE]))
+        elif state.extra_variables():
+            ops.warning(
+                f"restart: {store.layout.epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer seed states "
+                "start fresh, so the resumed run will not be bit-identical"
+            )
+    finally:
+        for data in kept.values():
+            if hasattr(data, "close"):
+                data.close()  # unmap now rather than at garbage collection
     note_resumed(cfg.directory, side)
     ops.info(f"restart: resumed from {store.layout.epoch_dir(epoch)} (epoch {epoch}, generation {side.generation})")
     return side.to_dict()
