@@ -91,8 +91,8 @@ class _Object:
             return
         if self.var_list is None:
             raise ValueError(
-                f"objects[{self.name!r}]: the optimizer is not built. Pass it as ({self.name!r}: (optimizer, "
-                "model.trainable_variables)) so the runner can build it before saving and restoring."
+                f"objects[{self.name!r}]: the optimizer is not built. Pass it as objects={{{self.name!r}: "
+                "(optimizer, model.trainable_variables)} so the runner can build it before saving and restoring."
             )
         opt.build(self.var_list)
 
@@ -255,7 +255,9 @@ class JobRunner:
 
     def _restore(self, side, kept: dict[str, bytes]) -> None:
         where = L.Layout.at(self.cfg.directory).epoch_dir(side.epoch)
-        missing = [o.file for o in self.objects if o.file not in kept] + ([STATE_JSON] if STATE_JSON not in kept else [])
+        missing = [o.file for o in self.objects if o.file not in kept] + (
+            [STATE_JSON] if STATE_JSON not in kept else []
+        )
         if missing:
             raise NoValidCheckpoint(
                 f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
@@ -264,7 +266,9 @@ class JobRunner:
         doc = json.loads(kept[STATE_JSON])
         for key in self.state:
             if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
-                raise NoValidCheckpoint(f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})")
+                raise NoValidCheckpoint(
+                    f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})"
+                )
         for o in self.objects:
             o.ensure_built()
             o.state.restore(kept[o.file])
@@ -319,6 +323,8 @@ class JobRunner:
             if self.resumed_from is None:
                 if self.init_fn is not None:
                     self.init_fn()
+                for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
+                    o.ensure_built()
                 self.epoch = 0
                 self.engine.save(0, {}, lambda: self._capture(0), reason="init")
             while not self._should_stop(self.epoch, logs):
