@@ -258,6 +258,7 @@ class RemoteMirror:
         if self.fs.exists(remote_side):  # hide the older copy before replacing its files
             self._op("rm", remote_side)
             self.fs.rm(remote_side)
+        self.fs.makedirs(remote_dir, exist_ok=True)  # needed by file://; a no-op for object stores
         for name in side.files:
             self._op("put", _join(remote_dir, name))
             self.fs.put_file(os.path.join(stage, name), _join(remote_dir, name))
