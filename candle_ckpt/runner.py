@@ -17,6 +17,8 @@ What a checkpoint holds (one directory ``epochs/NNN``, every file CRC-checked):
 * ``<name>.weights.h5`` for each entry of ``objects`` (one standard Keras
   weights file per object, so each can also be read with ``load_weights``);
   ``objects={"model": m}`` gives ``model.weights.h5``, the callback's name;
+  ``<name>.extra.npz`` holds the seed states of its random layers (Dropout),
+  which the weights file omits (see ``ModelState.extra_variables``);
 * ``loop_state.json``: the completed-epoch counter and the plain values of
   ``state`` (JSON types, and ``numpy.random.Generator`` states);
 * ``loop_state.npz``: the NumPy arrays and scalars of ``state``;
@@ -49,7 +51,7 @@ from candle_ckpt.engine import Capture, CheckpointEngine, note_resumed
 from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.restart import load_record, log_resumed, select_checkpoint
+from candle_ckpt.resume import load_record, log_resumed, select_checkpoint
 from candle_ckpt.store import FileSpec, NoValidCheckpoint
 
 STATE_JSON = "loop_state.json"
@@ -81,6 +83,7 @@ class _Object:
             )
         self.name = name
         self.file = name + ".weights.h5"
+        self.extra_file = name + ".extra.npz"  # seed states save_weights omits (Dropout layers...)
         self.obj = value
         self.var_list = var_list
         self.state = ModelState(value)
@@ -222,6 +225,8 @@ class JobRunner:
             snap = o.state.snapshot()
             nbytes += snap.nbytes
             files.append(FileSpec(o.file, snap.write_h5))
+            if snap.extra:
+                files.append(FileSpec(o.extra_file, snap.write_extra))
         doc: dict[str, Any] = {"epoch": epoch, "values": {}, "numpy_rngs": {}, "arrays": [], "keras": []}
         arrays: dict[str, np.ndarray] = {}
         keras_entries = []
@@ -272,6 +277,13 @@ class JobRunner:
         for o in self.objects:
             o.ensure_built()
             o.state.restore(kept[o.file])
+            if o.extra_file in kept:
+                o.state.restore_extra(kept[o.extra_file])
+            elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
+                self.ops.warning(
+                    f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
+                    "so the resumed run will not be bit-identical"
+                )
         for key, value in doc["values"].items():
             self.state[key] = value
         for key, rng_state in doc["numpy_rngs"].items():
@@ -288,7 +300,7 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
-        keep = [o.file for o in self.objects] + list(_STATE_FILES)
+        keep = [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
         start = time.perf_counter()
         found = select_checkpoint(self.cfg, self.ops, keep=keep, epoch=self.resume_from_epoch, fs=self.fs)
         if found is None:

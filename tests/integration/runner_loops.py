@@ -10,7 +10,8 @@ Usage::
 
 Two models (generator, discriminator), two standalone Adam optimizers
 (registered as ``(optimizer, variables)``), ``tf.GradientTape`` steps,
-noise and dropout drawn from a ``keras.random.SeedGenerator``, a data-loader
+noise and dropout drawn from a ``keras.random.SeedGenerator``, a Dropout layer
+in the discriminator (its seed state is saved by the runner), a data-loader
 position and a ``numpy.random.Generator`` in the registered loop state.
 """
 
@@ -39,7 +40,12 @@ class GanLoop:
             [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)]
         )
         self.disc = keras.Sequential(
-            [keras.Input((2,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+            [
+                keras.Input((2,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dropout(0.2, seed=3),  # its seed state goes to disc.extra.npz
+                keras.layers.Dense(1),
+            ]
         )
         self.g_opt = keras.optimizers.Adam(1e-2)
         self.d_opt = keras.optimizers.Adam(1e-2)
@@ -83,8 +89,8 @@ class GanLoop:
             z = keras.random.normal((BATCH, 4), seed=seed)
             with tf.GradientTape() as tape:
                 fake = self.gen(z)
-                d_loss = tf.reduce_mean(tf.nn.softplus(-self.disc(real))) + tf.reduce_mean(
-                    tf.nn.softplus(self.disc(fake))
+                d_loss = tf.reduce_mean(tf.nn.softplus(-self.disc(real, training=True))) + tf.reduce_mean(
+                    tf.nn.softplus(self.disc(fake, training=True))
                 )
             grads = tape.gradient(d_loss, self.disc.trainable_variables)
             self.d_opt.apply_gradients(zip(grads, self.disc.trainable_variables, strict=True))

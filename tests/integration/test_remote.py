@@ -161,7 +161,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
     mirror = runner.engine.remote
     for epoch in ("000", "001", "002"):
         puts = [path for op, path in mirror.ops_done if op == "put" and f"epochs/{epoch}/" in path]
-        assert puts[-1].endswith(f"epochs/{epoch}/ckpt-info.json") and len(puts) == 8
+        assert puts[-1].endswith(f"epochs/{epoch}/ckpt-info.json") and len(puts) == 9  # 8 files, sidecar last
 
 
 class _Wrapped:

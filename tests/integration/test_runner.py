@@ -93,6 +93,7 @@ def test_epoch_zero_saved_after_init(tmp_path: Path) -> None:
     assert set(side["files"]) == {
         "gen.weights.h5",
         "disc.weights.h5",
+        "disc.extra.npz",
         "g_opt.weights.h5",
         "d_opt.weights.h5",
         "loop_state.json",
@@ -217,3 +218,11 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
     runner = JobRunner(p, epoch_fn=loop.epoch, objects={"g": loop.gen, "opt": keras.optimizers.Adam()}, logger=None)
     with pytest.raises(ValueError, match=r"objects\['opt'\]: the optimizer is not built"):
         runner.train()
+
+
+def test_importing_the_runner_keeps_restart_a_function() -> None:
+    """Importing candle_ckpt.runner first does not shadow the lazily exported restart() with a submodule."""
+    code = "import candle_ckpt.runner\nfrom candle_ckpt import restart, load_weights\nprint(callable(restart))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
