@@ -49,20 +49,28 @@ class Capture:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# restart() leaves here what it restored, per directory, for the writer of the same job.
-_RESUMED: dict[str, Sidecar] = {}
+# restart() leaves here what it restored (and how long loading took), per
+# directory, for the writer of the same job.
+_RESUMED: dict[str, tuple[Sidecar, dict[str, Any] | None]] = {}
 
 
-def note_resumed(directory: str, sidecar: Sidecar | None) -> None:
+def note_resumed(directory: str, sidecar: Sidecar | None, load: dict[str, Any] | None = None) -> None:
     key = os.path.realpath(directory)
     if sidecar is None:
         _RESUMED.pop(key, None)
     else:
-        _RESUMED[key] = sidecar
+        _RESUMED[key] = (sidecar, load)
 
 
 def resumed_from(directory: str) -> Sidecar | None:
-    return _RESUMED.get(os.path.realpath(directory))
+    found = _RESUMED.get(os.path.realpath(directory))
+    return found[0] if found else None
+
+
+def resumed_load(directory: str) -> dict[str, Any] | None:
+    """The load statistics (bytes, durations, MB/s) of the restore of this job, if any."""
+    found = _RESUMED.get(os.path.realpath(directory))
+    return found[1] if found else None
 
 
 class CheckpointEngine:
@@ -81,6 +89,7 @@ class CheckpointEngine:
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
         self.resumed = resumed_from(cfg.directory)
+        self.load = resumed_load(cfg.directory)
         self.best = BestState(cfg.save_best_metric, self.mode)
         self.time_base = 0.0
         if self.resumed is not None:
@@ -94,6 +103,15 @@ class CheckpointEngine:
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.start_time = time.time()
+        # Hook: called with each committed sidecar, on the writer's thread, after
+        # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
+        self.after_commit: list[Callable[[Sidecar], None]] = []
+        self.remote = None
+        if cfg.upload_url:
+            from candle_ckpt.remote import RemoteMirror
+
+            self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
+            self.after_commit.append(self.remote.committed)
 
     # -- decisions ---------------------------------------------------------------
     def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
@@ -137,7 +155,18 @@ class CheckpointEngine:
         """
         logs = dict(logs or {})
         self._check_writer()  # a finished async job's failure surfaces at the next epoch end
-        decided, best = self.decide(epoch, logs)
+        self._check_remote()
+        if reason is not None and self.cfg.save_best_metric not in logs:
+            # A forced save without the metric (the runner's epoch 0 after init)
+            # leaves best-tracking as it is instead of failing.
+            def decide() -> tuple[str | None, BestState]:
+                return None, self.best
+        else:
+
+            def decide() -> tuple[str | None, BestState]:
+                return self.decide(epoch, logs)
+
+        decided, best = decide()
         if (reason or decided) is None and not self._beats_durable_best_only(logs):
             return False
         try:
@@ -146,7 +175,7 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         if self._check_writer():  # it failed and best tracking went back: decide again
-            decided, best = self.decide(epoch, logs)
+            decided, best = decide()
         if (reason or decided) is None:
             return False
         reason = reason or decided
@@ -169,7 +198,7 @@ class CheckpointEngine:
                 resumed_from=self.resumed.epoch if self.resumed else None,
                 keras_version=cap.keras_version,
                 backend=cap.backend,
-                extra=cap.extra,
+                extra={**cap.extra, **self._io_stats()},
             )
             self.best = best
             self.writer.submit(
@@ -258,10 +287,16 @@ class CheckpointEngine:
         """Wait for the write in flight; surface its error per ``ckpt_on_error``."""
         self.writer.join(timeout)
         self._check_writer()
+        if self.remote is not None:
+            self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
+            self._check_remote()
 
     def stats(self) -> dict[str, Any]:
+        """Every save (bytes, durations, MB/s), the load of a resume, every upload, errors."""
         return {
             "saves": list(self.records),
+            "load": self.load,
+            "uploads": list(self.remote.records) if self.remote is not None else [],
             "errors": list(self.errors),
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,

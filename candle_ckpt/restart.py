@@ -1,9 +1,14 @@
-"""``restart()``: resume a job from its newest valid checkpoint."""
+"""``restart()``: resume a job from its newest valid checkpoint.
+
+The shared half (remote pull, choice of the checkpoint, CRC verification) is
+:func:`candle_ckpt.resume.select_checkpoint`, also used by the epoch runner;
+this module loads one model from what it returns.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +17,8 @@ from candle_ckpt.engine import note_resumed
 from candle_ckpt.keras_state import ModelState
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.resume import load_record, log_resumed, select_checkpoint
+from candle_ckpt.store import NoValidCheckpoint
 
 
 def restart(
@@ -31,6 +37,10 @@ def restart(
     ``ckpt_restart_epoch`` restores exactly that epoch (a rollback) and raises
     :class:`NoValidCheckpoint` if it is missing or invalid.
 
+    With ``ckpt_upload_url`` set and no checkpoint in the local directory (a
+    new machine), the newest complete remote checkpoint is downloaded first,
+    its CRCs verified, and committed locally.
+
     Every file's CRC is verified before anything is loaded into the model.
 
     Returns:
@@ -40,46 +50,16 @@ def restart(
     cfg = CkptConfig.from_params(gParameters)
     if cfg.restart_mode == "off":
         return None
-    store = CheckpointStore(cfg.directory, checksum=cfg.checksum)
-    ops = OpsLog(store.layout.log, get_logger(logger, verbose))
-    where = store.layout.root
-    if not store.exists():
-        note_resumed(cfg.directory, None)
-        if cfg.restart_mode == "required" or cfg.restart_epoch is not None:
-            raise NoValidCheckpoint(f"ckpt_restart_mode={cfg.restart_mode}: no checkpoints in {where}")
-        if os.path.isdir(where):
-            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+    ops = OpsLog(L.Layout.at(cfg.directory).log, get_logger(logger, verbose))
+    start = time.perf_counter()
+    found = select_checkpoint(cfg, ops, keep=(L.WEIGHTS_FILE, L.EXTRA_FILE), mapped=True)
+    if found is None:
         return None
-
-    keep = (L.WEIGHTS_FILE, L.EXTRA_FILE)
-    if cfg.restart_epoch is not None:
-        if cfg.restart_epoch not in store.epochs():
-            raise NoValidCheckpoint(
-                f"ckpt_restart_epoch={cfg.restart_epoch}: no checkpoint {store.layout.epoch_dir(cfg.restart_epoch)}"
-            )
-        try:
-            side, kept = store.verify(cfg.restart_epoch, keep=keep, mapped=True)
-        except CheckpointError as err:
-            raise NoValidCheckpoint(f"ckpt_restart_epoch={cfg.restart_epoch}: checkpoint is not valid: {err}") from None
-        epoch = cfg.restart_epoch
-    else:
-        problems: list[str] = []
-
-        def report(bad_epoch: int, why: str) -> None:
-            problems.append(f"epoch {bad_epoch}: {why}")
-            ops.warning(f"restart: skipping epoch {bad_epoch}: {why}")
-
-        found = store.find_valid(keep=keep, on_problem=report, mapped=True)
-        if found is None:
-            note_resumed(cfg.directory, None)
-            detail = "; ".join(problems) or "none were found"
-            if cfg.restart_mode == "required":
-                raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
-            ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
-            return None
-        epoch, side, kept = found
+    epoch, side, kept = found
+    verify_s = time.perf_counter() - start
     if side.model_file not in kept:
-        raise NoValidCheckpoint(f"checkpoint {store.layout.epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
+        raise NoValidCheckpoint(f"checkpoint {L.Layout.at(cfg.directory).epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
+    start = time.perf_counter()
     state = ModelState(model)
     try:
         state.restore(kept[side.model_file])
@@ -87,13 +67,14 @@ def restart(
             state.restore_extra(bytes(kept[L.EXTRA_FILE]))
         elif state.extra_variables():
             ops.warning(
-                f"restart: {store.layout.epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer seed states "
-                "start fresh, so the resumed run will not be bit-identical"
+                f"restart: {L.Layout.at(cfg.directory).epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer "
+                "seed states start fresh, so the resumed run will not be bit-identical"
             )
     finally:
         for data in kept.values():
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
-    note_resumed(cfg.directory, side)
-    ops.info(f"restart: resumed from {store.layout.epoch_dir(epoch)} (epoch {epoch}, generation {side.generation})")
+    record = load_record(side, verify_s, time.perf_counter() - start)
+    note_resumed(cfg.directory, side, record)
+    log_resumed(ops, cfg.directory, side, record)
     return side.to_dict()

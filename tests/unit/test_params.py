@@ -43,6 +43,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "on_error": "raise",
     "async_save": False,
     "async_timeout": 600.0,
+    "upload_url": None,
+    "upload_mode": "every",
+    "upload_options": None,
     "epochs": None,
 }
 
@@ -63,6 +66,9 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_on_error": "on_error",
     "ckpt_async": "async_save",
     "ckpt_async_timeout": "async_timeout",
+    "ckpt_upload_url": "upload_url",
+    "ckpt_upload_mode": "upload_mode",
+    "ckpt_upload_options": "upload_options",
     "epochs": "epochs",
 }
 CKPT_ONLY_KEYS = [key for key in CKPT_KEYS if key.startswith("ckpt_")]
@@ -79,6 +85,7 @@ CHOICE_KEYS = {
     "ckpt_save_best_mode": ("auto", "min", "max"),
     "ckpt_keep_mode": ("linear", "exponential"),
     "ckpt_on_error": ("raise", "warn"),
+    "ckpt_upload_mode": ("every", "end"),
 }
 
 
@@ -192,6 +199,9 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_on_error",
         "ckpt_async",
         "ckpt_async_timeout",
+        "ckpt_upload_url",
+        "ckpt_upload_mode",
+        "ckpt_upload_options",
     }
     assert isinstance(CKPT_KEYS, tuple)
     assert len(CKPT_KEYS) == len(set(CKPT_KEYS))
@@ -476,6 +486,16 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_metadata", b"meta", TypeError),
     ("ckpt_metadata", ["meta"], TypeError),
     ("metadata", 3.5, TypeError),
+    # upload URL and options
+    ("ckpt_upload_url", "bucket/job", ValueError),
+    ("ckpt_upload_url", "/scratch/job", ValueError),
+    ("ckpt_upload_url", "s3://", ValueError),
+    ("ckpt_upload_url", 3, TypeError),
+    ("ckpt_upload_url", b"s3://b", TypeError),
+    ("ckpt_upload_options", "{not json", ValueError),
+    ("ckpt_upload_options", "[1, 2]", ValueError),
+    ("ckpt_upload_options", 3, TypeError),
+    ("ckpt_upload_options", {"key": object()}, TypeError),
 ]
 
 
@@ -816,6 +836,12 @@ def test_ckpt_parser_flags_round_trip() -> None:
             "yes",
             "--ckpt_async_timeout",
             "12.5",
+            "--ckpt_upload_url",
+            "s3://bucket/job",
+            "--ckpt_upload_mode",
+            "END",
+            "--ckpt_upload_options",
+            '{"anon": false}',
         ]
     )
     config = CkptConfig.from_params(vars(args))
@@ -832,6 +858,9 @@ def test_ckpt_parser_flags_round_trip() -> None:
         on_error="warn",
         async_save=True,
         async_timeout=12.5,
+        upload_url="s3://bucket/job",
+        upload_mode="end",
+        upload_options='{"anon": false}',
     )
 
 
@@ -855,6 +884,7 @@ def test_ckpt_parser_restart_epoch_none() -> None:
         ["--ckpt_skip_epochs", "x"],
         ["--ckpt_restart_epoch", "x"],
         ["--ckpt_async_timeout", "soon"],
+        ["--ckpt_upload_mode", "sometimes"],
     ],
 )
 def test_ckpt_parser_rejects_bad_values(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -957,3 +987,42 @@ def test_any_params_dict_gives_config_or_error(params: dict[str, object]) -> Non
         assert CkptConfig.from_params(config.to_params()) == config
     else:
         assert any(key in str(error) for key in params)
+
+
+# --------------------------------------------------------------------------
+# Remote upload parameters
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://bucket/job", "memory://job", "file:///scratch/job", "gs://b/p", "  s3://b/p  "]
+)
+def test_upload_url_accepts_fsspec_urls(url: str) -> None:
+    """Any protocol://path URL is accepted, surrounding whitespace removed."""
+    assert CkptConfig.from_params({"ckpt_upload_url": url}).upload_url == url.strip()
+
+
+def test_upload_url_none_spellings_disable_uploads() -> None:
+    """'none' and '' (as a config file or the CLI give them) mean no uploads."""
+    assert CkptConfig.from_params({"ckpt_upload_url": "none"}).upload_url is None
+    assert CkptConfig.from_params({"ckpt_upload_url": ""}).upload_url is None
+
+
+def test_upload_url_error_shows_accepted_form() -> None:
+    """A bare path is refused with a message showing the accepted URL form."""
+    with pytest.raises(ValueError, match=r"ckpt_upload_url must be a URL of the form protocol://path"):
+        CkptConfig.from_params({"ckpt_upload_url": "bucket/job"})
+
+
+def test_upload_options_string_and_mapping_give_same_canonical_text() -> None:
+    """Options given as JSON text or as a dict are stored as the same canonical JSON."""
+    a = CkptConfig.from_params({"ckpt_upload_options": '{"b": 1, "a": {"x": "y"}}'})
+    b = CkptConfig.from_params({"ckpt_upload_options": {"a": {"x": "y"}, "b": 1}})
+    assert a.upload_options == b.upload_options == '{"a": {"x": "y"}, "b": 1}'
+    assert hash(a) == hash(b)
+
+
+def test_upload_options_not_an_object_is_refused() -> None:
+    """A JSON list is valid JSON but not storage options: the message says an object is needed."""
+    with pytest.raises(ValueError, match=r"ckpt_upload_options must be a JSON object"):
+        CkptConfig.from_params({"ckpt_upload_options": "[1]"})
