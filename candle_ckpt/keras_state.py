@@ -135,6 +135,11 @@ def _host_view(value: Any) -> tuple[np.ndarray, Any]:
     return np.asarray(keras.ops.convert_to_numpy(value)), None
 
 
+def _to_host(value: Any) -> np.ndarray:
+    """An owned host copy of a variable or array (safe to keep while training goes on)."""
+    return np.array(_host_view(value)[0], copy=True)
+
+
 @dataclass
 class HostSnapshot:
     """Weights and optimizer state in host memory, ready to be written.
@@ -224,7 +229,7 @@ class ModelState:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         plan = self.plan()
         # Tiny (a few ints per random layer): always an owned copy.
-        extra = [(v.path, np.array(_host_view(v)[0], copy=True)) for v in self.extra_variables(plan)]
+        extra = [(v.path, _to_host(v)) for v in self.extra_variables(plan)]
         keepalive: list[Any] = []
         entries = []
         for e in plan:
