@@ -272,6 +272,30 @@ class CheckpointEngine:
                 f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} "
                 f"(keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})"
             )
+        for hook in self.after_commit:
+            hook(side)
+
+    def _io_stats(self) -> dict[str, Any]:
+        """Load and upload statistics recorded in the sidecar's ``extra``."""
+        io: dict[str, Any] = {}
+        if self.load is not None:
+            io["load"] = self.load
+        if self.remote is not None and self.remote.records:
+            io["last_upload"] = self.remote.records[-1]
+        return {"io": io} if io else {}
+
+    def _check_remote(self) -> None:
+        if self.remote is None:
+            return
+        for err in self.remote.take_errors():
+            msg = f"checkpoint upload failed: {err}"
+            self.errors.append(msg)
+            if self.cfg.on_error == "raise":
+                from candle_ckpt.remote import CheckpointUploadError
+
+                self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
+                raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
+            self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
 
     def _failed(self, epoch: int, err: BaseException) -> None:
         if self.best.epoch == epoch:  # that best was never written: track against the durable one
