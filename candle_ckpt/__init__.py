@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CandleCheckpointCallback": "candle_ckpt.callback",
-    "restart": "candle_ckpt.restart",
+    "restart": "candle_ckpt.keras_restart",
     "JobRunner": "candle_ckpt.runner",
     "load_weights": "candle_ckpt.partial",
 }

@@ -1,9 +1,7 @@
 """Choose, fetch and verify the checkpoint a job resumes from (no Keras here).
 
-Shared by ``restart()`` (one model) and the epoch runner (several objects and
-loop state). It lives apart from ``candle_ckpt/restart.py`` so that importing
-it never replaces the lazily exported ``candle_ckpt.restart`` function by the
-``candle_ckpt.restart`` submodule.
+Shared by ``restart()`` (one model, ``keras_restart.py``) and the epoch runner
+(several objects and loop state).
 """
 
 from __future__ import annotations

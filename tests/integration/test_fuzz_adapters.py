@@ -20,7 +20,7 @@ import keras
 from hypothesis import HealthCheck, given, settings
 
 from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.restart import restart
+from candle_ckpt.keras_restart import restart
 from candle_ckpt.store import NoValidCheckpoint, release_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))

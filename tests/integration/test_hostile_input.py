@@ -25,7 +25,7 @@ from candle_ckpt import layout as L
 from candle_ckpt.callback import CandleCheckpointCallback
 from candle_ckpt.checksum import crc32, format_crc
 from candle_ckpt.durable import read_link
-from candle_ckpt.restart import restart
+from candle_ckpt.keras_restart import restart
 from candle_ckpt.sidecar import _canonical
 from candle_ckpt.store import CheckpointStore, NoValidCheckpoint, release_lock
 

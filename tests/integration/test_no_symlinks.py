@@ -13,7 +13,7 @@ import numpy as np
 
 from candle_ckpt.callback import CandleCheckpointCallback
 from candle_ckpt.durable import read_link
-from candle_ckpt.restart import restart
+from candle_ckpt.keras_restart import restart
 from candle_ckpt.store import CheckpointStore, release_lock
 from candle_ckpt.testing.crashsim import NoSymlinkFS
 

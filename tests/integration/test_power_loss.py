@@ -23,8 +23,8 @@ import pytest
 
 from candle_ckpt import layout as L
 from candle_ckpt.callback import CandleCheckpointCallback
+from candle_ckpt.keras_restart import restart
 from candle_ckpt.keras_state import ModelState
-from candle_ckpt.restart import restart
 from candle_ckpt.store import CheckpointStore, release_lock
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
 

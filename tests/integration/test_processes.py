@@ -25,7 +25,7 @@ import pytest
 
 from candle_ckpt.callback import CandleCheckpointCallback
 from candle_ckpt.durable import read_link
-from candle_ckpt.restart import restart
+from candle_ckpt.keras_restart import restart
 from candle_ckpt.store import CheckpointStore, DirectoryLocked, release_lock
 
 REPO = Path(__file__).resolve().parents[2]
