@@ -2,7 +2,8 @@
 
 The core (layout, durable, checksum, sidecar, policy, params, store, writer,
 engine) imports neither keras nor tensorflow; the Keras adapters
-(``CandleCheckpointCallback``, ``restart``) are imported lazily on first use.
+(``CandleCheckpointCallback``, ``restart``, ``JobRunner``, ``load_weights``)
+are imported lazily on first use.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CandleCheckpointCallback": "candle_ckpt.callback",
-    "restart": "candle_ckpt.restart",
+    "restart": "candle_ckpt.keras_restart",
+    "JobRunner": "candle_ckpt.runner",
+    "load_weights": "candle_ckpt.partial",
 }
 
 __all__ = [
@@ -28,9 +31,11 @@ __all__ = [
     "CkptConfig",
     "CorruptCheckpoint",
     "DirectoryLocked",
+    "JobRunner",
     "NoValidCheckpoint",
     "ckpt_defs",
     "ckpt_parser",
+    "load_weights",
     "restart",
     "str2bool",
 ]

@@ -18,6 +18,7 @@ from candle_ckpt.keras_state import ModelState
 from candle_ckpt.layout import Layout
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
+from candle_ckpt.writer import install_sigterm_exit, restore_sigterm
 
 
 class CandleCheckpointCallback(keras.callbacks.Callback):
@@ -33,6 +34,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         ValueError, TypeError: a parameter is invalid (the message names it).
         OSError: ``ckpt_directory`` cannot be created or written.
         DirectoryLocked: another live process writes to the same directory.
+
+    With ``ckpt_async``, ``on_epoch_end`` waits for the previous write (if it
+    is still running), takes a host snapshot and returns; one background
+    thread commits it. ``on_train_end`` joins that thread and raises its
+    error (``ckpt_on_error=raise``). During ``fit``, if SIGTERM has its
+    default action, it is turned into ``SystemExit`` so that the exit hook
+    commits the last snapshot (waiting at most ``ckpt_async_timeout``).
     """
 
     def __init__(
@@ -49,17 +57,35 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self._state: ModelState | None = None
+        self._sigterm_installed = False
 
     def on_train_begin(self, logs=None) -> None:
         self._state = ModelState(self.model)
+        if self.engine.writer.is_async:
+            # SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
+            # commits the last snapshot instead of the process dying mid-write.
+            self._sigterm_installed = install_sigterm_exit()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.
         state = self._state or ModelState(self.model)
-        self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
+        try:
+            self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
+        except BaseException:
+            # fit stops here without on_train_end: give SIGTERM its default back now.
+            self._restore_sigterm()
+            raise
 
     def on_train_end(self, logs=None) -> None:
-        self.engine.finish()
+        try:
+            self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
+        finally:
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm_installed:
+            restore_sigterm()
+            self._sigterm_installed = False
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -85,6 +85,7 @@ class CrcFile:
         self._starts: list[int] = []
         self._extents: dict[int, tuple[int, int | None]] = {}
         self.closed = False
+        self.write_error: OSError | None = None
 
     # -- the io.RawIOBase surface that h5py and zipfile use -----------------
     def seekable(self) -> bool:
@@ -118,8 +119,14 @@ class CrcFile:
         if self._on_write is not None:
             self._on_write("write", self.path)
         written = 0
-        while written < n:
-            written += os.pwrite(self._fd, view[written:], self._pos + written)
+        try:
+            while written < n:
+                written += os.pwrite(self._fd, view[written:], self._pos + written)
+        except OSError as err:
+            # Kept because writers such as h5py replace it with their own vaguer
+            # error ("driver write request failed"); the store re-raises this one.
+            self.write_error = err
+            raise
         self._record(self._pos, self._pos + n, crc32(view))
         self._pos += n
         self._size = max(self._size, self._pos)

@@ -42,10 +42,29 @@ class LocalFS:
         return value, len(data)
 
     # -- directories ---------------------------------------------------------
-    def makedirs(self, path: str) -> None:
-        if not os.path.isdir(path):
-            self.hook("mkdir", path)
-            os.makedirs(path, exist_ok=True)
+    def makedirs(self, path: str, durable: bool = False) -> None:
+        """Create ``path`` and missing parents.
+
+        Args:
+            durable: Also fsync the parent of every directory created, so the
+                new directories survive a power cut (needed for ``ckpts/`` and
+                ``epochs/``; ``work/`` becomes durable through its rename).
+        """
+        missing = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            self.hook("mkdir", d)
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+        if durable:
+            for d in missing:
+                self.fsync_dir(os.path.dirname(d))
 
     def fsync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` (creates, renames) durable."""

@@ -49,20 +49,28 @@ class Capture:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# restart() leaves here what it restored, per directory, for the writer of the same job.
-_RESUMED: dict[str, Sidecar] = {}
+# restart() leaves here what it restored (and how long loading took), per
+# directory, for the writer of the same job.
+_RESUMED: dict[str, tuple[Sidecar, dict[str, Any] | None]] = {}
 
 
-def note_resumed(directory: str, sidecar: Sidecar | None) -> None:
+def note_resumed(directory: str, sidecar: Sidecar | None, load: dict[str, Any] | None = None) -> None:
     key = os.path.realpath(directory)
     if sidecar is None:
         _RESUMED.pop(key, None)
     else:
-        _RESUMED[key] = sidecar
+        _RESUMED[key] = (sidecar, load)
 
 
 def resumed_from(directory: str) -> Sidecar | None:
-    return _RESUMED.get(os.path.realpath(directory))
+    found = _RESUMED.get(os.path.realpath(directory))
+    return found[0] if found else None
+
+
+def resumed_load(directory: str) -> dict[str, Any] | None:
+    """The load statistics (bytes, durations, MB/s) of the restore of this job, if any."""
+    found = _RESUMED.get(os.path.realpath(directory))
+    return found[1] if found else None
 
 
 class CheckpointEngine:
@@ -81,6 +89,7 @@ class CheckpointEngine:
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
         self.resumed = resumed_from(cfg.directory)
+        self.load = resumed_load(cfg.directory)
         self.best = BestState(cfg.save_best_metric, self.mode)
         self.time_base = 0.0
         if self.resumed is not None:
@@ -89,10 +98,20 @@ class CheckpointEngine:
                 value = self.resumed.best_metric_last
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.best = BestState(cfg.save_best_metric, self.mode, float(value), self.resumed.best_epoch)
-        self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.warning)
+        self._durable_best = self.best  # the best as of the last commit that succeeded
+        self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.start_time = time.time()
+        # Hook: called with each committed sidecar, on the writer's thread, after
+        # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
+        self.after_commit: list[Callable[[Sidecar], None]] = []
+        self.remote = None
+        if cfg.upload_url:
+            from candle_ckpt.remote import RemoteMirror
+
+            self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
+            self.after_commit.append(self.remote.committed)
 
     # -- decisions ---------------------------------------------------------------
     def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
@@ -125,18 +144,43 @@ class CheckpointEngine:
     ) -> bool:
         """Save ``epoch`` if the policy says so (or ``reason`` forces it).
 
+        In async mode the order is: surface the previous write's error, wait
+        for the write in flight (the wait is recorded in ``stats()``), take
+        the snapshot with ``capture`` on this thread, hand the commit to the
+        writer. Waiting *before* the snapshot keeps at most one snapshot alive.
+
         Returns True if a save was started. With ``ckpt_on_error=raise`` a
-        failure raises :class:`CheckpointSaveError`; with ``warn`` it is logged.
+        failure (of this save, or of the previous async one) raises
+        :class:`CheckpointSaveError`; with ``warn`` it is logged.
         """
         logs = dict(logs or {})
-        decided, best = self.decide(epoch, logs)
-        reason = reason or decided
-        if reason is None:
+        self._check_writer()  # a finished async job's failure surfaces at the next epoch end
+        self._check_remote()
+        if reason is not None and self.cfg.save_best_metric not in logs:
+            # A forced save without the metric (the runner's epoch 0 after init)
+            # leaves best-tracking as it is instead of failing.
+            def decide() -> tuple[str | None, BestState]:
+                return None, self.best
+        else:
+
+            def decide() -> tuple[str | None, BestState]:
+                return self.decide(epoch, logs)
+
+        decided, best = decide()
+        if (reason or decided) is None and not self._beats_durable_best_only(logs):
             return False
-        self._check_writer()  # an async failure of the previous save surfaces here
+        try:
+            self.writer.wait()
+        except TimeoutError as err:  # the previous write hangs: skip this save, memory stays bounded
+            self._failed(epoch, err)
+            return False
+        if self._check_writer():  # it failed and best tracking went back: decide again
+            decided, best = decide()
+        if (reason or decided) is None:
+            return False
+        reason = reason or decided
         try:
             cap = capture()
-            self.best = best
             template = Sidecar(
                 epoch=epoch,
                 generation=0,
@@ -154,9 +198,12 @@ class CheckpointEngine:
                 resumed_from=self.resumed.epoch if self.resumed else None,
                 keras_version=cap.keras_version,
                 backend=cap.backend,
-                extra=cap.extra,
+                extra={**cap.extra, **self._io_stats()},
             )
-            self.writer.submit(lambda: self._commit(epoch, cap, template, best))
+            self.best = best
+            self.writer.submit(
+                lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
+            )
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
             return False
@@ -165,11 +212,36 @@ class CheckpointEngine:
             return False
         return True
 
-    def _check_writer(self) -> None:
+    def _beats_durable_best_only(self, logs: Mapping[str, Any]) -> bool:
+        """True if this epoch is no new best only because of a best still being written.
+
+        If that write fails, this epoch *is* the new best: the caller must
+        wait for the outcome before deciding (rare; costs one wait).
+        """
+        pending, durable = self.best, self._durable_best
+        if not (self.cfg.save_best and self.writer.in_flight() and pending.epoch != durable.epoch):
+            return False
+        try:
+            value = float(logs[self.cfg.save_best_metric])
+        except (KeyError, TypeError, ValueError):
+            return False  # decide() has already said what is wrong with the logs
+        return is_improvement(value, durable.value, self.mode)
+
+    def _check_writer(self) -> bool:
+        """Surface a finished async job's failure; True if one was reported (warn mode)."""
         try:
             self.writer.check()
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
+            return True
+        return False
+
+    def _exit_error(self, err: BaseException) -> None:
+        """The last async write failed and the process is exiting: log it, loudly."""
+        epoch, cause = (err.epoch, err.err) if isinstance(err, _SaveFailure) else (None, err)
+        msg = f"epoch {epoch}: checkpoint save failed at exit: {type(cause).__name__}: {cause}"
+        self.errors.append(msg)
+        self.ops.error(msg + "; earlier checkpoints are intact")
 
     def _commit(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         try:
@@ -188,6 +260,7 @@ class CheckpointEngine:
             "mb_per_s": side.save_mb_per_s,
         }
         self.records.append(rec)
+        self._durable_best = best
         self.ops.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {side.total_bytes / 1e6:.1f} MB "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
@@ -195,10 +268,38 @@ class CheckpointEngine:
         protected = [self.resumed.epoch] if self.resumed else []
         deleted = self.store.prune(self.keep.select, protected)
         if deleted:
-            names = ", ".join(L.epoch_name(e) for e in deleted)
-            self.ops.info(f"pruned epochs {names} (keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})")
+            self.ops.info(
+                f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} "
+                f"(keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})"
+            )
+        for hook in self.after_commit:
+            hook(side)
+
+    def _io_stats(self) -> dict[str, Any]:
+        """Load and upload statistics recorded in the sidecar's ``extra``."""
+        io: dict[str, Any] = {}
+        if self.load is not None:
+            io["load"] = self.load
+        if self.remote is not None and self.remote.records:
+            io["last_upload"] = self.remote.records[-1]
+        return {"io": io} if io else {}
+
+    def _check_remote(self) -> None:
+        if self.remote is None:
+            return
+        for err in self.remote.take_errors():
+            msg = f"checkpoint upload failed: {err}"
+            self.errors.append(msg)
+            if self.cfg.on_error == "raise":
+                from candle_ckpt.remote import CheckpointUploadError
+
+                self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
+                raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
+            self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
 
     def _failed(self, epoch: int, err: BaseException) -> None:
+        if self.best.epoch == epoch:  # that best was never written: track against the durable one
+            self.best = self._durable_best
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
         self.errors.append(msg)
         if self.cfg.on_error == "raise":
@@ -210,10 +311,16 @@ class CheckpointEngine:
         """Wait for the write in flight; surface its error per ``ckpt_on_error``."""
         self.writer.join(timeout)
         self._check_writer()
+        if self.remote is not None:
+            self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
+            self._check_remote()
 
     def stats(self) -> dict[str, Any]:
+        """Every save (bytes, durations, MB/s), the load of a resume, every upload, errors."""
         return {
             "saves": list(self.records),
+            "load": self.load,
+            "uploads": list(self.remote.records) if self.remote is not None else [],
             "errors": list(self.errors),
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,

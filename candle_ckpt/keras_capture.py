@@ -13,9 +13,14 @@ from candle_ckpt.store import FileSpec
 
 
 def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None) -> Capture:
-    """Snapshot ``state`` on this thread; the returned files write from the snapshot."""
+    """Snapshot ``state`` on this thread; the returned files write from the snapshot.
+
+    Async saves copy the state (training goes on during the write); sync
+    saves write straight from the variables, which no step can change before
+    the write is done, so they copy nothing.
+    """
     start = time.perf_counter()
-    snap = state.snapshot()
+    snap = state.snapshot(copy=cfg.async_save)
     files = [FileSpec(L.WEIGHTS_FILE, snap.write_h5)]
     if snap.extra:
         files.append(FileSpec(L.EXTRA_FILE, snap.write_extra))

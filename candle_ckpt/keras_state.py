@@ -113,26 +113,50 @@ def make_plan(obj: Any, extra_optimizers: tuple = ()) -> list[Entry]:
     return plan
 
 
-def _to_host(value: Any) -> np.ndarray:
-    """Copy one variable or tensor to a new host array (exactly one copy)."""
+def _host_view(value: Any) -> tuple[np.ndarray, Any]:
+    """The current value of a variable as a host array, copied only where the backend must.
+
+    Returns the array and the object that keeps its memory valid. On
+    TensorFlow, ``ReadVariableOp`` aliases the variable's buffer (an assign
+    that follows copies on write), and ``np.asarray`` of a CPU tensor is a
+    view: so this costs no copy on CPU, and one device-to-host copy on GPU.
+    """
     if isinstance(value, keras.Variable):
         inner = value.value
-        if hasattr(inner, "numpy"):  # TF: read_value().numpy() is a fresh copy
-            return np.asarray(inner.numpy())
-        return np.array(keras.ops.convert_to_numpy(inner), copy=True)
+        read = getattr(inner, "read_value", None)
+        if read is not None:
+            tensor = read()
+            view = np.asarray(tensor)
+            view.flags.writeable = False  # it may alias the live variable
+            return view, tensor
+        return np.asarray(keras.ops.convert_to_numpy(inner)), None
     if isinstance(value, np.ndarray):
-        return value.copy()
-    return np.array(keras.ops.convert_to_numpy(value), copy=True)
+        return value, None
+    return np.asarray(keras.ops.convert_to_numpy(value)), None
+
+
+def _to_host(value: Any) -> np.ndarray:
+    """An owned host copy of a variable or array (safe to keep while training goes on)."""
+    return np.array(_host_view(value)[0], copy=True)
 
 
 @dataclass
 class HostSnapshot:
-    """Weights and optimizer state copied to host memory, ready to be written."""
+    """Weights and optimizer state in host memory, ready to be written.
+
+    A *copied* snapshot owns its arrays (the async path: training may go on
+    while it is written). A *view* snapshot aliases the variables (the sync
+    path: it is written before training resumes, so no copy is needed).
+    """
 
     entries: list[tuple[str, dict[str, Any], list[tuple[str, np.ndarray]]]]
     # Model variables that save_weights leaves out (the SeedGenerator state of
-    # Dropout and other random layers), as (variable.path, value).
+    # Dropout and other random layers), as (variable.path, owned copy).
     extra: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    keepalive: list[Any] = field(default_factory=list)
+    # True from the copy until write_h5 is done with the arrays; ModelState
+    # reuses the buffers of a snapshot that is no longer busy.
+    busy: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -143,19 +167,26 @@ class HostSnapshot:
         arrays = {f"v{i}": value for i, (_, value) in enumerate(self.extra)}
         np.savez(f, paths=np.array([path for path, _ in self.extra], dtype=str), **arrays)
 
+    def arrays(self) -> list[np.ndarray]:
+        return [a for _, _, items in self.entries for _, a in items]
+
     def write_h5(self, f: CrcFile | str) -> None:
         """Write a standard Keras ``.weights.h5`` (same groups, attrs and datasets)."""
-        with h5py.File(f, "w") as h5:
-            for path, metadata, items in self.entries:
-                group = h5.create_group("vars") if not path else h5.create_group(path).create_group("vars")
-                for k, v in metadata.items():
-                    group.attrs[k] = v
-                for key, array in items:
-                    if keras.backend.standardize_dtype(array.dtype) == "bfloat16":
-                        ds = group.create_dataset(key, data=array)
-                        ds.attrs["dtype"] = "bfloat16"
-                    else:
-                        group[key] = array
+        try:
+            with h5py.File(f, "w") as h5:
+                for path, metadata, items in self.entries:
+                    group = h5.create_group("vars") if not path else h5.create_group(path).create_group("vars")
+                    for k, v in metadata.items():
+                        group.attrs[k] = v
+                    for key, array in items:
+                        if keras.backend.standardize_dtype(array.dtype) == "bfloat16":
+                            ds = group.create_dataset(key, data=array)
+                            ds.attrs["dtype"] = "bfloat16"
+                        else:
+                            group[key] = array
+        finally:
+            self.busy = False
+            self.keepalive.clear()
 
 
 class ModelState:
@@ -169,6 +200,7 @@ class ModelState:
         self.model = model
         self._plan: list[Entry] | None = None
         self._plan_key: tuple[int, int] | None = None
+        self._spare: HostSnapshot | None = None
 
     def _variable_count(self) -> tuple[int, int]:
         opt = getattr(self.model, "optimizer", None)
@@ -181,15 +213,53 @@ class ModelState:
             self._plan_key = key
         return self._plan
 
-    def snapshot(self) -> HostSnapshot:
-        """Copy the model's state to host memory on the calling thread."""
+    def snapshot(self, copy: bool = True) -> HostSnapshot:
+        """Take the model's state on the calling thread.
+
+        Args:
+            copy: Copy into host buffers that the snapshot owns, so training
+                may go on while it is written (async). The buffers of the
+                previous snapshot are reused once it has been written, so
+                after the first save a snapshot is one memcpy, with no page
+                faults, and at most one copy of the state exists. With
+                ``copy=False`` the arrays alias the variables (no copy): write
+                them before the next training step (sync).
+        """
         if not self.model.built:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         plan = self.plan()
-        return HostSnapshot(
-            [(e.path, e.metadata, [(k, _to_host(v)) for k, v in e.items]) for e in plan],
-            [(v.path, _to_host(v)) for v in self.extra_variables(plan)],
-        )
+        # Tiny (a few ints per random layer): always an owned copy.
+        extra = [(v.path, _to_host(v)) for v in self.extra_variables(plan)]
+        keepalive: list[Any] = []
+        entries = []
+        for e in plan:
+            items = []
+            for k, v in e.items:
+                view, owner = _host_view(v)
+                if owner is not None:
+                    keepalive.append(owner)
+                items.append((k, view))
+            entries.append((e.path, e.metadata, items))
+        if not copy:
+            return HostSnapshot(entries, extra, keepalive)
+        spare = self._spare if self._spare is not None and not self._spare.busy else None
+        old = spare.arrays() if spare is not None else []
+        self._spare = None  # a busy spare is dropped, never written over
+        copied, i = [], 0
+        for path, metadata, items in entries:
+            out = []
+            for k, view in items:
+                dst = old[i] if i < len(old) and old[i].shape == view.shape and old[i].dtype == view.dtype else None
+                if dst is None:
+                    dst = np.empty(view.shape, view.dtype)
+                np.copyto(dst, view)
+                out.append((k, dst))
+                i += 1
+            copied.append((path, metadata, out))
+        del keepalive, entries  # the views (and TF's copy-on-write hold) go now
+        snap = HostSnapshot(copied, extra, busy=True)
+        self._spare = snap
+        return snap
 
     def extra_variables(self, plan: list[Entry] | None = None) -> list[Any]:
         """Model variables that the weights file does not hold (RNG seed states).
@@ -253,9 +323,73 @@ def build_optimizer(model: keras.Model) -> None:
         opt.build(model.trainable_variables)
 
 
-def load_weights_bytes(obj: Any, weights: bytes, *, objects_to_skip=()) -> None:
-    """Load ``.weights.h5`` bytes into ``obj`` with Keras's own loader, strictly."""
-    store = saving_lib.H5IOStore(io.BytesIO(weights), mode="r")
+class _BufferFile(io.BytesIO):
+    """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
+
+    ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
+    ``readinto`` copies each byte once, straight into its destination. It
+    subclasses ``BytesIO`` (left empty) because Keras's ``H5IOStore`` accepts
+    only that type.
+    """
+
+    def __init__(self, data) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        dst = memoryview(buf).cast("B")
+        n = max(0, min(len(dst), len(self._view) - self._pos))
+        dst[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = self._view[self._pos : end].tobytes() if end > self._pos else b""
+        self._pos += len(data)
+        return data
+
+    def write(self, data) -> int:
+        raise io.UnsupportedOperation("read-only")
+
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()  # so that an mmap behind it can be closed
+        super().close()
+
+
+def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
+    """Load a ``.weights.h5`` held in memory (bytes, mmap or any buffer) into ``obj``.
+
+    Uses Keras's own loader, strictly: a missing or mismatched variable raises.
+    """
+    source = _BufferFile(weights)
+    try:
+        _load_weights_from(obj, source, objects_to_skip)
+    finally:
+        source.close()
+
+
+def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
+    store = saving_lib.H5IOStore(source, mode="r")
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:

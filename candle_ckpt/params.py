@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import numbers
 import operator
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +57,8 @@ class _Spec:
         key: The gParameters key.
         field: The matching :class:`CkptConfig` attribute.
         kind: One of ``bool``, ``int``, ``float``, ``choice``, ``str``,
-            ``path`` or ``text`` (free-form string).
+            ``path``, ``text`` (free-form string), ``url`` (``protocol://...``)
+            or ``json`` (a JSON object, kept as canonical text).
         default: Default value used when the key is missing or None.
         help: One-line description for ``--help`` and the README.
         allowed: Human-readable description of the accepted values.
@@ -233,6 +236,39 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="finite number > 0 (seconds)",
         minimum=0.0,
         strict=True,
+    ),
+    _Spec(
+        key="ckpt_upload_url",
+        field="upload_url",
+        kind="url",
+        default=None,
+        help=(
+            "fsspec URL (s3://, gs://, file://, memory://...) to which committed "
+            "checkpoints are copied in the background; None disables uploads."
+        ),
+        allowed="URL of the form protocol://path, or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_upload_mode",
+        field="upload_mode",
+        kind="choice",
+        default="every",
+        help=("'every' uploads each committed checkpoint; 'end' uploads only best and last when training ends."),
+        allowed="every, end",
+        choices=("every", "end"),
+    ),
+    _Spec(
+        key="ckpt_upload_options",
+        field="upload_options",
+        kind="json",
+        default=None,
+        help=(
+            "JSON object of fsspec storage options for ckpt_upload_url, e.g. "
+            '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}\'.'
+        ),
+        allowed="JSON object (string or mapping), or None",
+        optional=True,
     ),
     _Spec(
         key="epochs",
@@ -429,6 +465,45 @@ def _to_path(spec: _Spec, key: str, value: object) -> str:
     return text
 
 
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
+
+
+def _to_url(spec: _Spec, key: str, value: object) -> str:
+    """Coerce an fsspec URL: ``protocol://rest``, without surrounding whitespace."""
+    if isinstance(value, os.PathLike) and not isinstance(value, str):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a URL string such as 's3://bucket/job'; got {_describe_typed(value)}")
+    text = str.strip(_plain_text(value))
+    if not _URL_RE.match(text) or "\x00" in text:
+        raise ValueError(
+            f"{key} must be a URL of the form protocol://path (e.g. s3://bucket/job, "
+            f"file:///scratch/job, memory://job); got {_describe(value)}"
+        )
+    return text
+
+
+def _to_json(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a JSON object given as a string or a mapping to canonical JSON text.
+
+    The config keeps the text (not a dict) so that it stays immutable and hashable.
+    """
+    if isinstance(value, Mapping):
+        try:
+            return json.dumps(dict(value), sort_keys=True)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{key} must be JSON-serialisable; {err}") from None
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a JSON object (a string or a mapping); got {_describe_typed(value)}")
+    try:
+        parsed = json.loads(_plain_text(value))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{key} must be a JSON object; {_describe(value)} is not valid JSON ({err})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{key} must be a JSON object ({{...}}); got {_describe(value)}")
+    return json.dumps(parsed, sort_keys=True)
+
+
 def _to_text(spec: _Spec, key: str, value: object) -> str:
     """Coerce a free-form string parameter (kept verbatim)."""
     if not isinstance(value, str):
@@ -444,6 +519,8 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "str": _to_str,
     "path": _to_path,
     "text": _to_text,
+    "url": _to_url,
+    "json": _to_json,
 }
 
 
@@ -520,6 +597,9 @@ class CkptConfig:
         on_error: ``"raise"`` or ``"warn"`` when a save fails.
         async_save: Whether checkpoints are written in the background.
         async_timeout: Seconds to wait for background writes at exit.
+        upload_url: fsspec URL that checkpoints are mirrored to, or None.
+        upload_mode: ``"every"`` (each commit) or ``"end"`` (best and last at the end).
+        upload_options: fsspec storage options as canonical JSON text, or None.
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -539,6 +619,9 @@ class CkptConfig:
     on_error: str = "raise"
     async_save: bool = False
     async_timeout: float = 600.0
+    upload_url: str | None = None
+    upload_mode: str = "every"
+    upload_options: str | None = None
     epochs: int | None = None
 
     def __post_init__(self) -> None:
@@ -660,6 +743,8 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "str": str,
     "path": str,
     "text": str,
+    "url": str,
+    "json": str,
 }
 
 

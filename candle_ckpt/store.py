@@ -12,6 +12,12 @@ The commit protocol (every step goes through :class:`~candle_ckpt.durable.LocalF
    the old one, fsyncing ``ckpts/``;
 5. prune (the callers do this after the commit).
 
+If any step fails (an fsync returning EIO included), the commit raises and
+undoes itself: ``work/`` is removed, a renamed ``epochs/NNN`` is withdrawn
+into ``trash-*``, and ``last``/``best`` are put back. A failed fsync is never
+retried as if it had succeeded (the PostgreSQL "fsyncgate" lesson): the next
+save writes every file anew.
+
 A crash at any instant leaves either the old state or the new one; leftovers
 (``work/``, ``trash-*``, ``.tmp-*``) are never read and are removed by the
 next writer. Readers trust nothing: sidecars are validated, links are only
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 import socket
 import threading
@@ -131,7 +138,9 @@ class CheckpointStore:
         """Create the layout, check it is writable, lock it and clean debris."""
         lay = self.layout
         try:
-            os.makedirs(lay.epochs, exist_ok=True)
+            # Through the fs and durable: without an fsync of their parents a power cut
+            # after the first commit returned could lose ckpts/ or epochs/ themselves.
+            self.fs.makedirs(lay.epochs, durable=True)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
         if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
@@ -196,6 +205,9 @@ class CheckpointStore:
             raise CheckpointError("open_for_write() must be called before commit()")
         lay, fs = self.layout, self.fs
         start = time.perf_counter()
+        # A generation is never reused, even by a commit that fails half-way.
+        generation = self._generation
+        self._generation += 1
         if os.path.lexists(lay.work):
             fs.rmtree(lay.work)
         fs.makedirs(lay.work)
@@ -211,24 +223,33 @@ class CheckpointStore:
                 sidecar,
                 epoch=epoch,
                 files=entries,
-                generation=self._generation,
+                generation=generation,
                 save_duration_s=round(elapsed, 6),
                 save_mb_per_s=round(total / elapsed / 1e6, 3),
             )
             fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
             fs.fsync_dir(lay.work)
-            self._publish(epoch)
         except BaseException:
             self._discard_work()
             raise
-        self._generation += 1
-        self.set_link("last", epoch)
-        if (
-            best_epoch is not None
-            and self.link_epoch("best") != best_epoch
-            and os.path.isdir(lay.epoch_dir(best_epoch))
-        ):
-            self.set_link("best", best_epoch)
+        # From here on a failure (an fsync error above all) withdraws the new
+        # checkpoint and puts the links back: a failed save changes nothing that
+        # restart() would pick, and an fsync that failed is never trusted later.
+        old_links = {name: self._raw_link(name) for name in L.LINK_NAMES}
+        replaced = self._publish(epoch)
+        try:
+            self.set_link("last", epoch)
+            if (
+                best_epoch is not None
+                and self.link_epoch("best") != best_epoch
+                and os.path.isdir(lay.epoch_dir(best_epoch))
+            ):
+                self.set_link("best", best_epoch)
+        except BaseException:
+            self._unpublish(epoch, replaced, old_links)
+            raise
+        if replaced is not None:
+            fs.rmtree(replaced)
         return final
 
     def _write_file(self, path: str, write: Callable[[CrcFile], None]):
@@ -239,25 +260,77 @@ class CheckpointStore:
             write(f)
             value = format_crc(f.crc32()) if self.checksum else None
             f.close()
-        except BaseException:
+        except BaseException as err:
             f.abort()
+            if f.write_error is not None and err is not f.write_error:
+                # e.g. h5py's "Problems closing file": say what really happened (ENOSPC, EIO).
+                raise f.write_error from err
             raise
         return FileEntry(f.size, value)
 
-    def _publish(self, epoch: int) -> None:
+    def _publish(self, epoch: int) -> str | None:
+        """Rename ``work/`` to ``epochs/NNN`` durably; return where an old ``epochs/NNN`` was moved.
+
+        On failure ``work/`` is discarded and an old ``epochs/NNN`` is put back.
+        """
         lay, fs = self.layout, self.fs
         target = lay.epoch_dir(epoch)
-        if os.path.lexists(target):
-            # Replace only now that the new one is complete: move the old aside.
-            trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
-            fs.rename(target, trash)
+        replaced = None
+        try:
+            if os.path.lexists(target):
+                # Replace only now that the new one is complete: move the old aside.
+                replaced = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
+                fs.rename(target, replaced)
             fs.rename(lay.work, target)
+        except BaseException:
+            self._discard_work()
+            self._unpublish(epoch, replaced, None, withdraw=False)
+            raise
+        try:
             fs.fsync_dir(lay.epochs)
-            fs.fsync_dir(lay.ckpts)
-            fs.rmtree(trash)
-        else:
-            fs.rename(lay.work, target)
-            fs.fsync_dir(lay.epochs)
+            if replaced is not None:
+                fs.fsync_dir(lay.ckpts)
+        except BaseException:
+            self._unpublish(epoch, replaced, None)
+            raise
+        return replaced
+
+    def _unpublish(
+        self, epoch: int, replaced: str | None, old_links: dict[str, str | None] | None, *, withdraw: bool = True
+    ) -> None:
+        """Undo a failed commit, best effort: withdraw ``epochs/NNN``, restore what it replaced and the links.
+
+        Errors here are logged, never raised: the caller re-raises the original error.
+        """
+        lay, fs = self.layout, self.fs
+        target = lay.epoch_dir(epoch)
+        try:
+            if withdraw and os.path.isdir(target):
+                trash = lay.trash_dir(f"{L.epoch_name(epoch)}-failed-{uuid.uuid4().hex[:8]}")
+                fs.rename(target, trash)
+                if replaced is not None:
+                    fs.rename(replaced, target)
+                fs.fsync_dir(lay.epochs)
+                fs.rmtree(trash)
+            elif replaced is not None and not os.path.lexists(target):
+                fs.rename(replaced, target)
+                fs.fsync_dir(lay.epochs)
+            for name, old in (old_links or {}).items():
+                if self._raw_link(name) == old:
+                    continue
+                if old is None:
+                    fs.unlink(lay.link(name))
+                    fs.fsync_dir(lay.ckpts)
+                else:
+                    fs.set_link(lay.link(name), old)
+        except Exception:
+            logger.exception("could not fully undo the failed commit of %s", target)
+
+    def _raw_link(self, name: str) -> str | None:
+        try:
+            return read_link(self.layout.link(name))
+        except (OSError, ValueError):
+            return None
 
     def _discard_work(self) -> None:
         try:
@@ -291,20 +364,33 @@ class CheckpointStore:
         Returns:
             The epochs deleted.
         """
-        epochs = self.epochs()
-        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
-        keep = set(select(epochs, keep_always)) | keep_always
-        doomed = [e for e in epochs if e not in keep]
+        _, doomed = self.prune_plan(select, protected)
         for epoch in doomed:
             self.delete(epoch)
         return doomed
+
+    def prune_plan(
+        self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()
+    ) -> tuple[list[int], list[int]]:
+        """Return ``(keep, delete)``, both ascending: what :meth:`prune` would do, without doing it.
+
+        ``best``, ``last`` and ``protected`` are always in ``keep``.
+        """
+        epochs = self.epochs()
+        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
+        keep = set(select(epochs, keep_always)) | keep_always
+        return [e for e in epochs if e in keep], [e for e in epochs if e not in keep]
 
     # -- reader side -------------------------------------------------------------
     def exists(self) -> bool:
         return os.path.isdir(self.layout.epochs)
 
     def epochs(self) -> list[int]:
-        """Committed epoch numbers, ascending (names that are not numbers are ignored)."""
+        """Committed epoch numbers, ascending.
+
+        Names that are not numbers are ignored, and so is anything that is not
+        a real directory: a symlink named like an epoch could lead outside.
+        """
         try:
             names = os.listdir(self.layout.epochs)
         except FileNotFoundError:
@@ -312,8 +398,13 @@ class CheckpointStore:
         found = []
         for name in names:
             epoch = L.parse_epoch(name)
-            if epoch is not None and L.epoch_name(epoch) == name:
-                found.append(epoch)
+            if epoch is None or L.epoch_name(epoch) != name:
+                continue
+            path = os.path.join(self.layout.epochs, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                logger.warning("ignoring %s: not a directory (a symlink is never followed)", path)
+                continue
+            found.append(epoch)
         return sorted(found)
 
     def link_epoch(self, name: str) -> int | None:
@@ -348,23 +439,39 @@ class CheckpointStore:
             raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
         return side
 
-    def verify(self, epoch: int, *, keep: Iterable[str] = ()) -> tuple[Sidecar, dict[str, bytes]]:
+    def verify(
+        self,
+        epoch: int,
+        *,
+        keep: Iterable[str] = (),
+        mapped: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[Sidecar, dict[str, bytes | mmap.mmap]]:
         """Check the sidecar and the size and CRC of every file of ``epoch``.
 
         Args:
             epoch: The checkpoint to check.
             keep: Names of files whose verified bytes are returned, so the
                 caller can load them without reading the file a second time.
+            mapped: Return the kept files as read-only ``mmap`` objects
+                instead of ``bytes``: the CRC then reads the page cache in
+                place and the loader copies each byte once, straight into its
+                arrays, as a plain file read would (a restart of a large
+                checkpoint saves one full copy). Checkpoint files are never
+                modified after their commit, so the mapping stays valid even
+                if the checkpoint is pruned meanwhile.
+            progress: Called with the number of bytes just checked, chunk by
+                chunk (the CLI's progress bar); it must not raise.
 
         Returns:
-            ``(sidecar, {name: bytes})`` for the names in ``keep``.
+            ``(sidecar, {name: bytes or mmap})`` for the names in ``keep``.
 
         Raises:
             CorruptCheckpoint: naming the file and what is wrong with it.
         """
         side = self.read_sidecar(epoch)
         wanted = set(keep)
-        kept: dict[str, bytes] = {}
+        kept: dict[str, bytes | mmap.mmap] = {}
         directory = self.layout.epoch_dir(epoch)
         for name, entry in side.files.items():
             path = os.path.join(directory, name)
@@ -375,14 +482,19 @@ class CheckpointStore:
                 raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
             check = self.checksum and entry.crc32 is not None
             if name in wanted:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = _map_file(path, size) if mapped else _read_file(path, size)
+                if len(data) != entry.size:  # changed since the size check
+                    raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
                 kept[name] = data
                 value = crc32(data) if check else None
+                if progress is not None:
+                    progress(len(data))
             elif check:
                 value = 0
                 for block in iter_file_chunks(path):
                     value = crc32(block, value)
+                    if progress is not None:
+                        progress(len(block))
             else:
                 continue
             if check and format_crc(value) != entry.crc32:
@@ -406,7 +518,13 @@ class CheckpointStore:
         for _, epoch in sorted(ranked, reverse=True):
             yield epoch
 
-    def find_valid(self, *, keep: Iterable[str] = (), on_problem: Callable[[int, str], None] | None = None):
+    def find_valid(
+        self,
+        *,
+        keep: Iterable[str] = (),
+        on_problem: Callable[[int, str], None] | None = None,
+        mapped: bool = False,
+    ):
         """Return ``(epoch, sidecar, kept_bytes)`` of the newest valid checkpoint, or None.
 
         Every rejected candidate is reported through ``on_problem(epoch, reason)``.
@@ -417,13 +535,30 @@ class CheckpointStore:
             on_problem(last, "'last' points to a checkpoint that does not exist")
         for epoch in self.candidates():
             try:
-                side, kept = self.verify(epoch, keep=keep)
+                side, kept = self.verify(epoch, keep=keep, mapped=mapped)
             except CheckpointError as err:
                 if on_problem:
                     on_problem(epoch, str(err))
                 continue
             return epoch, side, kept
         return None
+
+
+def _read_file(path: str, size: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(size + 1)  # one more: a file that grew since the size check is caught
+
+
+def _map_file(path: str, size: int) -> mmap.mmap | bytes:
+    """Map ``path`` read-only, its pages populated up front (Linux) so the CRC pass does not fault."""
+    if size == 0:
+        return b""
+    with open(path, "rb", buffering=0) as f:
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            return _read_file(path, size)  # the caller reports the size mismatch
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
 
 
 L_MAX_READ = 1 << 21  # never read more than this of a sidecar (it is refused above 1 MiB)

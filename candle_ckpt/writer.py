@@ -2,25 +2,32 @@
 
 The async writer follows TensorFlow's AsyncCheckpointHelper, tightened:
 
-* the caller takes the host snapshot on its own thread *before* submitting,
-  so the next optimizer step cannot change what is written;
-* at most one job is in flight: ``submit`` first waits for the previous one,
-  and that wait is recorded, so memory never grows beyond one snapshot;
+* the caller first waits for the job in flight (:meth:`AsyncWriter.wait`, the
+  wait is recorded), *then* takes the host snapshot on its own thread, then
+  submits. So the next optimizer step cannot change what is written, and at
+  most one snapshot is alive at a time: peak extra host memory is one copy of
+  the state, never two;
 * an error in the writer is kept and re-raised on the caller's thread at the
-  next ``submit`` or at ``join`` (``check``), never swallowed;
-* ``join`` takes a timeout; an ``atexit`` hook joins too (bounded), so the last
-  snapshot is committed after Ctrl-C or a normal exit.
+  next ``check`` (the next save) or at ``close``, never swallowed; an error
+  still pending at interpreter exit is reported through ``on_exit_error``;
+* ``join`` takes a timeout; an ``atexit`` hook joins too, bounded by the same
+  timeout, and logs when the wait runs out. With :func:`install_sigterm_exit`
+  a SIGTERM becomes a ``SystemExit``, so the exit hook commits the last
+  snapshot after SIGTERM as it does after Ctrl-C or a normal exit.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
+import signal
 import threading
 import time
 import weakref
 from collections.abc import Callable
 
 Job = Callable[[], None]
+Log = Callable[[str, int], None]
 
 
 class SyncWriter:
@@ -31,11 +38,17 @@ class SyncWriter:
     def __init__(self) -> None:
         self.wait_s: list[float] = []
 
-    def submit(self, job: Job) -> None:
+    def wait(self, timeout: float | None = None) -> None:
+        """Nothing is ever in flight in sync mode."""
+
+    def submit(self, job: Job, label: str = "a checkpoint write") -> None:
         job()
 
     def check(self) -> None:
         """Nothing is pending in sync mode."""
+
+    def in_flight(self) -> bool:
+        return False
 
     def join(self, timeout: float | None = None) -> bool:
         return True
@@ -48,17 +61,27 @@ class AsyncWriter:
     """Runs each job on a background thread, one at a time.
 
     Args:
-        timeout: Default seconds ``join``/``close`` and the exit hook wait.
-        on_timeout: Called with a message when a wait runs out.
+        timeout: Seconds that ``wait``, ``join`` and the exit hook wait by default.
+        log: ``log(message, level)`` for the writer's own events (a wait that
+            runs out, the join at exit); :meth:`OpsLog.write` fits.
+        on_exit_error: Called at interpreter exit with the error of the last
+            job, which nobody can re-raise any more.
     """
 
     is_async = True
 
-    def __init__(self, timeout: float = 600.0, on_timeout: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float = 600.0,
+        log: Log | None = None,
+        on_exit_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.timeout = timeout
-        self.on_timeout = on_timeout
+        self.log = log
+        self.on_exit_error = on_exit_error
         self.wait_s: list[float] = []
         self._thread: threading.Thread | None = None
+        self._label = ""
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         _LIVE.add(self)
@@ -70,8 +93,12 @@ class AsyncWriter:
             with self._lock:
                 self._error = err
 
+    def _log(self, message: str, level: int) -> None:
+        if self.log is not None:
+            self.log(message, level)
+
     def check(self) -> None:
-        """Re-raise the error of a finished job, once."""
+        """Re-raise the error of a finished job, once. Never blocks."""
         with self._lock:
             err, self._error = self._error, None
         if err is not None:
@@ -80,13 +107,28 @@ class AsyncWriter:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, job: Job) -> None:
-        """Wait for the job in flight (recording the wait), then start ``job``."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the job in flight and record how long that took.
+
+        Raises:
+            TimeoutError: the job is still running after ``timeout`` seconds
+                (default: the writer's timeout); it goes on in the background.
+        """
+        limit = self.timeout if timeout is None else timeout
         start = time.perf_counter()
-        if not self.join(self.timeout):
-            raise TimeoutError(f"the previous checkpoint write is still running after {self.timeout} s")
+        thread = self._thread
+        if thread is not None:
+            thread.join(limit)
         self.wait_s.append(time.perf_counter() - start)
+        if thread is not None and thread.is_alive():
+            raise TimeoutError(f"{self._label} is still running after {limit:g} s (ckpt_async_timeout)")
+
+    def submit(self, job: Job, label: str = "a checkpoint write") -> None:
+        """Start ``job``; first wait for the one in flight (recorded) and re-raise its error."""
+        if self.in_flight():
+            self.wait()
         self.check()
+        self._label = label
         self._thread = threading.Thread(target=self._run, args=(job,), name="candle_ckpt-writer", daemon=True)
         self._thread.start()
 
@@ -95,12 +137,10 @@ class AsyncWriter:
         thread = self._thread
         if thread is None:
             return True
-        thread.join(self.timeout if timeout is None else timeout)
+        limit = self.timeout if timeout is None else timeout
+        thread.join(limit)
         if thread.is_alive():
-            if self.on_timeout:
-                self.on_timeout(
-                    f"checkpoint writer still running after {timeout if timeout is not None else self.timeout} s"
-                )
+            self._log(f"{self._label} is still running after {limit:g} s (ckpt_async_timeout)", logging.WARNING)
             return False
         return True
 
@@ -110,6 +150,26 @@ class AsyncWriter:
         self.check()
         return done
 
+    def join_at_exit(self) -> None:
+        """The exit hook: commit the last snapshot (bounded), never swallow its error."""
+        if self.in_flight():
+            why = f" after {signal.Signals(_EXIT_SIGNAL).name}" if _EXIT_SIGNAL is not None else ""
+            self._log(f"exit{why}: waiting up to {self.timeout:g} s for {self._label}", logging.INFO)
+            if not self.join(self.timeout):
+                self._log(
+                    f"exit{why}: gave up on {self._label} after {self.timeout:g} s (ckpt_async_timeout); "
+                    "it is not committed, and restart will use the previous checkpoint",
+                    logging.ERROR,
+                )
+                return
+            self._log(f"exit{why}: {self._label} is committed", logging.INFO)
+        try:
+            self.check()
+        except BaseException as err:
+            if self.on_exit_error is None:
+                raise
+            self.on_exit_error(err)
+
 
 _LIVE: weakref.WeakSet[AsyncWriter] = weakref.WeakSet()
 
@@ -118,10 +178,53 @@ _LIVE: weakref.WeakSet[AsyncWriter] = weakref.WeakSet()
 def _join_all_at_exit() -> None:
     for writer in list(_LIVE):
         try:
-            writer.join()
+            writer.join_at_exit()
         except Exception:  # never let one writer's exit hook stop the others
-            pass
+            logging.getLogger("candle_ckpt.writer").exception("checkpoint writer failed at exit")
 
 
-def make_writer(async_save: bool, timeout: float, on_timeout: Callable[[str], None] | None = None):
-    return AsyncWriter(timeout, on_timeout) if async_save else SyncWriter()
+def make_writer(
+    async_save: bool,
+    timeout: float,
+    log: Log | None = None,
+    on_exit_error: Callable[[BaseException], None] | None = None,
+) -> SyncWriter | AsyncWriter:
+    return AsyncWriter(timeout, log, on_exit_error) if async_save else SyncWriter()
+
+
+# -- SIGTERM -> SystemExit ---------------------------------------------------------
+# A batch scheduler stops a job with SIGTERM, whose default action kills the
+# process at once: the write in flight would be lost. Turned into SystemExit,
+# it unwinds the training loop and runs the atexit join instead.
+_EXIT_SIGNAL: int | None = None
+
+
+def _sigterm_to_exit(signum: int, frame) -> None:
+    global _EXIT_SIGNAL
+    _EXIT_SIGNAL = signum
+    # A second SIGTERM (an impatient scheduler) kills at once, as it would have.
+    signal.signal(signum, signal.SIG_DFL)
+    raise SystemExit(128 + signum)
+
+
+def install_sigterm_exit() -> bool:
+    """Make SIGTERM raise SystemExit, if SIGTERM has its default action.
+
+    Only on the main thread (the only one that may set handlers) and only
+    when nobody else handles SIGTERM: a handler the user installed is kept.
+
+    Returns:
+        True if the handler was installed (undo with :func:`restore_sigterm`).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+    signal.signal(signal.SIGTERM, _sigterm_to_exit)
+    return True
+
+
+def restore_sigterm() -> None:
+    """Put back SIGTERM's default action if our handler is still installed."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _sigterm_to_exit:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

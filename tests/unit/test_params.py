@@ -43,6 +43,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "on_error": "raise",
     "async_save": False,
     "async_timeout": 600.0,
+    "upload_url": None,
+    "upload_mode": "every",
+    "upload_options": None,
     "epochs": None,
 }
 
@@ -63,6 +66,9 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_on_error": "on_error",
     "ckpt_async": "async_save",
     "ckpt_async_timeout": "async_timeout",
+    "ckpt_upload_url": "upload_url",
+    "ckpt_upload_mode": "upload_mode",
+    "ckpt_upload_options": "upload_options",
     "epochs": "epochs",
 }
 CKPT_ONLY_KEYS = [key for key in CKPT_KEYS if key.startswith("ckpt_")]
@@ -79,6 +85,7 @@ CHOICE_KEYS = {
     "ckpt_save_best_mode": ("auto", "min", "max"),
     "ckpt_keep_mode": ("linear", "exponential"),
     "ckpt_on_error": ("raise", "warn"),
+    "ckpt_upload_mode": ("every", "end"),
 }
 
 
@@ -192,6 +199,9 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_on_error",
         "ckpt_async",
         "ckpt_async_timeout",
+        "ckpt_upload_url",
+        "ckpt_upload_mode",
+        "ckpt_upload_options",
     }
     assert isinstance(CKPT_KEYS, tuple)
     assert len(CKPT_KEYS) == len(set(CKPT_KEYS))
@@ -282,9 +292,7 @@ def test_true_strings(key: str, text: str) -> None:
     assert getattr(CkptConfig.from_params({key: text}), field) is True
 
 
-@pytest.mark.parametrize(
-    "text", ["false", "FALSE", "False", "0", "no", "NO", "off", "Off", "f", "n", " n "]
-)
+@pytest.mark.parametrize("text", ["false", "FALSE", "False", "0", "no", "NO", "off", "Off", "f", "n", " n "])
 @pytest.mark.parametrize("key", BOOL_KEYS)
 def test_false_strings(key: str, text: str) -> None:
     """Every accepted spelling of false coerces to False for every bool key."""
@@ -292,9 +300,7 @@ def test_false_strings(key: str, text: str) -> None:
     assert getattr(CkptConfig.from_params({key: text}), field) is False
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [(True, True), (False, False), (1, True), (0, False)]
-)
+@pytest.mark.parametrize(("value", "expected"), [(True, True), (False, False), (1, True), (0, False)])
 def test_bool_accepts_bools_and_zero_one(value: object, expected: bool) -> None:
     """Bool keys accept real booleans and the integers 0 and 1."""
     assert CkptConfig.from_params({"ckpt_checksum": value}).checksum is expected
@@ -363,9 +369,7 @@ def test_directory_accepts_pathlike() -> None:
 
 def test_directory_kept_verbatim() -> None:
     """ckpt_directory is stored unchanged (paths are not stripped or resolved)."""
-    assert (
-        CkptConfig.from_params({"ckpt_directory": "out dir/"}).directory == "out dir/"
-    )
+    assert CkptConfig.from_params({"ckpt_directory": "out dir/"}).directory == "out dir/"
 
 
 def test_metric_is_stripped() -> None:
@@ -376,9 +380,7 @@ def test_metric_is_stripped() -> None:
 
 def test_str_subclass_hooks_are_bypassed() -> None:
     """A str subclass with hostile methods is read by its character content."""
-    config = CkptConfig.from_params(
-        {"ckpt_keep_mode": SneakyStr("Exponential"), "ckpt_metadata": SneakyStr("m")}
-    )
+    config = CkptConfig.from_params({"ckpt_keep_mode": SneakyStr("Exponential"), "ckpt_metadata": SneakyStr("m")})
     assert config.keep_mode == "exponential"
     assert type(config.metadata) is str
     assert config.metadata == "m"
@@ -484,20 +486,25 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_metadata", b"meta", TypeError),
     ("ckpt_metadata", ["meta"], TypeError),
     ("metadata", 3.5, TypeError),
+    # upload URL and options
+    ("ckpt_upload_url", "bucket/job", ValueError),
+    ("ckpt_upload_url", "/scratch/job", ValueError),
+    ("ckpt_upload_url", "s3://", ValueError),
+    ("ckpt_upload_url", 3, TypeError),
+    ("ckpt_upload_url", b"s3://b", TypeError),
+    ("ckpt_upload_options", "{not json", ValueError),
+    ("ckpt_upload_options", "[1, 2]", ValueError),
+    ("ckpt_upload_options", 3, TypeError),
+    ("ckpt_upload_options", {"key": object()}, TypeError),
 ]
 
 
 @pytest.mark.parametrize(
     ("key", "value", "error"),
     INVALID_CASES,
-    ids=[
-        f"{key}-{type(value).__name__}-{i}"
-        for i, (key, value, _) in enumerate(INVALID_CASES)
-    ],
+    ids=[f"{key}-{type(value).__name__}-{i}" for i, (key, value, _) in enumerate(INVALID_CASES)],
 )
-def test_invalid_values_raise_naming_key(
-    key: str, value: object, error: type[Exception]
-) -> None:
+def test_invalid_values_raise_naming_key(key: str, value: object, error: type[Exception]) -> None:
     """Each invalid type, range or choice raises the expected error naming the key."""
     with pytest.raises(error, match=key_pattern(key)):
         CkptConfig.from_params({key: value})
@@ -510,9 +517,7 @@ def test_every_key_has_an_invalid_case() -> None:
 
 def test_bool_for_int_rejected() -> None:
     """A bool is not accepted as an integer, even though bool subclasses int."""
-    with pytest.raises(
-        TypeError, match=r"ckpt_save_interval must be an integer, not a boolean"
-    ):
+    with pytest.raises(TypeError, match=r"ckpt_save_interval must be an integer, not a boolean"):
         CkptConfig.from_params({"ckpt_save_interval": True})
 
 
@@ -531,9 +536,7 @@ def test_choice_message_lists_choices() -> None:
 
 def test_bool_message_lists_spellings() -> None:
     """An unrecognised boolean string lists the accepted spellings."""
-    with pytest.raises(
-        ValueError, match=r"ckpt_save_best must be a boolean \(true/false"
-    ):
+    with pytest.raises(ValueError, match=r"ckpt_save_best must be a boolean \(true/false"):
         CkptConfig.from_params({"ckpt_save_best": "maybe"})
 
 
@@ -573,9 +576,7 @@ def test_deeply_nested_list_raises_type_error() -> None:
 
 def test_huge_negative_int_message_is_short() -> None:
     """An integer too large for repr is summarised in the error message."""
-    with pytest.raises(
-        ValueError, match=r"ckpt_skip_epochs must be >= 0; got <int with \d+ bits>"
-    ):
+    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be >= 0; got <int with \d+ bits>"):
         CkptConfig.from_params({"ckpt_skip_epochs": -(10**5000)})
 
 
@@ -835,6 +836,12 @@ def test_ckpt_parser_flags_round_trip() -> None:
             "yes",
             "--ckpt_async_timeout",
             "12.5",
+            "--ckpt_upload_url",
+            "s3://bucket/job",
+            "--ckpt_upload_mode",
+            "END",
+            "--ckpt_upload_options",
+            '{"anon": false}',
         ]
     )
     config = CkptConfig.from_params(vars(args))
@@ -851,6 +858,9 @@ def test_ckpt_parser_flags_round_trip() -> None:
         on_error="warn",
         async_save=True,
         async_timeout=12.5,
+        upload_url="s3://bucket/job",
+        upload_mode="end",
+        upload_options='{"anon": false}',
     )
 
 
@@ -863,9 +873,7 @@ def test_ckpt_parser_bare_bool_flag_means_true() -> None:
 def test_ckpt_parser_restart_epoch_none() -> None:
     """--ckpt_restart_epoch none parses to None."""
     parser = ckpt_parser(argparse.ArgumentParser())
-    assert (
-        parser.parse_args(["--ckpt_restart_epoch", "none"]).ckpt_restart_epoch is None
-    )
+    assert parser.parse_args(["--ckpt_restart_epoch", "none"]).ckpt_restart_epoch is None
 
 
 @pytest.mark.parametrize(
@@ -876,11 +884,10 @@ def test_ckpt_parser_restart_epoch_none() -> None:
         ["--ckpt_skip_epochs", "x"],
         ["--ckpt_restart_epoch", "x"],
         ["--ckpt_async_timeout", "soon"],
+        ["--ckpt_upload_mode", "sometimes"],
     ],
 )
-def test_ckpt_parser_rejects_bad_values(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_ckpt_parser_rejects_bad_values(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Invalid command-line values make argparse exit with an error naming the option."""
     parser = ckpt_parser(argparse.ArgumentParser())
     with pytest.raises(SystemExit, match="2"):
@@ -980,3 +987,42 @@ def test_any_params_dict_gives_config_or_error(params: dict[str, object]) -> Non
         assert CkptConfig.from_params(config.to_params()) == config
     else:
         assert any(key in str(error) for key in params)
+
+
+# --------------------------------------------------------------------------
+# Remote upload parameters
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://bucket/job", "memory://job", "file:///scratch/job", "gs://b/p", "  s3://b/p  "]
+)
+def test_upload_url_accepts_fsspec_urls(url: str) -> None:
+    """Any protocol://path URL is accepted, surrounding whitespace removed."""
+    assert CkptConfig.from_params({"ckpt_upload_url": url}).upload_url == url.strip()
+
+
+def test_upload_url_none_spellings_disable_uploads() -> None:
+    """'none' and '' (as a config file or the CLI give them) mean no uploads."""
+    assert CkptConfig.from_params({"ckpt_upload_url": "none"}).upload_url is None
+    assert CkptConfig.from_params({"ckpt_upload_url": ""}).upload_url is None
+
+
+def test_upload_url_error_shows_accepted_form() -> None:
+    """A bare path is refused with a message showing the accepted URL form."""
+    with pytest.raises(ValueError, match=r"ckpt_upload_url must be a URL of the form protocol://path"):
+        CkptConfig.from_params({"ckpt_upload_url": "bucket/job"})
+
+
+def test_upload_options_string_and_mapping_give_same_canonical_text() -> None:
+    """Options given as JSON text or as a dict are stored as the same canonical JSON."""
+    a = CkptConfig.from_params({"ckpt_upload_options": '{"b": 1, "a": {"x": "y"}}'})
+    b = CkptConfig.from_params({"ckpt_upload_options": {"a": {"x": "y"}, "b": 1}})
+    assert a.upload_options == b.upload_options == '{"a": {"x": "y"}, "b": 1}'
+    assert hash(a) == hash(b)
+
+
+def test_upload_options_not_an_object_is_refused() -> None:
+    """A JSON list is valid JSON but not storage options: the message says an object is needed."""
+    with pytest.raises(ValueError, match=r"ckpt_upload_options must be a JSON object"):
+        CkptConfig.from_params({"ckpt_upload_options": "[1]"})

@@ -1,0 +1,10 @@
+"""``python -m candle_ckpt``: the ``candle-ckpt`` command line."""
+
+from __future__ import annotations
+
+import sys
+
+from candle_ckpt.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

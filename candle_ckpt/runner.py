@@ -1,0 +1,364 @@
+"""``JobRunner``: the epoch job runner for custom training loops (caffe2's JobRunner).
+
+For training that is not ``model.fit`` (a ``GradientTape`` loop, a GAN, any
+loop calling ``optimizer.apply``). The runner owns the epoch loop::
+
+    resume (newest valid, or an exact epoch)  --or--  init_fn(); save epoch 0
+    while no stop condition holds:
+        logs = epoch_fn(epoch); save epoch + 1 (policy, keep, async, uploads)
+    exit_fn()
+
+and saves through the same :class:`~candle_ckpt.engine.CheckpointEngine` as
+the callback, so it has the same crash-safe commit, CRC verification with
+fallback, keep policies, async writer, ``ckpt_on_error`` and remote copies.
+
+What a checkpoint holds (one directory ``epochs/NNN``, every file CRC-checked):
+
+* ``<name>.weights.h5`` for each entry of ``objects`` (one standard Keras
+  weights file per object, so each can also be read with ``load_weights``);
+  ``objects={"model": m}`` gives ``model.weights.h5``, the callback's name;
+  ``<name>.extra.npz`` holds the seed states of its random layers (Dropout),
+  which the weights file omits (see ``ModelState.extra_variables``);
+* ``loop_state.json``: the completed-epoch counter and the plain values of
+  ``state`` (JSON types, and ``numpy.random.Generator`` states);
+* ``loop_state.npz``: the NumPy arrays and scalars of ``state``;
+* ``loop_state.weights.h5``: the Keras variables of ``state``, including the
+  state variable of each ``keras.random.SeedGenerator``.
+
+Optimizers: a compiled model's optimizer is saved with the model. A
+standalone optimizer must be passed with the variables it trains,
+``objects={"g_opt": (g_opt, generator.trainable_variables)}``: the runner
+builds it on those variables before saving epoch 0 and before restoring
+(Keras creates optimizer slots lazily; restoring into an unbuilt optimizer
+would silently skip them). An optimizer passed alone must already be built.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+import h5py
+import keras
+import numpy as np
+
+from candle_ckpt import layout as L
+from candle_ckpt.engine import Capture, CheckpointEngine, note_resumed
+from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
+from candle_ckpt.oplog import OpsLog, get_logger
+from candle_ckpt.params import CkptConfig
+from candle_ckpt.resume import load_record, log_resumed, select_checkpoint
+from candle_ckpt.store import FileSpec, NoValidCheckpoint
+
+STATE_JSON = "loop_state.json"
+STATE_NPZ = "loop_state.npz"
+STATE_H5 = "loop_state.weights.h5"
+_STATE_FILES = (STATE_JSON, STATE_NPZ, STATE_H5)
+
+StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
+
+
+class _Object:
+    """One registered Keras object: its file, its state, and what builds it."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        if not isinstance(name, str) or not L.is_safe_filename(name + ".weights.h5") or name == "loop_state":
+            raise ValueError(
+                f"objects: name {name!r} must be a plain file-name stem (letters, digits, '.', '_', '-'; "
+                "not 'loop_state')"
+            )
+        var_list = None
+        if isinstance(value, tuple):
+            if len(value) != 2 or not isinstance(value[0], keras.optimizers.Optimizer):
+                raise TypeError(f"objects[{name!r}]: a tuple must be (optimizer, variables it trains)")
+            value, var_list = value[0], list(value[1])
+        if not hasattr(value, "save_own_variables") and not isinstance(value, keras.Model):
+            raise TypeError(
+                f"objects[{name!r}] must be a Keras model, layer or optimizer (a KerasSaveable); "
+                f"got {type(value).__name__}"
+            )
+        self.name = name
+        self.file = name + ".weights.h5"
+        self.extra_file = name + ".extra.npz"  # seed states save_weights omits (Dropout layers...)
+        self.obj = value
+        self.var_list = var_list
+        self.state = ModelState(value)
+
+    def ensure_built(self) -> None:
+        opt = self.obj
+        if not isinstance(opt, keras.optimizers.Optimizer) or opt.built:
+            return
+        if self.var_list is None:
+            raise ValueError(
+                f"objects[{self.name!r}]: the optimizer is not built. Pass it as objects={{{self.name!r}: "
+                "(optimizer, model.trainable_variables)} so the runner can build it before saving and restoring."
+            )
+        opt.build(self.var_list)
+
+
+def _kind(key: str, value: Any) -> str:
+    """Classify one loop-state value: keras, rng, array or json."""
+    if isinstance(value, (keras.random.SeedGenerator, keras.Variable)):
+        return "keras"
+    if isinstance(value, np.random.Generator):
+        return "rng"
+    if isinstance(value, (np.ndarray, np.generic)):
+        return "array"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or json.loads(text) != value:
+        raise TypeError(
+            f"state[{key!r}]: {type(value).__name__} cannot be saved exactly; use JSON types (int, float, str, bool, "
+            "None, list, dict with str keys), NumPy arrays/scalars, numpy.random.Generator, keras.Variable or "
+            "keras.random.SeedGenerator (a tuple must be a list)"
+        )
+    return "json"
+
+
+def _variable(value: Any) -> keras.Variable:
+    return value.state if isinstance(value, keras.random.SeedGenerator) else value
+
+
+class JobRunner:
+    """Run an epoch loop with checkpoints after init and after every epoch.
+
+    Args:
+        gParameters: The job's parameters (``ckpt_*`` keys; ``epochs`` is the
+            default epoch limit).
+        init_fn: Called once on a fresh start, before epoch 0 is saved; skipped
+            when the run resumes.
+        epoch_fn: ``epoch_fn(epoch) -> logs`` runs one epoch; ``epoch`` is the
+            number of completed epochs (0-based index of the epoch to run).
+        exit_fn: Called once after the loop ends normally.
+        objects: ``{name: model | layer | optimizer | (optimizer, var_list)}``,
+            each saved to ``<name>.weights.h5``.
+        state: The user's loop state, a dict the runner saves with every
+            checkpoint and restores in place on resume: JSON values, NumPy
+            arrays/scalars, ``numpy.random.Generator``, ``keras.Variable`` and
+            ``keras.random.SeedGenerator``.
+        stop_conditions: Ints (epoch limits) and callables ``(epoch, logs) ->
+            bool`` checked after each epoch (and on the restored logs when
+            resuming). Default: ``gParameters["epochs"]``.
+        resume_from_epoch: Restore exactly this epoch (over ``ckpt_restart_epoch``).
+        logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
+        verbose: Print progress (with ``logger="DEFAULT"``).
+        fs: File-system operations (tests inject faults here).
+
+    Raises:
+        ValueError, TypeError: an invalid parameter, object or state value (named).
+    """
+
+    def __init__(
+        self,
+        gParameters: Mapping[str, Any],
+        *,
+        epoch_fn: Callable[[int], Mapping[str, Any] | None],
+        objects: Mapping[str, Any],
+        init_fn: Callable[[], None] | None = None,
+        exit_fn: Callable[[], None] | None = None,
+        state: MutableMapping[str, Any] | None = None,
+        stop_conditions: StopCondition | Iterable[StopCondition] | None = None,
+        resume_from_epoch: int | None = None,
+        logger: str | logging.Logger | None = "DEFAULT",
+        verbose: bool = True,
+        fs=None,
+    ) -> None:
+        self.cfg = CkptConfig.from_params(gParameters)
+        if not callable(epoch_fn):
+            raise TypeError(f"epoch_fn must be callable; got {type(epoch_fn).__name__}")
+        if not isinstance(objects, Mapping) or not objects:
+            raise ValueError("objects must be a non-empty dict {name: Keras model/layer/optimizer}")
+        self.objects = [_Object(name, value) for name, value in objects.items()]
+        self.state = state if state is not None else {}
+        self.kinds = {key: _kind(key, value) for key, value in self.state.items()}
+        self.limits, self.conditions = self._stop_conditions(stop_conditions)
+        if resume_from_epoch is not None and (
+            not isinstance(resume_from_epoch, int) or isinstance(resume_from_epoch, bool) or resume_from_epoch < 0
+        ):
+            raise ValueError(f"resume_from_epoch must be an int >= 0 or None; got {resume_from_epoch!r}")
+        self.resume_from_epoch = resume_from_epoch
+        self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
+        self.ops = OpsLog(L.Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.fs = fs
+        self.engine: CheckpointEngine | None = None
+        self.epoch = 0
+        self.resumed_from: int | None = None
+        self.load: dict[str, Any] | None = None
+
+    def _stop_conditions(self, given) -> tuple[list[int], list[Callable]]:
+        if given is None:
+            given = [] if self.cfg.epochs is None else [self.cfg.epochs]
+        elif isinstance(given, int) or callable(given):
+            given = [given]
+        limits, conditions = [], []
+        for cond in given:
+            if isinstance(cond, bool) or not (isinstance(cond, int) or callable(cond)):
+                raise TypeError(f"stop_conditions: {cond!r} is neither an epoch limit (int) nor a callable")
+            if callable(cond):
+                conditions.append(cond)
+            elif cond < 0:
+                raise ValueError(f"stop_conditions: epoch limit must be >= 0; got {cond}")
+            else:
+                limits.append(cond)
+        if not limits and not conditions:
+            raise ValueError("JobRunner needs a stop condition: gParameters['epochs'] or stop_conditions=[N or fn]")
+        return limits, conditions
+
+    def _should_stop(self, epoch: int, logs: Mapping[str, Any] | None) -> bool:
+        if any(epoch >= limit for limit in self.limits):
+            return True
+        return logs is not None and any(bool(cond(epoch, logs)) for cond in self.conditions)
+
+    # -- capture and restore ------------------------------------------------------
+    def _capture(self, epoch: int) -> Capture:
+        start = time.perf_counter()
+        files: list[FileSpec] = []
+        nbytes = 0
+        for o in self.objects:
+            o.ensure_built()
+            snap = o.state.snapshot()
+            nbytes += snap.nbytes
+            files.append(FileSpec(o.file, snap.write_h5))
+            if snap.extra:
+                files.append(FileSpec(o.extra_file, snap.write_extra))
+        doc: dict[str, Any] = {"epoch": epoch, "values": {}, "numpy_rngs": {}, "arrays": [], "keras": []}
+        arrays: dict[str, np.ndarray] = {}
+        keras_entries = []
+        for key, value in self.state.items():
+            kind = self.kinds.get(key) or _kind(key, value)
+            if kind == "keras":
+                keras_entries.append((f"loop_state/{key}", {"name": key}, [("0", _to_host(_variable(value)))]))
+                doc["keras"].append(key)
+            elif kind == "rng":
+                doc["numpy_rngs"][key] = value.bit_generator.state
+            elif kind == "array":
+                arrays[key] = np.array(value, copy=True)
+                doc["arrays"].append(key)
+            else:
+                doc["values"][key] = value
+        text = json.dumps(doc, sort_keys=True).encode()  # taken now: the loop may change state next
+        files.append(FileSpec(STATE_JSON, lambda f: f.write(text)))
+        if arrays:
+            files.append(FileSpec(STATE_NPZ, lambda f: np.savez(f, **arrays)))
+        if keras_entries:
+            files.append(FileSpec(STATE_H5, HostSnapshot(keras_entries).write_h5))
+        return Capture(
+            files=files,
+            model_file=self.objects[0].file,
+            nbytes=nbytes,
+            snapshot_s=time.perf_counter() - start,
+            keras_version=KERAS_VERSION,
+            backend=backend_name(),
+            extra={"runner": {"objects": {o.name: o.file for o in self.objects}, "state": sorted(self.state)}},
+        )
+
+    def _restore(self, side, kept: dict[str, bytes]) -> None:
+        where = L.Layout.at(self.cfg.directory).epoch_dir(side.epoch)
+        missing = [o.file for o in self.objects if o.file not in kept] + (
+            [STATE_JSON] if STATE_JSON not in kept else []
+        )
+        if missing:
+            raise NoValidCheckpoint(
+                f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
+                "was it written by a JobRunner with the same objects?"
+            )
+        doc = json.loads(kept[STATE_JSON])
+        for key in self.state:
+            if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
+                raise NoValidCheckpoint(
+                    f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})"
+                )
+        for o in self.objects:
+            o.ensure_built()
+            o.state.restore(kept[o.file])
+            if o.extra_file in kept:
+                o.state.restore_extra(kept[o.extra_file])
+            elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
+                self.ops.warning(
+                    f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
+                    "so the resumed run will not be bit-identical"
+                )
+        for key, value in doc["values"].items():
+            self.state[key] = value
+        for key, rng_state in doc["numpy_rngs"].items():
+            self.state[key].bit_generator.state = rng_state
+        if doc["arrays"]:
+            with np.load(io.BytesIO(kept[STATE_NPZ]), allow_pickle=False) as npz:
+                for key in doc["arrays"]:
+                    arr = npz[key]
+                    self.state[key] = arr[()] if arr.ndim == 0 and isinstance(self.state.get(key), np.generic) else arr
+        if doc["keras"]:
+            with h5py.File(io.BytesIO(kept[STATE_H5]), "r") as h5:
+                for key in doc["keras"]:
+                    _variable(self.state[key]).assign(h5[f"loop_state/{key}/vars/0"][()])
+
+    # -- the loop -----------------------------------------------------------------
+    def _resume(self) -> Mapping[str, Any] | None:
+        keep = [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
+        start = time.perf_counter()
+        found = select_checkpoint(self.cfg, self.ops, keep=keep, epoch=self.resume_from_epoch, fs=self.fs)
+        if found is None:
+            return None
+        epoch, side, kept = found
+        verify_s = time.perf_counter() - start
+        start = time.perf_counter()
+        self._restore(side, kept)
+        self.load = load_record(side, verify_s, time.perf_counter() - start)
+        note_resumed(self.cfg.directory, side, self.load)
+        log_resumed(self.ops, self.cfg.directory, side, self.load)
+        self.epoch = self.resumed_from = epoch
+        return side.logs or None  # epoch 0 (after init) has no logs for the stop conditions
+
+    def train(self) -> dict[str, Any]:
+        """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.
+
+        Returns:
+            The logs of the last epoch run (or of the checkpoint resumed from).
+
+        Raises:
+            CheckpointSaveError, CheckpointUploadError: a save/upload failed
+                with ``ckpt_on_error=raise``; earlier checkpoints are intact.
+            NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
+        """
+        logs = self._resume()
+        # The engine is made after the resume: it continues best-tracking from the
+        # restored sidecar and protects that checkpoint from pruning.
+        self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
+        done = False
+        try:
+            if self.resumed_from is None:
+                if self.init_fn is not None:
+                    self.init_fn()
+                for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
+                    o.ensure_built()
+                self.epoch = 0
+                self.engine.save(0, {}, lambda: self._capture(0), reason="init")
+            while not self._should_stop(self.epoch, logs):
+                epoch = self.epoch
+                logs = dict(self.epoch_fn(epoch) or {})
+                self.epoch = epoch + 1
+                self.engine.save(self.epoch, logs, lambda e=self.epoch: self._capture(e))
+            done = True
+        finally:
+            if done:
+                self.engine.finish()
+            else:  # keep the original error; still let the last write land
+                try:
+                    self.engine.finish()
+                except Exception as err:
+                    self.ops.warning(f"while stopping after an error: {err}")
+        if self.exit_fn is not None:
+            self.exit_fn()
+        return dict(logs or {})
+
+    def stats(self) -> dict[str, Any]:
+        """Durations and MB/s of every save, of the restore and of every upload, and errors."""
+        if self.engine is None:
+            return {"saves": [], "load": self.load, "uploads": [], "errors": []}
+        return self.engine.stats()

@@ -1,0 +1,419 @@
+"""Power-loss simulation for the commit protocol (the ALICE / RocksDB model).
+
+:class:`RecordingFS` is a :class:`~candle_ckpt.durable.LocalFS` that performs
+every operation for real *and* replays it on an in-memory model of what is
+durable. After each operation it can list the states that a power cut at that
+instant could leave behind:
+
+* ``drop``: file data that was not fsynced is lost, and directory entries
+  (creates, renames, links, unlinks) not made durable by an fsync of their
+  parent directory are reverted;
+* ``cut``: as ``drop``, but a random prefix of each file's unsynced writes
+  reached the disk (the last one possibly torn);
+* ``meta``: every directory operation reached the disk but unsynced file data
+  did not (ext4 ``data=writeback``: a rename can overtake the data it names);
+* ``meta-cut``: as ``meta``, with a random prefix of the unsynced writes.
+
+The model is the simple one the crash-consistency literature starts from: an
+fsync of a file persists its data; an fsync of a directory persists its
+entries. A file's data is tracked per inode, so a rename carries it along.
+
+Only operations that go through the file system object are modelled; the
+store routes every durable step of a save through it (``ckpt.log``, the
+lock file and the writability probe do not matter for recovery and are taken
+from the real directory as they were when recording started).
+
+Typical use::
+
+    fs = RecordingFS(directory)
+    ... build the writer with fs=fs, then:
+    fs.start()                     # the directory as it is now counts as durable
+    ... save ...
+    fs.mark("commit returned")     # later crash points must keep this save
+    states = fs.crash_states()     # [(CrashPoint, {relpath: entry}), ...]
+    materialize(states[i][1], some_empty_dir)
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+from dataclasses import dataclass, field
+
+from candle_ckpt.checksum import CrcFile
+from candle_ckpt.durable import LocalFS
+
+VARIANTS = ("drop", "cut", "meta", "meta-cut")
+
+
+@dataclass
+class _Node:
+    kind: str  # "file", "dir" or "link"
+    data: bytearray = field(default_factory=bytearray)
+    durable: bytes = b""
+    pending: list[tuple[int, bytes | None, int]] = field(default_factory=list)  # (offset, data|None=truncate, size)
+    entries: dict[str, _Node] = field(default_factory=dict)
+    durable_entries: dict[str, _Node] = field(default_factory=dict)
+    target: str = ""
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """Where a simulated power cut happens.
+
+    Attributes:
+        index: Number of operations that had completed.
+        op: The last completed operation (``"start"`` for none).
+        variant: ``drop``, ``cut``, ``meta`` or ``meta-cut`` (see the module docstring).
+        marks: The marks recorded before this point (e.g. "commit returned").
+    """
+
+    index: int
+    op: str
+    variant: str
+    marks: tuple[str, ...]
+
+
+class OutsideRoot(AssertionError):
+    """The code under test touched a path outside the recorded directory."""
+
+
+class _RecordingFile(CrcFile):
+    """A CrcFile that reports each write and truncate (offset and bytes) to the recorder."""
+
+    def __init__(self, path: str, recorder: RecordingFS, node: _Node) -> None:
+        super().__init__(path, fsync=lambda fd: recorder.fsync(fd, path), on_write=recorder.hook)
+        self._recorder = recorder
+        self._node = node
+
+    def write(self, data) -> int:
+        offset = self._pos
+        n = super().write(data)
+        if n:
+            self._recorder._write(self._node, offset, bytes(memoryview(data).cast("B")))
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        size = super().truncate(size)
+        self._recorder._truncate(self._node, size)
+        return size
+
+    def close(self) -> None:
+        was_closed = self.closed
+        super().close()
+        if not was_closed:
+            self._recorder._log("close", self.path)
+
+
+class RecordingFS(LocalFS):
+    """A LocalFS that also replays every operation on a model of durable state.
+
+    Args:
+        root: The directory whose durable state is modelled (``ckpt_directory``).
+            Any operation on a path outside it raises :class:`OutsideRoot`.
+        seed: Seed of the random cuts of the ``cut`` variant.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], seed: int = 0) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.rng = random.Random(seed)
+        self.recording = False
+        self.ops: list[str] = []
+        self.marks: list[tuple[int, str]] = []
+        self._states: list[tuple[CrashPoint, dict[str, tuple]]] = []
+        self._tree: _Node | None = None
+
+    # -- control -----------------------------------------------------------------
+    def start(self) -> None:
+        """Take the directory as it is now as the durable starting state and record from here."""
+        self._tree = _load_tree(self.root)
+        self.ops, self.marks, self._states = [], [], []
+        self.recording = True
+        self._emit("start")
+
+    def stop(self) -> None:
+        self.recording = False
+
+    def mark(self, label: str) -> None:
+        """Note that something happened (e.g. a commit returned) after the ops so far."""
+        self.marks.append((len(self.ops), label))
+
+    def crash_states(self) -> list[tuple[CrashPoint, dict[str, tuple]]]:
+        """Every crash point recorded so far with the state it leaves (one per variant)."""
+        out = []
+        for point, state in self._states:
+            marks = tuple(label for at, label in self.marks if at <= point.index)
+            out.append((CrashPoint(point.index, point.op, point.variant, marks), state))
+        return out
+
+    # -- the recorded operations ---------------------------------------------------
+    def create(self, path: str) -> CrcFile:
+        self.hook("create", path)
+        if not self.recording:
+            return CrcFile(path, fsync=lambda fd: self.fsync(fd, path), on_write=self.hook)
+        parent, name = self._parent(path)
+        node = parent.entries.get(name)
+        if node is None or node.kind != "file":
+            node = _Node("file")
+            parent.entries[name] = node
+        f = _RecordingFile(path, self, node)
+        if node.data:
+            self._truncate(node, 0)
+        self._log("create", path)
+        return f
+
+    def fsync(self, fd: int, path: str) -> None:
+        super().fsync(fd, path)
+        if self.recording:
+            node = self._lookup(path)
+            node.durable = bytes(node.data)
+            node.pending.clear()
+            self._log("fsync", path)
+
+    def makedirs(self, path: str, durable: bool = False) -> None:
+        # Record each mkdir right after it happened, before any fsync of its parent.
+        if not self.recording:
+            return super().makedirs(path, durable)
+        missing = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            LocalFS.makedirs(self, d)
+            parent, name = self._parent(d)
+            parent.entries[name] = _Node("dir")
+            self._log("mkdir", d)
+        if durable:
+            for d in missing:
+                self.fsync_dir(os.path.dirname(d))
+
+    def fsync_dir(self, path: str) -> None:
+        super().fsync_dir(path)
+        if self.recording:
+            node = self._lookup(path)
+            node.durable_entries = dict(node.entries)
+            self._log("fsync_dir", path)
+
+    def rename(self, src: str, dst: str) -> None:
+        super().rename(src, dst)
+        self._move(src, dst, "rename")
+
+    def replace(self, src: str, dst: str) -> None:
+        super().replace(src, dst)
+        self._move(src, dst, "replace")
+
+    def unlink(self, path: str) -> None:
+        super().unlink(path)
+        if self.recording:
+            parent, name = self._parent(path)
+            parent.entries.pop(name, None)
+            self._log("unlink", path)
+
+    def rmtree(self, path: str) -> None:
+        super().rmtree(path)
+        if self.recording:
+            parent, name = self._parent(path)
+            node = parent.entries.pop(name, None)
+            if node is not None:
+                _clear(node)
+            self._log("rmtree", path)
+
+    def symlink(self, target: str, path: str) -> None:
+        super().symlink(target, path)
+        if self.recording:
+            parent, name = self._parent(path)
+            parent.entries[name] = _Node("link", target=target)
+            self._log("symlink", path)
+
+    # -- model ------------------------------------------------------------------------
+    def _rel_parts(self, path: str) -> list[str]:
+        path = os.path.abspath(path)
+        if path != self.root and not path.startswith(self.root + os.sep):
+            raise OutsideRoot(f"operation on {path}, outside {self.root}")
+        rel = os.path.relpath(path, self.root)
+        return [] if rel == "." else rel.split(os.sep)
+
+    def _lookup(self, path: str) -> _Node:
+        node = self._tree
+        for part in self._rel_parts(path):
+            node = node.entries[part]
+        return node
+
+    def _parent(self, path: str) -> tuple[_Node, str]:
+        parts = self._rel_parts(path)
+        if not parts:
+            raise OutsideRoot(f"operation on the root {path} itself")
+        node = self._tree
+        for part in parts[:-1]:
+            node = node.entries[part]
+        return node, parts[-1]
+
+    def _move(self, src: str, dst: str, op: str) -> None:
+        if not self.recording:
+            return
+        sparent, sname = self._parent(src)
+        dparent, dname = self._parent(dst)
+        node = sparent.entries.pop(sname)
+        old = dparent.entries.get(dname)
+        if old is not None and old is not node and old.kind == "dir":
+            _clear(old)
+        dparent.entries[dname] = node
+        self._log(op, f"{src} -> {dst}")
+
+    def _write(self, node: _Node, offset: int, data: bytes) -> None:
+        if not self.recording:
+            return
+        end = offset + len(data)
+        if len(node.data) < end:
+            node.data.extend(bytes(end - len(node.data)))
+        node.data[offset:end] = data
+        node.pending.append((offset, data, 0))
+        self._log("write", f"{len(data)} bytes at {offset}")
+
+    def _truncate(self, node: _Node, size: int) -> None:
+        if not self.recording:
+            return
+        del node.data[size:]
+        if len(node.data) < size:
+            node.data.extend(bytes(size - len(node.data)))
+        node.pending.append((0, None, size))
+        self._log("truncate", str(size))
+
+    def _log(self, op: str, detail: str) -> None:
+        self.ops.append(f"{op} {os.path.relpath(detail, self.root) if detail.startswith('/') else detail}")
+        self._emit(op)
+
+    def _emit(self, op: str) -> None:
+        index = len(self.ops)
+        for variant in VARIANTS:
+            state = _durable_state(self._tree, variant, self.rng)
+            self._states.append((CrashPoint(index, op, variant, ()), state))
+
+
+def _clear(node: _Node) -> None:
+    """An rmtree: the entries go from the in-memory view; what was durable stays durable."""
+    for child in node.entries.values():
+        if child.kind == "dir":
+            _clear(child)
+    node.entries = {}
+
+
+def _file_bytes(node: _Node, variant: str, rng: random.Random) -> bytes:
+    if not variant.endswith("cut") or not node.pending:
+        return node.durable
+    data = bytearray(node.durable)
+    keep = rng.randint(0, len(node.pending))
+    for i, (offset, chunk, size) in enumerate(node.pending[: keep + 1]):
+        if chunk is None:
+            if i == keep:
+                break
+            del data[size:]
+            data.extend(bytes(max(0, size - len(data))))
+            continue
+        if i == keep:  # the write being torn by the power cut
+            chunk = chunk[: rng.randint(0, len(chunk))]
+        end = offset + len(chunk)
+        if len(data) < end:
+            data.extend(bytes(end - len(data)))
+        data[offset:end] = chunk
+    return bytes(data)
+
+
+def _durable_state(tree: _Node, variant: str, rng: random.Random) -> dict[str, tuple]:
+    """Flatten what survives a power cut now: {relpath: ("dir",) | ("file", bytes) | ("link", target)}."""
+    out: dict[str, tuple] = {}
+
+    def walk(node: _Node, prefix: str, depth: int) -> None:
+        if depth > 32:  # a directory renamed into itself cannot happen; guard anyway
+            raise RuntimeError("model tree too deep")
+        entries = node.entries if variant.startswith("meta") else node.durable_entries
+        for name, child in sorted(entries.items()):
+            rel = f"{prefix}{name}"
+            if child.kind == "dir":
+                out[rel] = ("dir",)
+                walk(child, rel + "/", depth + 1)
+            elif child.kind == "link":
+                out[rel] = ("link", child.target)
+            else:
+                out[rel] = ("file", _file_bytes(child, variant, rng))
+
+    walk(tree, "", 0)
+    return out
+
+
+def _load_tree(root: str) -> _Node:
+    """Model the directory as it is now, everything durable."""
+    node = _Node("dir")
+    if not os.path.isdir(root):
+        return node
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if os.path.islink(path):
+            child = _Node("link", target=os.readlink(path))
+        elif os.path.isdir(path):
+            child = _load_tree(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+            child = _Node("file", data=bytearray(data), durable=data)
+        node.entries[name] = child
+    node.durable_entries = dict(node.entries)
+    return node
+
+
+def state_digest(state: dict[str, tuple]) -> str:
+    """A digest of a crash state, to run each distinct state once."""
+    h = hashlib.sha256()
+    for rel, entry in sorted(state.items()):
+        h.update(rel.encode() + b"\0" + entry[0].encode() + b"\0")
+        if entry[0] == "file":
+            h.update(hashlib.sha256(entry[1]).digest())
+        elif entry[0] == "link":
+            h.update(entry[1].encode())
+    return h.hexdigest()
+
+
+def materialize(state: dict[str, tuple], root: str | os.PathLike[str]) -> None:
+    """Write a crash state into the empty (or missing) directory ``root``."""
+    root = os.fspath(root)
+    os.makedirs(root, exist_ok=True)
+    for rel, entry in sorted(state.items()):
+        path = os.path.join(root, rel)
+        if entry[0] == "dir":
+            os.makedirs(path, exist_ok=True)
+        elif entry[0] == "link":
+            os.symlink(entry[1], path)
+        else:
+            with open(path, "wb") as f:
+                f.write(entry[1])
+
+
+class NoSymlinkFS(LocalFS):
+    """A LocalFS on a file system without symlinks (as some network and Windows ones)."""
+
+    def symlink(self, target: str, path: str) -> None:
+        self.hook("symlink", path)
+        raise OSError(errno.EPERM, "symlinks are not supported on this file system", path)
+
+
+class RecordingNoSymlinkFS(RecordingFS):
+    """:class:`RecordingFS` on a file system without symlinks."""
+
+    def symlink(self, target: str, path: str) -> None:
+        self.hook("symlink", path)
+        raise OSError(errno.EPERM, "symlinks are not supported on this file system", path)
+
+
+__all__ = [
+    "VARIANTS",
+    "CrashPoint",
+    "NoSymlinkFS",
+    "OutsideRoot",
+    "RecordingFS",
+    "RecordingNoSymlinkFS",
+    "materialize",
+    "state_digest",
+]
