@@ -116,10 +116,10 @@ class CrcFile:
         n = len(view)
         if n == 0:
             return 0
-        if self._on_write is not None:
-            self._on_write("write", self.path)
         written = 0
         try:
+            if self._on_write is not None:  # an injected fault is a failed write too
+                self._on_write("write", self.path)
             while written < n:
                 written += os.pwrite(self._fd, view[written:], self._pos + written)
         except OSError as err:

@@ -249,7 +249,10 @@ class CheckpointStore:
             self._unpublish(epoch, replaced, old_links)
             raise
         if replaced is not None:
-            fs.rmtree(replaced)
+            try:
+                fs.rmtree(replaced)
+            except OSError as err:  # the commit is durable; trash-* is removed at the next start
+                logger.warning("could not remove %s now (it goes at the next start): %s", replaced, err)
         return final
 
     def _write_file(self, path: str, write: Callable[[CrcFile], None]):
@@ -258,6 +261,8 @@ class CheckpointStore:
         f = self.fs.create(path)
         try:
             write(f)
+            if f.write_error is not None:  # the writer swallowed a failed write: the file is incomplete
+                raise f.write_error
             value = format_crc(f.crc32()) if self.checksum else None
             f.close()
         except BaseException as err:

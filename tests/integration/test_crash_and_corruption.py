@@ -267,11 +267,11 @@ def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
     ops = save_ops
     kinds = {op for op, _ in ops}
     assert {"mkdir", "create", "write", "fsync", "fsync_dir", "rename", "symlink", "replace"} <= kinds
-    # The commit point: before the rename of work/ to epochs/NNN nothing new is visible; after it
-    # epochs/N+1 is complete on disk, but restart() (which follows `last`) resumes from N+1 only once
-    # the `last` link itself has been replaced.
-    renamed = _op_index(ops, "rename", f"epochs/{N + 1:03d}")
-    last_moved = _op_index(ops, "replace", "ckpts/last")
+    # A save that fails at any step is withdrawn as a whole: epochs/N+1 is renamed away again if it
+    # was already published, and `last`/`best` are put back, so what a failed save leaves is exactly
+    # what was there before it (the store's commit contract; fsyncgate: no half-durable success).
+    _op_index(ops, "rename", f"epochs/{N + 1:03d}")  # the publishing rename is among the faulted steps
+    _op_index(ops, "replace", "ckpts/last")  # and so is the move of `last`
     pristine = {e: tree_bytes(epoch_file(trained, e).parent) for e in range(1, N + 1)}
     model, probe, stock = make_model(), make_model(seed=3), make_model(seed=4)
     data = batched(data)
@@ -293,14 +293,13 @@ def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
         assert faulty.ops[k][0] == op and os.path.basename(faulty.ops[k][1])[:9] == os.path.basename(path)[:9], where
         end_run(d)
 
-        committed = k > renamed  # epochs/N+1 is on disk and complete
-        expect_epochs = list(range(1, N + 1)) + [N + 1] * committed + [N + 2] * (on_error == "warn")
+        expect_epochs = list(range(1, N + 1)) + [N + 2] * (on_error == "warn")
         assert debris(d) == [], where
         assert assert_every_epoch_verifies(d) == expect_epochs, where
         for e in range(1, N + 1):
             assert tree_bytes(epoch_file(d, e).parent) == pristine[e], where
         if on_error == "raise":
-            expect_resume = N + 1 if k > last_moved else N
+            expect_resume = N
         else:
             expect_resume = N + 2  # the next epoch saved fine
         J = candle.restart(params(d.parent), probe, logger=None)
@@ -325,10 +324,19 @@ def test_writer_that_swallows_a_failed_write_cannot_commit(tmp_path):
             pass  # what a careless (or C-level) writer might do
         f.write(b"c" * 100)
 
-    st = CheckpointStore(tmp_path / "save", fs=FaultFS(fail_at=3))  # ops: mkdir, create, write, write
+    class FailSecondWrite(LocalFS):
+        writes = 0
+
+        def hook(self, op: str, path: str) -> None:
+            if op == "write":
+                self.writes += 1
+                if self.writes == 2:
+                    raise OSError(errno.EIO, "injected EIO at the second write")
+
+    st = CheckpointStore(tmp_path / "save", fs=FailSecondWrite())
     st.open_for_write()
     template = Sidecar(epoch=1, generation=0, model_file="model.weights.h5", files={})
-    with pytest.raises(OSError, match="injected EIO at op 3"):
+    with pytest.raises(OSError, match="injected EIO at the second write"):
         st.commit(1, [FileSpec("model.weights.h5", careless)], template)
     assert st.epochs() == [] and debris(tmp_path / "save") == []
 
@@ -570,7 +578,7 @@ def test_rollback_lineage_replaces_epochs_only_when_the_new_ones_are_complete(si
 
 
 def test_fault_while_replacing_an_epoch_keeps_the_old_one(six_epochs, tmp_path, make_model, params):
-    """A fault at any non-write step of replacing ``epochs/004`` leaves the old 004 intact or the new one complete."""
+    """A fault at any non-write step of replacing ``epochs/004`` leaves the old 004 and the links as they were."""
     from conftest import make_data
 
     # Record the replace path once, then fail each of its operations (writes are covered above).
@@ -585,7 +593,7 @@ def test_fault_while_replacing_an_epoch_keeps_the_old_one(six_epochs, tmp_path, 
     aside = next(i for i, (o, p) in enumerate(ops) if o == "rename" and "/trash-004-" in p)
     into_place = _op_index(ops, "rename", "epochs/004")
     assert ops.index(("rmtree", ops[aside][1])) > into_place, "the old 004 is removed only after the new one is in"
-    last_moved = _op_index(ops, "replace", "ckpts/last")
+    _op_index(ops, "replace", "ckpts/last")
     old4 = tree_bytes(epoch_file(six_epochs, 4).parent)
     new4 = stock_state(epoch_file(rec_dir, 4), make_model)  # the new lineage's weights (timestamps differ per run)
     assert stock_state(epoch_file(six_epochs, 4), make_model) != new4
@@ -596,18 +604,25 @@ def test_fault_while_replacing_an_epoch_keeps_the_old_one(six_epochs, tmp_path, 
         where = f"fault at op {k} ({ops[k][0]} {ops[k][1]})"
         d = copy_dir(six_epochs, tmp_path / f"k{k:03d}" / "save")
         assert candle.restart(params(d.parent, ckpt_restart_epoch=3), model, logger=None)["epoch"] == 3
-        with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch 4: .*injected EIO at op {k} "):
+        cleanup_only = k == ops.index(("rmtree", ops[aside][1]))  # the commit is already durable then
+        if cleanup_only:
             fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(k))
+        else:
+            with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch 4: .*injected EIO at op {k} "):
+                fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(k))
         end_run(d)
         candle.CandleCheckpointCallback(params(d.parent, epochs=4), logger=None)  # the next writer cleans up
         end_run(d)
         assert debris(d) == [], where
         assert assert_every_epoch_verifies(d) == [1, 2, 3, 4, 5, 6], where
-        if k > into_place:
+        if cleanup_only:  # failing to delete the old lineage's 004 does not undo the new one
             assert stock_state(epoch_file(d, 4), make_model) == new4, where
+            assert os.readlink(d / "ckpts" / "last") == "epochs/004", where
         else:
+            # A failed save is withdrawn as a whole, even after the new 004 was renamed into place:
+            # the old 004 is put back and `last` still points where it did.
             assert tree_bytes(epoch_file(d, 4).parent) == old4, where
-        assert os.readlink(d / "ckpts" / "last") == ("epochs/004" if k > last_moved else "epochs/006"), where
+            assert os.readlink(d / "ckpts" / "last") == "epochs/006", where
         shutil.rmtree(d.parent)
 
 
