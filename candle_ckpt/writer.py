@@ -81,17 +81,26 @@ class AsyncWriter:
         self.on_exit_error = on_exit_error
         self.wait_s: list[float] = []
         self._thread: threading.Thread | None = None
+        # Set when the job in flight has finished. We wait on this rather than
+        # on Thread.join / is_alive: on CPython 3.11 a join interrupted by a
+        # signal handler's exception (our SIGTERM -> SystemExit, Ctrl-C) can
+        # leave the thread marked stopped while it still runs, and the exit
+        # hook would then skip the join.
+        self._done = threading.Event()
+        self._done.set()
         self._label = ""
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         _LIVE.add(self)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, done: threading.Event) -> None:
         try:
             job()
         except BaseException as err:  # kept and re-raised on the caller's thread
             with self._lock:
                 self._error = err
+        finally:
+            done.set()
 
     def _log(self, message: str, level: int) -> None:
         if self.log is not None:
@@ -105,7 +114,7 @@ class AsyncWriter:
             raise err
 
     def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return not self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the job in flight and record how long that took.
@@ -116,11 +125,9 @@ class AsyncWriter:
         """
         limit = self.timeout if timeout is None else timeout
         start = time.perf_counter()
-        thread = self._thread
-        if thread is not None:
-            thread.join(limit)
+        finished = self._done.wait(limit)
         self.wait_s.append(time.perf_counter() - start)
-        if thread is not None and thread.is_alive():
+        if not finished:
             raise TimeoutError(f"{self._label} is still running after {limit:g} s (ckpt_async_timeout)")
 
     def submit(self, job: Job, label: str = "a checkpoint write") -> None:
@@ -129,17 +136,14 @@ class AsyncWriter:
             self.wait()
         self.check()
         self._label = label
-        self._thread = threading.Thread(target=self._run, args=(job,), name="candle_ckpt-writer", daemon=True)
+        done = self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(job, done), name="candle_ckpt-writer", daemon=True)
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the job in flight; True if none is left running."""
-        thread = self._thread
-        if thread is None:
-            return True
         limit = self.timeout if timeout is None else timeout
-        thread.join(limit)
-        if thread.is_alive():
+        if not self._done.wait(limit):
             self._log(f"{self._label} is still running after {limit:g} s (ckpt_async_timeout)", logging.WARNING)
             return False
         return True
