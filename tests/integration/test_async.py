@@ -134,9 +134,9 @@ def sigterm_untouched():
 def watch_wait(cb) -> threading.Event:
     """Set the returned Event once the training thread is inside its wait for a write in flight.
 
-    It is set from the writer thread's ``join``, which the wait calls after
-    starting its clock: whatever the test does after the Event is set is
-    inside the recorded wait.
+    It is set from the job's "done" Event's ``wait``, which the writer's wait
+    calls after starting its clock: whatever the test does after the Event is
+    set is inside the recorded wait.
     """
     waiting = threading.Event()
     writer = cb.engine.writer
@@ -144,14 +144,14 @@ def watch_wait(cb) -> threading.Event:
 
     def submit(job, label="a checkpoint write") -> None:
         real_submit(job, label)
-        thread = writer._thread
-        real_join = thread.join
+        done = writer._done
+        real_wait = done.wait
 
-        def join(timeout=None) -> None:
+        def wait(timeout=None) -> bool:
             waiting.set()
-            real_join(timeout)
+            return real_wait(timeout)
 
-        thread.join = join
+        done.wait = wait
 
     writer.submit = submit
     return waiting
