@@ -2,7 +2,10 @@
 
 The core (layout, durable, checksum, sidecar, policy, params, store, writer,
 engine) imports neither keras nor tensorflow; the Keras adapters
-(``CandleCheckpointCallback``, ``restart``) are imported lazily on first use.
+(``CandleCheckpointCallback``, ``restart``, ``WorkerTrainingState``) are
+imported lazily on first use. With ``TF_USE_LEGACY_KERAS=1`` (tf.keras is
+tf_keras), ``CandleCheckpointCallback`` is the tf_keras one
+(:mod:`candle_ckpt.tf_keras`); ``restart`` serves both kinds of model.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CandleCheckpointCallback": "candle_ckpt.callback",
+    "WorkerTrainingState": "candle_ckpt.distributed",
     "restart": "candle_ckpt.restart",
 }
 
@@ -29,6 +33,7 @@ __all__ = [
     "CorruptCheckpoint",
     "DirectoryLocked",
     "NoValidCheckpoint",
+    "WorkerTrainingState",
     "ckpt_defs",
     "ckpt_parser",
     "restart",
@@ -39,8 +44,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
+        import os
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = _LAZY[name]
+        if name == "CandleCheckpointCallback" and os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
+            # The same switch that makes tf.keras mean tf_keras (Keras 2).
+            module = "candle_ckpt.tf_keras"
+        value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'candle_ckpt' has no attribute {name!r}")

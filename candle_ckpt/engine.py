@@ -73,26 +73,33 @@ class CheckpointEngine:
     at creation and not at epoch 50.
     """
 
-    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None) -> None:
+    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None, writable: bool = True) -> None:
         self.cfg = cfg
         self.ops = ops
         self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
-        self.store.open_for_write()
+        if writable:  # False: decisions only (a non-chief worker never writes to ckpt_directory)
+            self.store.open_for_write()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
-        self.resumed = resumed_from(cfg.directory)
-        self.best = BestState(cfg.save_best_metric, self.mode)
-        self.time_base = 0.0
-        if self.resumed is not None:
-            self.time_base = float(self.resumed.time_elapsed or 0.0)
-            if self.resumed.best_epoch is not None and self.resumed.save_best_metric == cfg.save_best_metric:
-                value = self.resumed.best_metric_last
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.best = BestState(cfg.save_best_metric, self.mode, float(value), self.resumed.best_epoch)
+        self.adopt_resumed(resumed_from(cfg.directory))
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.warning)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.start_time = time.time()
+
+    def adopt_resumed(self, resumed: Sidecar | None) -> None:
+        """Continue from the checkpoint a restart loaded: best-tracking, elapsed
+        time, and protection of that checkpoint from pruning."""
+        cfg = self.cfg
+        self.resumed = resumed
+        self.best = BestState(cfg.save_best_metric, self.mode)
+        self.time_base = 0.0
+        if resumed is not None:
+            self.time_base = float(resumed.time_elapsed or 0.0)
+            if resumed.best_epoch is not None and resumed.save_best_metric == cfg.save_best_metric:
+                value = resumed.best_metric_last
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.best = BestState(cfg.save_best_metric, self.mode, float(value), resumed.best_epoch)
 
     # -- decisions ---------------------------------------------------------------
     def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
@@ -218,3 +225,19 @@ class CheckpointEngine:
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,
         }
+
+    def report(self) -> None:
+        """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
+        self.finish()
+        recs = self.records
+        if not recs:
+            self.ops.info("report: no checkpoints were written in this run")
+            return
+        total = sum(r["bytes"] for r in recs)
+        secs = sum(r["save_s"] for r in recs)
+        best = self.best
+        self.ops.info(
+            f"report: {len(recs)} checkpoints, {total / 1e6:.1f} MB in {secs:.2f} s "
+            f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
+            f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.errors)}"
+        )

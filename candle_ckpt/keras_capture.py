@@ -36,3 +36,37 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
         backend=backend_name(),
         extra=dict(extra or {}),
     )
+
+
+class KerasModelAdapter:
+    """Capture and restore one Keras 3 model: the adapter seam of
+    :class:`~candle_ckpt.distributed.WorkerTrainingState` and ``restart()``.
+
+    An adapter has ``keep_files`` (the files ``restore`` needs),
+    ``capture(cfg) -> Capture`` and ``restore(chosen, ops)``; the epoch runner
+    can supply its own for several models and loop state.
+    """
+
+    keep_files = (L.WEIGHTS_FILE, L.EXTRA_FILE)
+
+    def __init__(self, model) -> None:
+        self.state = ModelState(model)
+
+    def capture(self, cfg: CkptConfig) -> Capture:
+        return capture_model(self.state, cfg)
+
+    def restore(self, chosen, ops, where: str) -> None:
+        """Load a verified checkpoint (a :class:`~candle_ckpt.resume.Chosen`) into the model."""
+        side, kept = chosen.sidecar, chosen.kept
+        if side.model_file not in kept:
+            from candle_ckpt.store import NoValidCheckpoint
+
+            raise NoValidCheckpoint(f"checkpoint {where} has no {L.WEIGHTS_FILE}")
+        self.state.restore(kept[side.model_file])
+        if L.EXTRA_FILE in kept:
+            self.state.restore_extra(kept[L.EXTRA_FILE])
+        elif self.state.extra_variables():
+            ops.warning(
+                f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "
+                "start fresh, so the resumed run will not be bit-identical"
+            )

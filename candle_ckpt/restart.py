@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from candle_ckpt import layout as L
 from candle_ckpt.engine import note_resumed
-from candle_ckpt.keras_state import ModelState
+from candle_ckpt.keras_capture import KerasModelAdapter
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.resume import choose_checkpoint
+from candle_ckpt.store import CheckpointStore
 
 
 def restart(
@@ -32,6 +31,9 @@ def restart(
     :class:`NoValidCheckpoint` if it is missing or invalid.
 
     Every file's CRC is verified before anything is loaded into the model.
+    Under a multi-worker ``tf.distribute`` strategy (the model was built in its
+    scope) the chief chooses the checkpoint and every worker loads that one
+    (see :class:`~candle_ckpt.distributed.WorkerTrainingState`).
 
     Returns:
         The restored checkpoint's ``ckpt-info.json`` as a dict (``"epoch"`` is
@@ -40,55 +42,49 @@ def restart(
     cfg = CkptConfig.from_params(gParameters)
     if cfg.restart_mode == "off":
         return None
+    if _is_tf_keras(model):
+        from candle_ckpt.tf_keras import restart as tf_keras_restart
+
+        return tf_keras_restart(gParameters, model, logger, verbose)
+    strategy = _multi_worker_strategy(model)
+    if strategy is not None:
+        from candle_ckpt.distributed import WorkerTrainingState
+
+        wts = WorkerTrainingState(gParameters, model, strategy, logger=logger, verbose=verbose, writable=False)
+        return wts.restore()
+    return restore_with(cfg, KerasModelAdapter(model), logger, verbose)
+
+
+def restore_with(
+    cfg: CkptConfig, adapter, logger: str | logging.Logger | None = "DEFAULT", verbose: bool = True
+) -> dict[str, Any] | None:
+    """Single-process restart through ``adapter`` (see :class:`KerasModelAdapter`)."""
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum)
     ops = OpsLog(store.layout.log, get_logger(logger, verbose))
-    where = store.layout.root
-    if not store.exists():
+    try:
+        chosen = choose_checkpoint(cfg, store, ops, adapter.keep_files)
+    except Exception:
         note_resumed(cfg.directory, None)
-        if cfg.restart_mode == "required" or cfg.restart_epoch is not None:
-            raise NoValidCheckpoint(f"ckpt_restart_mode={cfg.restart_mode}: no checkpoints in {where}")
-        if os.path.isdir(where):
-            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+        raise
+    if chosen is None:
+        note_resumed(cfg.directory, None)
         return None
+    where = store.layout.epoch_dir(chosen.epoch)
+    adapter.restore(chosen, ops, where)
+    note_resumed(cfg.directory, chosen.sidecar)
+    ops.info(f"restart: resumed from {where} (epoch {chosen.epoch}, generation {chosen.sidecar.generation})")
+    return chosen.sidecar.to_dict()
 
-    keep = (L.WEIGHTS_FILE, L.EXTRA_FILE)
-    if cfg.restart_epoch is not None:
-        if cfg.restart_epoch not in store.epochs():
-            raise NoValidCheckpoint(
-                f"ckpt_restart_epoch={cfg.restart_epoch}: no checkpoint {store.layout.epoch_dir(cfg.restart_epoch)}"
-            )
-        try:
-            side, kept = store.verify(cfg.restart_epoch, keep=keep)
-        except CheckpointError as err:
-            raise NoValidCheckpoint(f"ckpt_restart_epoch={cfg.restart_epoch}: checkpoint is not valid: {err}") from None
-        epoch = cfg.restart_epoch
-    else:
-        problems: list[str] = []
 
-        def report(bad_epoch: int, why: str) -> None:
-            problems.append(f"epoch {bad_epoch}: {why}")
-            ops.warning(f"restart: skipping epoch {bad_epoch}: {why}")
+def _multi_worker_strategy(model):
+    """The model's tf.distribute strategy if it spans several workers, else None."""
+    strategy = getattr(model, "_distribute_strategy", None) or getattr(model, "distribute_strategy", None)
+    if strategy is None or type(strategy).__module__.split(".")[0] != "tensorflow":
+        return None
+    from candle_ckpt.distributed import worker_info
 
-        found = store.find_valid(keep=keep, on_problem=report)
-        if found is None:
-            note_resumed(cfg.directory, None)
-            detail = "; ".join(problems) or "none were found"
-            if cfg.restart_mode == "required":
-                raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
-            ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
-            return None
-        epoch, side, kept = found
-    if side.model_file not in kept:
-        raise NoValidCheckpoint(f"checkpoint {store.layout.epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
-    state = ModelState(model)
-    state.restore(kept[side.model_file])
-    if L.EXTRA_FILE in kept:
-        state.restore_extra(kept[L.EXTRA_FILE])
-    elif state.extra_variables():
-        ops.warning(
-            f"restart: {store.layout.epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer seed states "
-            "start fresh, so the resumed run will not be bit-identical"
-        )
-    note_resumed(cfg.directory, side)
-    ops.info(f"restart: resumed from {store.layout.epoch_dir(epoch)} (epoch {epoch}, generation {side.generation})")
-    return side.to_dict()
+    return strategy if worker_info(strategy).num_workers > 1 else None
+
+
+def _is_tf_keras(model) -> bool:
+    return any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(model).__mro__)
