@@ -71,7 +71,10 @@ def choose_checkpoint(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, keep
         detail = "; ".join(problems) or "none were found"
         if cfg.restart_mode == "required":
             raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
-        ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+        if problems:
+            ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+        else:  # an empty store (e.g. just created by this job's writer) is not a problem
+            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
     epoch, side, kept = found
     return Chosen(epoch, side, kept)
