@@ -2,7 +2,7 @@
 
 Usage::
 
-    python dist_job.py KIND DIR EPOCHS OUT.npz [--pause-at E:B] [--pause-in-commit E]
+    python dist_job.py KIND DIR EPOCHS OUT.npz [--pause-at E:B] [--pause-in-commit E] [--pause-in-temp E]
 
 KIND:
     ``mirrored``  Keras 3 ``model.fit`` under MirroredStrategy on 2 logical CPUs
@@ -20,9 +20,9 @@ trains to EPOCHS, and saves the final weights and optimizer variables to OUT.
 
 ``--pause-at E:B`` prints ``PAUSED`` after batch B (0-based) of epoch E
 (0-based) and sleeps, so that the test kills this process with SIGKILL in mid-epoch.
-``--pause-in-commit E`` (chief): prints ``IN-COMMIT`` while the commit of
-checkpoint E has written its files into ``ckpts/work`` (just before the
-rename into ``epochs/``) and sleeps there, for a kill during a save.
+``--pause-in-commit E`` / ``--pause-in-temp E`` print ``IN-COMMIT`` /
+``IN-TEMP`` in the middle of a save and sleep there (see :func:`pausing_fs`),
+for a kill during a save.
 """
 
 from __future__ import annotations
@@ -62,25 +62,42 @@ def pause(tag: str) -> None:
     raise SystemExit(f"{tag}: the test did not kill this process")
 
 
-def parse_pause(argv: list[str]) -> tuple[tuple[int, int] | None, int | None]:
-    at = commit = None
+def parse_pause(argv: list[str]) -> tuple[tuple[int, int] | None, dict[str, int]]:
+    at, saves = None, {}
     if "--pause-at" in argv:
         e, b = argv[argv.index("--pause-at") + 1].split(":")
         at = (int(e), int(b))
-    if "--pause-in-commit" in argv:
-        commit = int(argv[argv.index("--pause-in-commit") + 1])
-    return at, commit
+    for flag in ("--pause-in-commit", "--pause-in-temp"):
+        if flag in argv:
+            saves[flag] = int(argv[argv.index(flag) + 1])
+    return at, saves
 
 
-def pausing_fs(commit_epoch: int | None):
-    """LocalFS that stops the chief inside the commit of ``commit_epoch``."""
+def pausing_fs(saves: dict[str, int]):
+    """LocalFS that stops this worker in the middle of a save.
+
+    ``--pause-in-commit E`` (chief): after checkpoint E's files are complete in
+    ``ckpts/work``, just before the rename into ``epochs/``.
+    ``--pause-in-temp E`` (non-chief): in its E-th scratch save, once
+    ``model.weights.h5`` is written into ``.tmp-worker-N/`` but not closed.
+    """
     from candle_ckpt import layout as L
     from candle_ckpt.durable import LocalFS
 
+    commit_epoch = saves.get("--pause-in-commit")
+    temp_save = saves.get("--pause-in-temp")
+
     class PausingFS(LocalFS):
+        temp_saves = 0
+
         def hook(self, op: str, path: str) -> None:
-            if commit_epoch is not None and op == "rename" and os.path.basename(path) == L.epoch_name(commit_epoch):
+            name = os.path.basename(path)
+            if commit_epoch is not None and op == "rename" and name == L.epoch_name(commit_epoch):
                 pause("IN-COMMIT")
+            if op == "mkdir" and name.startswith(".tmp-worker-"):
+                self.temp_saves += 1
+            if op == "fsync" and name == L.WEIGHTS_FILE and ".tmp-worker-" in path and self.temp_saves == temp_save:
+                pause("IN-TEMP")
 
     return PausingFS()
 
@@ -103,7 +120,7 @@ def k3_state(model, opt) -> tuple[list, list]:
     return [v.numpy() for v in model.weights], [v.numpy() for v in opt.variables]
 
 
-def run_mirrored(directory: str, epochs: int, out: str, at, commit) -> None:
+def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
     import tensorflow as tf
 
     cpus = tf.config.list_physical_devices("CPU")
@@ -134,13 +151,13 @@ def run_mirrored(directory: str, epochs: int, out: str, at, commit) -> None:
             if at == (self.epoch, batch):
                 pause("PAUSED")
 
-    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(commit))
+    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
     model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
     dump(out, *k3_state(model, model.optimizer))
     print("DONE", flush=True)
 
 
-def run_k3(directory: str, epochs: int, out: str, at, commit) -> None:
+def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
     import keras
     import tensorflow as tf
 
@@ -155,7 +172,7 @@ def run_k3(directory: str, epochs: int, out: str, at, commit) -> None:
         opt = keras.optimizers.Adam(learning_rate=1e-2)
         model.compile(optimizer=opt, loss="mse")  # WorkerTrainingState saves model.optimizer
         opt.build(model.trainable_variables)
-    state = candle.WorkerTrainingState(params(directory, epochs), model, strategy, verbose=False, fs=pausing_fs(commit))
+    state = candle.WorkerTrainingState(params(directory, epochs), model, strategy, verbose=False, fs=pausing_fs(saves))
     state.restore()
     initial = state.maybe_load_initial_epoch_from_ckpt(0)
     print(f"RESTORED epoch={initial}", flush=True)
@@ -169,7 +186,7 @@ def run_k3(directory: str, epochs: int, out: str, at, commit) -> None:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum((model(xb, training=True) - yb) ** 2) / GLOBAL_BATCH
             grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         return strategy.reduce("SUM", strategy.run(step, args=(xb, yb)), axis=None)
@@ -188,7 +205,7 @@ def run_k3(directory: str, epochs: int, out: str, at, commit) -> None:
     print("DONE", flush=True)
 
 
-def run_tfk(directory: str, epochs: int, out: str, at, commit) -> None:
+def run_tfk(directory: str, epochs: int, out: str, at, saves) -> None:
     import tensorflow as tf
 
     keras = tf.keras  # tf_keras, because TF_USE_LEGACY_KERAS=1
@@ -216,7 +233,7 @@ def run_tfk(directory: str, epochs: int, out: str, at, commit) -> None:
             if at == (self.epoch, batch):
                 pause("PAUSED")
 
-    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(commit))
+    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
     model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
     dump(out, model.get_weights(), [v.numpy() for v in model.optimizer.variables])
     print("DONE", flush=True)
@@ -224,5 +241,5 @@ def run_tfk(directory: str, epochs: int, out: str, at, commit) -> None:
 
 if __name__ == "__main__":
     kind, directory, epochs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    at, commit = parse_pause(sys.argv[5:])
-    {"mirrored": run_mirrored, "k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, at, commit)
+    at, saves = parse_pause(sys.argv[5:])
+    {"mirrored": run_mirrored, "k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, at, saves)

@@ -152,3 +152,73 @@ def test_mirrored_fit_killed_mid_epoch_resumes_bit_identical(tmp_path: Path) -> 
     again = run_to_end(tmp_path, "again", "mirrored", tmp_path / "ckpt", 4, 1)
     assert again.restored_epochs() == [2]
     assert_same(again.final(0), ref.final(0))
+
+
+# -- MultiWorkerMirroredStrategy: 2 worker processes on localhost --------------------------
+def test_tf_keras_fit_worker_killed_mid_epoch_cluster_resumes_from_chief_checkpoint(tmp_path: Path) -> None:
+    """tf_keras fit on 2 workers: kill -9 worker 1 in mid-epoch; the restarted cluster resumes
+    from the chief's last commit, every worker loads identical weights, and ends equal to an uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    ref = Cluster(tmp_path, "ref", "tfk", tmp_path / "ref", 4, 2)  # runs alongside
+    run = Cluster(tmp_path, "run", "tfk", ckpt, 4, 2, extra={1: ["--pause-at", "2:1"]})
+    run.wait_for(1, "PAUSED")
+    run.kill(1)
+    run.kill_after_peer_death()
+    last = last_link(ckpt)
+    assert last in ("epochs/002", "epochs/003")  # the chief may or may not have reached epoch 3's end
+    assert not (ckpt / "ckpts" / "epochs" / "004").exists()
+    assert not any((ckpt / "ckpts").glob(".tmp-worker-*"))  # the non-chief removed its scratch copy
+    assert sorted(p.name for p in (ckpt / "ckpts" / "epochs" / "002").iterdir()) == [
+        "ckpt-info.json",
+        "model.h5",
+        "model.weights.h5",
+        "optimizer.npz",
+    ]
+
+    again = run_to_end(tmp_path, "again", "tfk", ckpt, 4, 2)
+    assert again.restored_epochs() == [int(last[-3:])] * 2
+    assert_same(again.restored(0), again.restored(1))
+    ref.wait()
+    for i in range(2):
+        assert_same(again.final(i), ref.final(0))
+    assert_same(ref.final(0), ref.final(1))
+
+
+def test_keras3_custom_loop_worker_killed_then_chief_killed_during_commit(tmp_path: Path) -> None:
+    """Keras 3 custom loop on 2 workers through WorkerTrainingState: kill worker 1 inside its scratch
+    save, restart, kill the chief inside a commit, restart; every restore loads the chief's last
+    committed epoch on both workers, debris is ignored then removed, and the end equals an uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    ref = Cluster(tmp_path, "ref", "k3", tmp_path / "ref", 5, 2)  # runs alongside
+
+    # 1. worker 1 dies while writing its scratch copy of epoch 2.
+    run1 = Cluster(tmp_path, "run1", "k3", ckpt, 5, 2, extra={1: ["--pause-in-temp", "2"]})
+    run1.wait_for(1, "IN-TEMP")
+    run1.kill(1)
+    run1.kill_after_peer_death()
+    assert (ckpt / "ckpts" / ".tmp-worker-1" / "model.weights.h5").exists()  # its debris
+    last1 = last_link(ckpt)
+    assert last1 in ("epochs/001", "epochs/002")  # the chief's own commit of epoch 2 races with the kill
+
+    # 2. the cluster restarts; the chief dies inside the commit of epoch 4.
+    run2 = Cluster(tmp_path, "run2", "k3", ckpt, 5, 2, extra={0: ["--pause-in-commit", "4"]})
+    run2.wait_for(0, "IN-COMMIT")
+    assert run2.restored_epochs() == [int(last1[-3:])] * 2
+    assert_same(run2.restored(0), run2.restored(1))
+    assert not (ckpt / "ckpts" / ".tmp-worker-1").exists()  # removed by the chief's writer at start
+    work = ckpt / "ckpts" / "work"
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt-info.json", "model.keras", "model.weights.h5"]
+    run2.kill(0)
+    run2.kill_after_peer_death()
+    assert last_link(ckpt) == "epochs/003"
+    assert 4 not in committed(ckpt)
+
+    # 3. the cluster restarts from epoch 3 and finishes.
+    run3 = run_to_end(tmp_path, "run3", "k3", ckpt, 5, 2)
+    assert run3.restored_epochs() == [3, 3]
+    assert_same(run3.restored(0), run3.restored(1))
+    assert debris(ckpt) == []
+    assert last_link(ckpt) == "epochs/005"
+    ref.wait()
+    for i in range(2):
+        assert_same(run3.final(i), ref.final(0))

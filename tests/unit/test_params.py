@@ -282,9 +282,7 @@ def test_true_strings(key: str, text: str) -> None:
     assert getattr(CkptConfig.from_params({key: text}), field) is True
 
 
-@pytest.mark.parametrize(
-    "text", ["false", "FALSE", "False", "0", "no", "NO", "off", "Off", "f", "n", " n "]
-)
+@pytest.mark.parametrize("text", ["false", "FALSE", "False", "0", "no", "NO", "off", "Off", "f", "n", " n "])
 @pytest.mark.parametrize("key", BOOL_KEYS)
 def test_false_strings(key: str, text: str) -> None:
     """Every accepted spelling of false coerces to False for every bool key."""
@@ -292,9 +290,7 @@ def test_false_strings(key: str, text: str) -> None:
     assert getattr(CkptConfig.from_params({key: text}), field) is False
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [(True, True), (False, False), (1, True), (0, False)]
-)
+@pytest.mark.parametrize(("value", "expected"), [(True, True), (False, False), (1, True), (0, False)])
 def test_bool_accepts_bools_and_zero_one(value: object, expected: bool) -> None:
     """Bool keys accept real booleans and the integers 0 and 1."""
     assert CkptConfig.from_params({"ckpt_checksum": value}).checksum is expected
@@ -363,9 +359,7 @@ def test_directory_accepts_pathlike() -> None:
 
 def test_directory_kept_verbatim() -> None:
     """ckpt_directory is stored unchanged (paths are not stripped or resolved)."""
-    assert (
-        CkptConfig.from_params({"ckpt_directory": "out dir/"}).directory == "out dir/"
-    )
+    assert CkptConfig.from_params({"ckpt_directory": "out dir/"}).directory == "out dir/"
 
 
 def test_metric_is_stripped() -> None:
@@ -376,9 +370,7 @@ def test_metric_is_stripped() -> None:
 
 def test_str_subclass_hooks_are_bypassed() -> None:
     """A str subclass with hostile methods is read by its character content."""
-    config = CkptConfig.from_params(
-        {"ckpt_keep_mode": SneakyStr("Exponential"), "ckpt_metadata": SneakyStr("m")}
-    )
+    config = CkptConfig.from_params({"ckpt_keep_mode": SneakyStr("Exponential"), "ckpt_metadata": SneakyStr("m")})
     assert config.keep_mode == "exponential"
     assert type(config.metadata) is str
     assert config.metadata == "m"
@@ -490,14 +482,9 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
 @pytest.mark.parametrize(
     ("key", "value", "error"),
     INVALID_CASES,
-    ids=[
-        f"{key}-{type(value).__name__}-{i}"
-        for i, (key, value, _) in enumerate(INVALID_CASES)
-    ],
+    ids=[f"{key}-{type(value).__name__}-{i}" for i, (key, value, _) in enumerate(INVALID_CASES)],
 )
-def test_invalid_values_raise_naming_key(
-    key: str, value: object, error: type[Exception]
-) -> None:
+def test_invalid_values_raise_naming_key(key: str, value: object, error: type[Exception]) -> None:
     """Each invalid type, range or choice raises the expected error naming the key."""
     with pytest.raises(error, match=key_pattern(key)):
         CkptConfig.from_params({key: value})
@@ -510,9 +497,7 @@ def test_every_key_has_an_invalid_case() -> None:
 
 def test_bool_for_int_rejected() -> None:
     """A bool is not accepted as an integer, even though bool subclasses int."""
-    with pytest.raises(
-        TypeError, match=r"ckpt_save_interval must be an integer, not a boolean"
-    ):
+    with pytest.raises(TypeError, match=r"ckpt_save_interval must be an integer, not a boolean"):
         CkptConfig.from_params({"ckpt_save_interval": True})
 
 
@@ -531,9 +516,7 @@ def test_choice_message_lists_choices() -> None:
 
 def test_bool_message_lists_spellings() -> None:
     """An unrecognised boolean string lists the accepted spellings."""
-    with pytest.raises(
-        ValueError, match=r"ckpt_save_best must be a boolean \(true/false"
-    ):
+    with pytest.raises(ValueError, match=r"ckpt_save_best must be a boolean \(true/false"):
         CkptConfig.from_params({"ckpt_save_best": "maybe"})
 
 
@@ -573,9 +556,7 @@ def test_deeply_nested_list_raises_type_error() -> None:
 
 def test_huge_negative_int_message_is_short() -> None:
     """An integer too large for repr is summarised in the error message."""
-    with pytest.raises(
-        ValueError, match=r"ckpt_skip_epochs must be >= 0; got <int with \d+ bits>"
-    ):
+    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be >= 0; got <int with \d+ bits>"):
         CkptConfig.from_params({"ckpt_skip_epochs": -(10**5000)})
 
 
@@ -863,9 +844,7 @@ def test_ckpt_parser_bare_bool_flag_means_true() -> None:
 def test_ckpt_parser_restart_epoch_none() -> None:
     """--ckpt_restart_epoch none parses to None."""
     parser = ckpt_parser(argparse.ArgumentParser())
-    assert (
-        parser.parse_args(["--ckpt_restart_epoch", "none"]).ckpt_restart_epoch is None
-    )
+    assert parser.parse_args(["--ckpt_restart_epoch", "none"]).ckpt_restart_epoch is None
 
 
 @pytest.mark.parametrize(
@@ -878,9 +857,7 @@ def test_ckpt_parser_restart_epoch_none() -> None:
         ["--ckpt_async_timeout", "soon"],
     ],
 )
-def test_ckpt_parser_rejects_bad_values(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_ckpt_parser_rejects_bad_values(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Invalid command-line values make argparse exit with an error naming the option."""
     parser = ckpt_parser(argparse.ArgumentParser())
     with pytest.raises(SystemExit, match="2"):

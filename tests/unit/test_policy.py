@@ -224,9 +224,7 @@ def test_best_state_round_trip(state: BestState) -> None:
 
 def test_best_state_from_dict_accepts_int_value_and_ignores_extra_keys() -> None:
     """from_dict converts an int value to float and ignores unknown keys."""
-    state = BestState.from_dict(
-        {"metric": "m", "mode": "max", "value": 1, "epoch": 3, "future": True}
-    )
+    state = BestState.from_dict({"metric": "m", "mode": "max", "value": 1, "epoch": 3, "future": True})
     assert state == BestState("m", "max", 1.0, 3)
     assert isinstance(state.value, float)
 
@@ -429,9 +427,7 @@ _property = settings(max_examples=200, deadline=None)
 @pytest.mark.parametrize("mode", ["linear", "exponential"])
 @_property
 @given(case=_keep_case())
-def test_keep_policy_properties(
-    mode: str, case: tuple[set[int], int, set[int]]
-) -> None:
+def test_keep_policy_properties(mode: str, case: tuple[set[int], int, set[int]]) -> None:
     """Keep policies return a subset holding the newest and protected epochs, within bound."""
     epochs, limit, protected = case
     policy = _POLICIES[mode](limit)
@@ -447,18 +443,14 @@ def test_keep_policy_properties(
         assert kept == set(sorted(epochs)[-limit:]) | present_protected
     else:
         span = max(epochs) - min(epochs) if epochs else 0
-        bound = min(limit, math.floor(math.log2(span or 1)) + 2) + len(
-            present_protected
-        )
+        bound = min(limit, math.floor(math.log2(span or 1)) + 2) + len(present_protected)
     assert len(kept) <= bound
 
 
 @pytest.mark.parametrize("mode", ["linear", "exponential"])
 @_property
 @given(case=_keep_case())
-def test_keep_policy_idempotent(
-    mode: str, case: tuple[set[int], int, set[int]]
-) -> None:
+def test_keep_policy_idempotent(mode: str, case: tuple[set[int], int, set[int]]) -> None:
     """Pruning twice gives the same result as pruning once."""
     epochs, limit, protected = case
     policy = _POLICIES[mode](limit)
@@ -469,9 +461,7 @@ def test_keep_policy_idempotent(
 @pytest.mark.parametrize("mode", ["linear", "exponential"])
 @_property
 @given(case=_keep_case())
-def test_prune_plan_partitions_input(
-    mode: str, case: tuple[set[int], int, set[int]]
-) -> None:
+def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[int]]) -> None:
     """prune_plan splits the input into sorted keep/delete lists matching select."""
     epochs, limit, protected = case
     policy = _POLICIES[mode](limit)
