@@ -9,7 +9,7 @@ this adapter for any tf_keras model.
 A checkpoint holds tf_keras's own formats, written through the same commit
 protocol (``work/``, CRC32s, sidecar, links):
 
-* ``model.weights.h5``: ``hdf5_format.save_weights_to_hdf5_group``, the file
+* ``model_weights.h5``: ``hdf5_format.save_weights_to_hdf5_group``, the file
   tf_keras's ``model.save_weights("x.h5")`` writes (``model.load_weights`` reads it);
 * ``optimizer.npz``: the optimizer's variables (``iterations``, slots) by
   position, with their names; legacy H5 weights do not hold them;
@@ -34,12 +34,14 @@ import numpy as np
 import tf_keras
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt import layout as L
 from candle_ckpt.distributed import WorkerTrainingState
 from candle_ckpt.engine import Capture
 from candle_ckpt.params import CkptConfig
 from candle_ckpt.store import FileSpec, NoValidCheckpoint
 
+# Not "model.weights.h5": tf_keras's load_weights reads a name ending in
+# ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
+WEIGHTS_FILE = "model_weights.h5"
 OPTIMIZER_FILE = "optimizer.npz"
 FULL_MODEL_FILE = "model.h5"
 
@@ -66,7 +68,7 @@ def _bytes_writer(data: bytes):
 class TfKerasModelAdapter:
     """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
 
-    keep_files = (L.WEIGHTS_FILE, OPTIMIZER_FILE)
+    keep_files = (WEIGHTS_FILE, OPTIMIZER_FILE)
 
     def __init__(self, model) -> None:
         self.model = model
@@ -85,7 +87,7 @@ class TfKerasModelAdapter:
         def write_optimizer(f) -> None:
             np.savez(f, names=names, **{f"v{i}": a for i, a in enumerate(arrays)})
 
-        files = [FileSpec(L.WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
+        files = [FileSpec(WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
         nbytes = len(weights) + sum(a.nbytes for a in arrays)
         if not cfg.save_weights_only:
             full = _h5_bytes(lambda h5: hdf5_format.save_model_to_hdf5(model, h5, include_optimizer=False))
@@ -93,7 +95,7 @@ class TfKerasModelAdapter:
             nbytes += len(full)
         return Capture(
             files=files,
-            model_file=L.WEIGHTS_FILE,
+            model_file=WEIGHTS_FILE,
             nbytes=nbytes,
             snapshot_s=time.perf_counter() - start,
             keras_version=f"tf_keras {tf_keras.__version__}",
@@ -128,7 +130,7 @@ class TfKerasModelAdapter:
         if not model.built:
             raise ValueError("restart() needs a built model: build it (call it on data or use an Input layer) first")
         self.build_optimizer()
-        with h5py.File(io.BytesIO(kept[L.WEIGHTS_FILE]), "r") as h5:
+        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
             hdf5_format.load_weights_from_hdf5_group(h5, model)
         variables = _optimizer_variables(model)
         with np.load(io.BytesIO(kept[OPTIMIZER_FILE]), allow_pickle=False) as npz:

@@ -171,7 +171,7 @@ def test_tf_keras_fit_worker_killed_mid_epoch_cluster_resumes_from_chief_checkpo
     assert sorted(p.name for p in (ckpt / "ckpts" / "epochs" / "002").iterdir()) == [
         "ckpt-info.json",
         "model.h5",
-        "model.weights.h5",
+        "model_weights.h5",
         "optimizer.npz",
     ]
 
