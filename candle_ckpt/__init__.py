@@ -2,8 +2,11 @@
 
 The core (layout, durable, checksum, sidecar, policy, params, store, writer,
 engine) imports neither keras nor tensorflow; the Keras adapters
-(``CandleCheckpointCallback``, ``restart``, ``JobRunner``, ``load_weights``)
-are imported lazily on first use.
+(``CandleCheckpointCallback``, ``restart``, ``JobRunner``, ``load_weights``,
+``WorkerTrainingState``) are imported lazily on first use. With
+``TF_USE_LEGACY_KERAS=1`` (tf.keras is tf_keras), ``CandleCheckpointCallback``
+is the tf_keras one (:mod:`candle_ckpt.tf_keras`); ``restart`` serves both
+kinds of model.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ _LAZY = {
     "restart": "candle_ckpt.keras_restart",
     "JobRunner": "candle_ckpt.runner",
     "load_weights": "candle_ckpt.partial",
+    "WorkerTrainingState": "candle_ckpt.distributed",
 }
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "DirectoryLocked",
     "JobRunner",
     "NoValidCheckpoint",
+    "WorkerTrainingState",
     "ckpt_defs",
     "ckpt_parser",
     "load_weights",
@@ -44,8 +49,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
+        import os
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = _LAZY[name]
+        if name == "CandleCheckpointCallback" and os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
+            # The same switch that makes tf.keras mean tf_keras (Keras 2).
+            module = "candle_ckpt.tf_keras"
+        value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'candle_ckpt' has no attribute {name!r}")

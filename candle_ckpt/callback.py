@@ -12,6 +12,7 @@ from typing import Any
 
 import keras
 
+from candle_ckpt.distributed import is_tf_keras
 from candle_ckpt.engine import CheckpointEngine
 from candle_ckpt.keras_capture import capture_model
 from candle_ckpt.keras_state import ModelState
@@ -59,6 +60,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._state: ModelState | None = None
         self._sigterm_installed = False
 
+    def set_model(self, model) -> None:
+        if is_tf_keras(model):
+            raise TypeError(
+                "this is the Keras 3 CandleCheckpointCallback but the model is a tf_keras (Keras 2) model; use "
+                "candle_ckpt.tf_keras.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
+            )
+        super().set_model(model)
+
     def on_train_begin(self, logs=None) -> None:
         self._state = ModelState(self.model)
         if self.engine.writer.is_async:
@@ -93,16 +102,4 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def report_final(self) -> None:
         """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
-        self.engine.finish()
-        recs = self.engine.records
-        if not recs:
-            self.ops.info("report: no checkpoints were written in this run")
-            return
-        total = sum(r["bytes"] for r in recs)
-        secs = sum(r["save_s"] for r in recs)
-        best = self.engine.best
-        self.ops.info(
-            f"report: {len(recs)} checkpoints, {total / 1e6:.1f} MB in {secs:.2f} s "
-            f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
-            f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.engine.errors)}"
-        )
+        self.engine.report()

@@ -81,24 +81,20 @@ class CheckpointEngine:
     at creation and not at epoch 50.
     """
 
-    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None) -> None:
+    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None) -> None:
         self.cfg = cfg
         self.ops = ops
         self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
-        self.store.open_for_write()
+        # scratch_dir: a non-chief worker of a multi-worker job. It decides and
+        # snapshots exactly as the chief does (same policy, same async order:
+        # wait, snapshot, submit) but writes each snapshot into scratch_dir and
+        # removes it; it never opens, commits to, prunes or uploads the store.
+        self.scratch_dir = scratch_dir
+        if scratch_dir is None:
+            self.store.open_for_write()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
-        self.resumed = resumed_from(cfg.directory)
-        self.load = resumed_load(cfg.directory)
-        self.best = BestState(cfg.save_best_metric, self.mode)
-        self.time_base = 0.0
-        if self.resumed is not None:
-            self.time_base = float(self.resumed.time_elapsed or 0.0)
-            if self.resumed.best_epoch is not None and self.resumed.save_best_metric == cfg.save_best_metric:
-                value = self.resumed.best_metric_last
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.best = BestState(cfg.save_best_metric, self.mode, float(value), self.resumed.best_epoch)
-        self._durable_best = self.best  # the best as of the last commit that succeeded
+        self.adopt_resumed(resumed_from(cfg.directory), resumed_load(cfg.directory))
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -107,11 +103,27 @@ class CheckpointEngine:
         # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
-        if cfg.upload_url:
+        if cfg.upload_url and scratch_dir is None:
             from candle_ckpt.remote import RemoteMirror
 
             self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
             self.after_commit.append(self.remote.committed)
+
+    def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
+        """Continue from the checkpoint a restart loaded: best-tracking, elapsed
+        time, load statistics, and protection of that checkpoint from pruning."""
+        cfg = self.cfg
+        self.resumed = resumed
+        self.load = load
+        self.best = BestState(cfg.save_best_metric, self.mode)
+        self.time_base = 0.0
+        if resumed is not None:
+            self.time_base = float(resumed.time_elapsed or 0.0)
+            if resumed.best_epoch is not None and resumed.save_best_metric == cfg.save_best_metric:
+                value = resumed.best_metric_last
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.best = BestState(cfg.save_best_metric, self.mode, float(value), resumed.best_epoch)
+        self._durable_best = self.best  # the best as of the last commit that succeeded
 
     # -- decisions ---------------------------------------------------------------
     def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
@@ -250,6 +262,10 @@ class CheckpointEngine:
             raise _SaveFailure(epoch, err) from err
 
     def _commit_now(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
+        if self.scratch_dir is not None:
+            self._write_scratch(epoch, cap)
+            self._durable_best = best
+            return
         side = self.store.commit(epoch, cap.files, template, best_epoch=best.epoch if self.cfg.save_best else None)
         rec = {
             "epoch": epoch,
@@ -274,6 +290,30 @@ class CheckpointEngine:
             )
         for hook in self.after_commit:
             hook(side)
+
+    def _write_scratch(self, epoch: int, cap: Capture) -> None:
+        """A non-chief's save: write the files into its scratch directory, then remove it."""
+        tmp, fs = self.scratch_dir, self.store.fs
+        try:
+            if os.path.lexists(tmp):
+                fs.rmtree(tmp)
+            fs.makedirs(tmp)
+            for spec in cap.files:
+                f = fs.create(os.path.join(tmp, spec.name))
+                try:
+                    spec.write(f)
+                    f.close()
+                except BaseException:
+                    f.abort()
+                    raise
+        except Exception as err:  # a worker's scratch copy failing must not stop the cluster
+            self.ops.warning(
+                f"epoch {epoch}: temporary save in {tmp} failed: {type(err).__name__}: {err} "
+                "(the chief's checkpoints are unaffected)"
+            )
+        finally:
+            if os.path.lexists(tmp):
+                fs.rmtree(tmp)
 
     def _io_stats(self) -> dict[str, Any]:
         """Load and upload statistics recorded in the sidecar's ``extra``."""
@@ -325,3 +365,19 @@ class CheckpointEngine:
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,
         }
+
+    def report(self) -> None:
+        """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
+        self.finish()
+        recs = self.records
+        if not recs:
+            self.ops.info("report: no checkpoints were written in this run")
+            return
+        total = sum(r["bytes"] for r in recs)
+        secs = sum(r["save_s"] for r in recs)
+        best = self.best
+        self.ops.info(
+            f"report: {len(recs)} checkpoints, {total / 1e6:.1f} MB in {secs:.2f} s "
+            f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
+            f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.errors)}"
+        )

@@ -9,7 +9,7 @@ from candle_ckpt import layout as L
 from candle_ckpt.engine import Capture
 from candle_ckpt.keras_state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import FileSpec
+from candle_ckpt.store import FileSpec, NoValidCheckpoint
 
 
 def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None) -> Capture:
@@ -41,3 +41,34 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
         backend=backend_name(),
         extra=dict(extra or {}),
     )
+
+
+class KerasModelAdapter:
+    """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.resume.Adapter`):
+    used by ``restart()`` and :class:`~candle_ckpt.distributed.WorkerTrainingState`."""
+
+    keep_files = (L.WEIGHTS_FILE, L.EXTRA_FILE)
+
+    def __init__(self, model) -> None:
+        self.state = ModelState(model)
+
+    def capture(self, cfg: CkptConfig) -> Capture:
+        return capture_model(self.state, cfg)
+
+    def restore(self, chosen, ops, where: str) -> None:
+        """Load a verified checkpoint (a :class:`~candle_ckpt.resume.Chosen`) into the model.
+
+        Raises:
+            NoValidCheckpoint: the checkpoint has no Keras 3 weights file.
+        """
+        side, kept = chosen.sidecar, chosen.kept
+        if side.model_file not in kept:
+            raise NoValidCheckpoint(f"checkpoint {where} has no {L.WEIGHTS_FILE}")
+        self.state.restore(kept[side.model_file])
+        if L.EXTRA_FILE in kept:
+            self.state.restore_extra(bytes(kept[L.EXTRA_FILE]))
+        elif self.state.extra_variables():
+            ops.warning(
+                f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "
+                "start fresh, so the resumed run will not be bit-identical"
+            )

@@ -1,8 +1,10 @@
 """``restart()``: resume a job from its newest valid checkpoint.
 
-The shared half (remote pull, choice of the checkpoint, CRC verification) is
-:func:`candle_ckpt.resume.select_checkpoint`, also used by the epoch runner;
-this module loads one model from what it returns.
+The shared half (remote pull, choice of the checkpoint, CRC verification,
+load statistics) is :mod:`candle_ckpt.resume`, also used by the epoch runner
+and :class:`~candle_ckpt.distributed.WorkerTrainingState`; this module loads
+one Keras 3 model, and hands tf_keras models and models of a multi-worker
+strategy to ``WorkerTrainingState`` (the chief chooses for every worker).
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from candle_ckpt import layout as L
-from candle_ckpt.engine import note_resumed
-from candle_ckpt.keras_state import ModelState
+from candle_ckpt.distributed import WorkerTrainingState, is_tf_keras, multi_worker_strategy
+from candle_ckpt.keras_capture import KerasModelAdapter
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.resume import load_record, log_resumed, select_checkpoint
-from candle_ckpt.store import NoValidCheckpoint
+from candle_ckpt.resume import load_chosen, select_checkpoint
 
 
 def restart(
@@ -43,6 +44,12 @@ def restart(
 
     Every file's CRC is verified before anything is loaded into the model.
 
+    A tf_keras (Keras 2) model is restored from a tf_keras checkpoint (see
+    :mod:`candle_ckpt.tf_keras`). Under a multi-worker ``tf.distribute``
+    strategy (the model was built in its scope) call it on every worker: the
+    chief chooses the checkpoint and every worker loads that one (see
+    :class:`~candle_ckpt.distributed.WorkerTrainingState`).
+
     Returns:
         The restored checkpoint's ``ckpt-info.json`` as a dict (``"epoch"`` is
         the number of completed epochs: pass it as ``initial_epoch``), or None.
@@ -50,31 +57,13 @@ def restart(
     cfg = CkptConfig.from_params(gParameters)
     if cfg.restart_mode == "off":
         return None
+    if is_tf_keras(model) or multi_worker_strategy(model) is not None:
+        return WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False).restore()
     ops = OpsLog(L.Layout.at(cfg.directory).log, get_logger(logger, verbose))
+    adapter = KerasModelAdapter(model)
     start = time.perf_counter()
-    found = select_checkpoint(cfg, ops, keep=(L.WEIGHTS_FILE, L.EXTRA_FILE), mapped=True)
-    if found is None:
+    chosen = select_checkpoint(cfg, ops, keep=adapter.keep_files, mapped=True)
+    if chosen is None:
         return None
-    epoch, side, kept = found
-    verify_s = time.perf_counter() - start
-    if side.model_file not in kept:
-        raise NoValidCheckpoint(f"checkpoint {L.Layout.at(cfg.directory).epoch_dir(epoch)} has no {L.WEIGHTS_FILE}")
-    start = time.perf_counter()
-    state = ModelState(model)
-    try:
-        state.restore(kept[side.model_file])
-        if L.EXTRA_FILE in kept:
-            state.restore_extra(bytes(kept[L.EXTRA_FILE]))
-        elif state.extra_variables():
-            ops.warning(
-                f"restart: {L.Layout.at(cfg.directory).epoch_dir(epoch)} has no {L.EXTRA_FILE}; the random-layer "
-                "seed states start fresh, so the resumed run will not be bit-identical"
-            )
-    finally:
-        for data in kept.values():
-            if hasattr(data, "close"):
-                data.close()  # unmap now rather than at garbage collection
-    record = load_record(side, verify_s, time.perf_counter() - start)
-    note_resumed(cfg.directory, side, record)
-    log_resumed(ops, cfg.directory, side, record)
-    return side.to_dict()
+    load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
+    return chosen.sidecar.to_dict()

@@ -19,6 +19,7 @@ state. :func:`build_optimizer` builds it first.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import zipfile
@@ -320,7 +321,12 @@ def build_optimizer(model: keras.Model) -> None:
         )
     opt = getattr(model, "optimizer", None)
     if opt is not None and not opt.built:
-        opt.build(model.trainable_variables)
+        # Under tf.distribute the optimizer's variables must be created in the
+        # scope of the strategy it was made under (mirrored, one per replica);
+        # restart() is usually called outside that scope.
+        strategy = getattr(opt, "_distribution_strategy", None)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            opt.build(model.trainable_variables)
 
 
 class _BufferFile(io.BytesIO):

@@ -45,7 +45,8 @@ def get_logger(logger: str | logging.Logger | None = "DEFAULT", verbose: bool = 
 class OpsLog:
     """Appends to ``<ckpt_directory>/ckpt.log`` and mirrors to a logger."""
 
-    def __init__(self, path: str, logger: logging.Logger | None = None) -> None:
+    def __init__(self, path: str | None, logger: logging.Logger | None = None) -> None:
+        # path None: the logger only (a non-chief worker must not append to the chief's ckpt.log).
         self.path = path
         self.logger = logger
         self._lock = threading.Lock()
@@ -53,13 +54,14 @@ class OpsLog:
     def write(self, message: str, level: int = logging.INFO) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         line = f"{stamp} {logging.getLevelName(level)} {message}\n"
-        with self._lock:
-            try:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(line)
-            except OSError as err:  # a full disk must not turn a log line into a crash
-                logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
+        if self.path is not None:
+            with self._lock:
+                try:
+                    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                    with open(self.path, "a", encoding="utf-8") as f:
+                        f.write(line)
+                except OSError as err:  # a full disk must not turn a log line into a crash
+                    logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
         if self.logger is not None:
             self.logger.log(level, message)
 

@@ -1,21 +1,52 @@
-"""Choose, fetch and verify the checkpoint a job resumes from (no Keras here).
+"""Choose, fetch, verify and load the checkpoint a job resumes from (no Keras here).
 
-Shared by ``restart()`` (one model, ``keras_restart.py``) and the epoch runner
-(several objects and loop state).
+The one place that decides which checkpoint a restart loads. Shared by
+``restart()`` (``keras_restart.py``, one Keras 3 model), the tf_keras adapter,
+the epoch runner (several objects and loop state) and
+:class:`~candle_ckpt.distributed.WorkerTrainingState`, where the chief makes
+the choice once and the other workers verify exactly that checkpoint
+(:func:`verify_exact`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from candle_ckpt import layout as L
-from candle_ckpt.engine import note_resumed
+from candle_ckpt.engine import Capture, note_resumed
 from candle_ckpt.oplog import OpsLog
 from candle_ckpt.params import CkptConfig
 from candle_ckpt.sidecar import Sidecar
 from candle_ckpt.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+
+
+class Chosen(NamedTuple):
+    """A verified checkpoint: its epoch, sidecar and the bytes of the files asked for.
+
+    A tuple, so ``epoch, side, kept = select_checkpoint(...)`` also works.
+    ``kept`` values are ``bytes`` or read-only mmaps (``mapped=True``).
+    """
+
+    epoch: int
+    sidecar: Sidecar
+    kept: dict[str, Any]
+
+
+class Adapter(Protocol):
+    """What a restore loads into: one model, several objects, or loop state.
+
+    ``keep_files`` names the files ``restore`` reads; ``capture`` snapshots the
+    state for a save (on the training thread).
+    """
+
+    keep_files: Iterable[str]
+
+    def capture(self, cfg: CkptConfig) -> Capture: ...
+
+    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None: ...
 
 
 def select_checkpoint(
@@ -26,8 +57,13 @@ def select_checkpoint(
     epoch: int | None = None,
     fs=None,
     mapped: bool = False,
-) -> tuple[int, Sidecar, dict[str, Any]] | None:
-    """Find the checkpoint to resume from and return ``(epoch, sidecar, verified bytes)``.
+) -> Chosen | None:
+    """Find the checkpoint to resume from: ``ckpt_restart_mode`` / ``ckpt_restart_epoch``.
+
+    With ``ckpt_upload_url`` set and no local checkpoint, the newest complete
+    remote checkpoint (or ``epoch``) is pulled first. Every file's CRC is
+    verified; the bytes of the names in ``keep`` are returned so that they
+    are read once.
 
     Args:
         cfg: The job's configuration (restart mode, directory, upload URL).
@@ -58,7 +94,7 @@ def select_checkpoint(
         if cfg.restart_mode == "required" or wanted is not None:
             mode = f"ckpt_restart_mode={cfg.restart_mode}" if wanted is None else what
             raise NoValidCheckpoint(f"{mode}: no checkpoints in {where}")
-        if os.path.isdir(where):
+        if os.path.isdir(where):  # logging would create the directory otherwise
             ops.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
     keep = tuple(keep)
@@ -69,7 +105,7 @@ def select_checkpoint(
             side, kept = store.verify(wanted, keep=keep, mapped=mapped)
         except CheckpointError as err:
             raise NoValidCheckpoint(f"{what}: checkpoint is not valid: {err}") from None
-        return wanted, side, kept
+        return Chosen(wanted, side, kept)
 
     problems: list[str] = []
 
@@ -83,9 +119,50 @@ def select_checkpoint(
         detail = "; ".join(problems) or "none were found"
         if cfg.restart_mode == "required":
             raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
-        ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+        if problems:
+            ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+        else:  # an empty store (e.g. just opened by this job's writer) is not a problem
+            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
-    return found
+    return Chosen(*found)
+
+
+def verify_exact(store: CheckpointStore, epoch: int, generation: int, keep: Iterable[str]) -> Chosen:
+    """Verify the checkpoint another process chose: exactly ``epoch`` at ``generation``.
+
+    Raises:
+        CorruptCheckpoint: a file fails its size or CRC check.
+        NoValidCheckpoint: the directory holds another commit of that epoch.
+    """
+    side, kept = store.verify(epoch, keep=tuple(keep))
+    if side.generation != generation:
+        raise NoValidCheckpoint(
+            f"{store.layout.epoch_dir(epoch)}: generation {side.generation} on disk, but the chief chose "
+            f"generation {generation} (is ckpt_directory on a file system shared by every worker?)"
+        )
+    return Chosen(epoch, side, kept)
+
+
+def load_chosen(
+    cfg: CkptConfig, ops: OpsLog, adapter: Adapter, chosen: Chosen, verify_s: float, who: str = ""
+) -> dict[str, Any]:
+    """Load ``chosen`` through ``adapter``, then record and log the restore.
+
+    Unmaps the kept files afterwards, tells the job's next writer what it
+    resumed from (``note_resumed``) and returns the load statistics.
+    """
+    where = L.Layout.at(cfg.directory).epoch_dir(chosen.epoch)
+    start = time.perf_counter()
+    try:
+        adapter.restore(chosen, ops, where)
+    finally:
+        for data in chosen.kept.values():
+            if hasattr(data, "close"):
+                data.close()  # unmap now rather than at garbage collection
+    record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
+    note_resumed(cfg.directory, chosen.sidecar, record)
+    log_resumed(ops, cfg.directory, chosen.sidecar, record, who)
+    return record
 
 
 def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]:
@@ -100,10 +177,10 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
     }
 
 
-def log_resumed(ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any]) -> None:
+def log_resumed(ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
     path = L.Layout.at(directory).epoch_dir(side.epoch)
     ops.info(
-        f"restart: resumed from {path} (epoch {side.epoch}, generation {side.generation}); "
+        f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}, generation {side.generation}); "
         f"{record['bytes'] / 1e6:.1f} MB read and verified in {record['verify_s']:.3f} s, "
         f"loaded in {record['load_s']:.3f} s ({record['mb_per_s']:.1f} MB/s)"
     )

@@ -47,11 +47,11 @@ import keras
 import numpy as np
 
 from candle_ckpt import layout as L
-from candle_ckpt.engine import Capture, CheckpointEngine, note_resumed
+from candle_ckpt.engine import Capture, CheckpointEngine
 from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.resume import load_record, log_resumed, select_checkpoint
+from candle_ckpt.resume import Chosen, load_chosen, select_checkpoint
 from candle_ckpt.store import FileSpec, NoValidCheckpoint
 
 STATE_JSON = "loop_state.json"
@@ -215,7 +215,14 @@ class JobRunner:
             return True
         return logs is not None and any(bool(cond(epoch, logs)) for cond in self.conditions)
 
-    # -- capture and restore ------------------------------------------------------
+    # -- capture and restore (the Adapter of candle_ckpt.resume) --------------------
+    @property
+    def keep_files(self) -> list[str]:
+        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
+
+    def capture(self, cfg: CkptConfig) -> Capture:
+        return self._capture(self.epoch)
+
     def _capture(self, epoch: int) -> Capture:
         start = time.perf_counter()
         files: list[FileSpec] = []
@@ -258,8 +265,8 @@ class JobRunner:
             extra={"runner": {"objects": {o.name: o.file for o in self.objects}, "state": sorted(self.state)}},
         )
 
-    def _restore(self, side, kept: dict[str, bytes]) -> None:
-        where = L.Layout.at(self.cfg.directory).epoch_dir(side.epoch)
+    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
+        side, kept = chosen.sidecar, chosen.kept
         missing = [o.file for o in self.objects if o.file not in kept] + (
             [STATE_JSON] if STATE_JSON not in kept else []
         )
@@ -280,7 +287,7 @@ class JobRunner:
             if o.extra_file in kept:
                 o.state.restore_extra(kept[o.extra_file])
             elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
-                self.ops.warning(
+                ops.warning(
                     f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
                     "so the resumed run will not be bit-identical"
                 )
@@ -300,20 +307,13 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
-        keep = [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
         start = time.perf_counter()
-        found = select_checkpoint(self.cfg, self.ops, keep=keep, epoch=self.resume_from_epoch, fs=self.fs)
-        if found is None:
+        chosen = select_checkpoint(self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs)
+        if chosen is None:
             return None
-        epoch, side, kept = found
-        verify_s = time.perf_counter() - start
-        start = time.perf_counter()
-        self._restore(side, kept)
-        self.load = load_record(side, verify_s, time.perf_counter() - start)
-        note_resumed(self.cfg.directory, side, self.load)
-        log_resumed(self.ops, self.cfg.directory, side, self.load)
-        self.epoch = self.resumed_from = epoch
-        return side.logs or None  # epoch 0 (after init) has no logs for the stop conditions
+        self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
+        self.epoch = self.resumed_from = chosen.epoch
+        return chosen.sidecar.logs or None  # epoch 0 (after init) has no logs for the stop conditions
 
     def train(self) -> dict[str, Any]:
         """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.

@@ -1,0 +1,205 @@
+"""The same callback and ``restart()`` for tf_keras (Keras 2) models.
+
+Keras 3's ``model.fit`` does not run under ``MultiWorkerMirroredStrategy``
+(keras-team/keras#20585); tf_keras's does. With ``TF_USE_LEGACY_KERAS=1``,
+``candle_ckpt.CandleCheckpointCallback`` is this module's class, so a script
+that uses ``tf.keras`` changes nothing else. ``candle_ckpt.restart`` picks
+this adapter for any tf_keras model.
+
+A checkpoint holds tf_keras's own formats, written through the same commit
+protocol (``work/``, CRC32s, sidecar, links):
+
+* ``model_weights.h5``: ``hdf5_format.save_weights_to_hdf5_group``, the file
+  tf_keras's ``model.save_weights("x.h5")`` writes (``model.load_weights`` reads it);
+* ``optimizer.npz``: the optimizer's variables (``iterations``, slots) by
+  position, with their names; legacy H5 weights do not hold them;
+* ``model.h5`` unless ``ckpt_save_weights_only``: the full model
+  (``tf_keras.models.load_model`` reads it; without the optimizer).
+
+Every worker of a multi-worker job goes through
+:class:`~candle_ckpt.distributed.WorkerTrainingState`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import h5py
+import numpy as np
+import tf_keras
+from tf_keras.src.saving.legacy import hdf5_format
+
+from candle_ckpt.distributed import WorkerTrainingState
+from candle_ckpt.engine import Capture
+from candle_ckpt.params import CkptConfig
+from candle_ckpt.store import FileSpec, NoValidCheckpoint
+
+# Not "model.weights.h5": tf_keras's load_weights reads a name ending in
+# ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
+WEIGHTS_FILE = "model_weights.h5"
+OPTIMIZER_FILE = "optimizer.npz"
+FULL_MODEL_FILE = "model.h5"
+
+
+def _optimizer_variables(model) -> list[Any]:
+    opt = getattr(model, "optimizer", None)
+    if opt is None:
+        return []
+    variables = opt.variables
+    return list(variables() if callable(variables) else variables)  # legacy optimizers: a method
+
+
+def _h5_bytes(write) -> bytes:
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as h5:
+        write(h5)
+    return buf.getvalue()
+
+
+def _bytes_writer(data: bytes):
+    return lambda f: f.write(data)
+
+
+class TfKerasModelAdapter:
+    """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
+
+    keep_files = (WEIGHTS_FILE, OPTIMIZER_FILE)
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def capture(self, cfg: CkptConfig) -> Capture:
+        """Serialize on the calling thread (the training thread), so the next step cannot change it."""
+        model = self.model
+        if not model.built:
+            raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
+        start = time.perf_counter()
+        weights = _h5_bytes(lambda h5: hdf5_format.save_weights_to_hdf5_group(h5, model))
+        opt_vars = _optimizer_variables(model)
+        arrays = [np.array(v.numpy(), copy=True) for v in opt_vars]
+        names = np.array([v.name for v in opt_vars], dtype=str)
+
+        def write_optimizer(f) -> None:
+            np.savez(f, names=names, **{f"v{i}": a for i, a in enumerate(arrays)})
+
+        files = [FileSpec(WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
+        nbytes = len(weights) + sum(a.nbytes for a in arrays)
+        if not cfg.save_weights_only:
+            full = _h5_bytes(lambda h5: hdf5_format.save_model_to_hdf5(model, h5, include_optimizer=False))
+            files.append(FileSpec(FULL_MODEL_FILE, _bytes_writer(full)))
+            nbytes += len(full)
+        return Capture(
+            files=files,
+            model_file=WEIGHTS_FILE,
+            nbytes=nbytes,
+            snapshot_s=time.perf_counter() - start,
+            keras_version=f"tf_keras {tf_keras.__version__}",
+            backend="tensorflow",
+        )
+
+    def build_optimizer(self) -> None:
+        """Create the optimizer's variables (in the model's strategy scope) so they can be assigned."""
+        model = self.model
+        opt = getattr(model, "optimizer", None)
+        if opt is None:
+            return
+        strategy = getattr(model, "distribute_strategy", None)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            if hasattr(opt, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
+                opt._create_all_weights(model.trainable_variables)
+            elif not getattr(opt, "_built", False):
+                opt.build(model.trainable_variables)
+
+    def restore(self, chosen, ops, where: str) -> None:
+        """Load a verified checkpoint into the model and its optimizer.
+
+        Raises:
+            NoValidCheckpoint: the checkpoint lacks a file this adapter needs.
+            ValueError: the checkpoint does not match the model.
+        """
+        kept = chosen.kept
+        missing = [n for n in self.keep_files if n not in kept]
+        if missing:
+            raise NoValidCheckpoint(f"checkpoint {where} has no {', '.join(missing)} (not a tf_keras checkpoint?)")
+        model = self.model
+        if not model.built:
+            raise ValueError("restart() needs a built model: build it (call it on data or use an Input layer) first")
+        self.build_optimizer()
+        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+            hdf5_format.load_weights_from_hdf5_group(h5, model)
+        variables = _optimizer_variables(model)
+        with np.load(io.BytesIO(kept[OPTIMIZER_FILE]), allow_pickle=False) as npz:
+            names = [str(n) for n in npz["names"]]
+            if len(names) != len(variables):
+                raise ValueError(
+                    f"{where}/{OPTIMIZER_FILE} holds {len(names)} optimizer variables but the model's optimizer "
+                    f"has {len(variables)} (a different optimizer?)"
+                )
+            values = [npz[f"v{i}"] for i in range(len(names))]
+        for name, value, var in zip(names, values, variables, strict=True):
+            if tuple(value.shape) != tuple(var.shape):
+                raise ValueError(
+                    f"optimizer variable {var.name}: checkpoint shape {value.shape} (saved as {name}) "
+                    f"!= model shape {tuple(var.shape)}"
+                )
+        for value, var in zip(values, variables, strict=True):
+            var.assign(value)
+
+
+class CandleCheckpointCallback(tf_keras.callbacks.Callback):
+    """``CandleCheckpointCallback`` for tf_keras ``model.fit``, single- or multi-worker.
+
+    Same arguments and parameters as the Keras 3 callback. The worker's
+    role (chief or not) comes from the model's distribution strategy, so the
+    directory is opened (locked, cleaned) when ``fit`` starts, before the
+    first epoch, rather than when the callback is created.
+    """
+
+    def __init__(
+        self,
+        gParameters: Mapping[str, Any],
+        logger: str | logging.Logger | None = "DEFAULT",
+        verbose: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
+        self._params = dict(gParameters)
+        self._logger, self._verbose = logger, verbose
+        self._fs = kwargs.pop("fs", None)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self.state: WorkerTrainingState | None = None
+
+    def set_model(self, model) -> None:
+        super().set_model(model)
+        if self.state is None or self.state.adapter.model is not model:
+            self.state = WorkerTrainingState(
+                self._params,
+                model,
+                adapter=TfKerasModelAdapter(model),
+                logger=self._logger,
+                verbose=self._verbose,
+                fs=self._fs,
+            )
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
+        self.state.back_up(epoch + 1, logs or {})
+
+    def on_train_end(self, logs=None) -> None:
+        self.state.delete_backup()  # waits for the last write; removes a non-chief's scratch directory
+
+    def stats(self) -> dict[str, Any]:
+        """Durations and MB/s of every save, writer waits and errors."""
+        return self.state.engine.stats() if self.state is not None else {}
+
+    def report_final(self) -> None:
+        """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
+        if self.state is not None:
+            self.state.engine.report()

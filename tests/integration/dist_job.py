@@ -1,0 +1,245 @@
+"""A worker of the distributed tests, run as a real process (one per TF_CONFIG task).
+
+Usage::
+
+    python dist_job.py KIND DIR EPOCHS OUT.npz [--pause-at E:B] [--pause-in-commit E] [--pause-in-temp E]
+
+KIND:
+    ``mirrored``  Keras 3 ``model.fit`` under MirroredStrategy on 2 logical CPUs
+                  (one process), with ``candle_ckpt.CandleCheckpointCallback``.
+    ``k3``        Keras 3 custom training loop (``strategy.run`` of a
+                  GradientTape step) under MultiWorkerMirroredStrategy, through
+                  ``candle_ckpt.WorkerTrainingState``.
+    ``tfk``       tf_keras ``model.fit`` under MultiWorkerMirroredStrategy with
+                  ``candle_ckpt.CandleCheckpointCallback`` (run with
+                  ``TF_USE_LEGACY_KERAS=1``: the script only says ``tf.keras``).
+
+The job restores (every worker: the chief's choice), prints
+``RESTORED epoch=N``, saves the restored weights to ``OUT.restored.npz``,
+trains to EPOCHS, and saves the final weights and optimizer variables to OUT.
+
+``--pause-at E:B`` prints ``PAUSED`` after batch B (0-based) of epoch E
+(0-based) and sleeps, so that the test kills this process with SIGKILL in mid-epoch.
+``--pause-in-commit E`` / ``--pause-in-temp E`` print ``IN-COMMIT`` /
+``IN-TEMP`` in the middle of a save and sleep there (see :func:`pausing_fs`),
+for a kill during a save.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+N, FEATURES, GLOBAL_BATCH = 64, 8, 16
+
+
+def make_data():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, FEATURES)).astype("float32")
+    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
+    return x, y
+
+
+def dataset():
+    """The same global batches, in the same order, on every worker (no sharding: the data is tiny)."""
+    import tensorflow as tf
+
+    x, y = make_data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+def pause(tag: str) -> None:
+    print(tag, flush=True)
+    time.sleep(600)  # the test kills us long before this
+    raise SystemExit(f"{tag}: the test did not kill this process")
+
+
+def parse_pause(argv: list[str]) -> tuple[tuple[int, int] | None, dict[str, int]]:
+    at, saves = None, {}
+    if "--pause-at" in argv:
+        e, b = argv[argv.index("--pause-at") + 1].split(":")
+        at = (int(e), int(b))
+    for flag in ("--pause-in-commit", "--pause-in-temp"):
+        if flag in argv:
+            saves[flag] = int(argv[argv.index(flag) + 1])
+    return at, saves
+
+
+def pausing_fs(saves: dict[str, int]):
+    """LocalFS that stops this worker in the middle of a save.
+
+    ``--pause-in-commit E`` (chief): after checkpoint E's files are complete in
+    ``ckpts/work``, just before the rename into ``epochs/``.
+    ``--pause-in-temp E`` (non-chief): in its E-th scratch save, once
+    ``model.weights.h5`` is written into ``.tmp-worker-N/`` but not closed.
+    """
+    from candle_ckpt import layout as L
+    from candle_ckpt.durable import LocalFS
+
+    commit_epoch = saves.get("--pause-in-commit")
+    temp_save = saves.get("--pause-in-temp")
+
+    class PausingFS(LocalFS):
+        temp_saves = 0
+
+        def hook(self, op: str, path: str) -> None:
+            name = os.path.basename(path)
+            if commit_epoch is not None and op == "rename" and name == L.epoch_name(commit_epoch):
+                pause("IN-COMMIT")
+            if op == "mkdir" and name.startswith(".tmp-worker-"):
+                self.temp_saves += 1
+            if op == "fsync" and name == L.WEIGHTS_FILE and ".tmp-worker-" in path and self.temp_saves == temp_save:
+                pause("IN-TEMP")
+
+    return PausingFS()
+
+
+def params(directory: str, epochs: int) -> dict:
+    return {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 3}
+
+
+def dump(path: str, weights: list, opt_vars: list) -> None:
+    import numpy as np
+
+    np.savez(
+        path,
+        **{f"w{i}": np.asarray(w) for i, w in enumerate(weights)},
+        **{f"opt{i}": np.asarray(v) for i, v in enumerate(opt_vars)},
+    )
+
+
+def k3_state(model, opt) -> tuple[list, list]:
+    return [v.numpy() for v in model.weights], [v.numpy() for v in opt.variables]
+
+
+def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+
+    import candle_ckpt as candle
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
+    p = params(directory, epochs)
+    found = candle.restart(p, model, verbose=False)
+    initial = found["epoch"] if found else 0
+    print(f"RESTORED epoch={initial}", flush=True)
+    dump(out + ".restored.npz", *k3_state(model, model.optimizer))
+
+    class Pause(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if at == (self.epoch, batch):
+                pause("PAUSED")
+
+    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
+    model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
+    dump(out, *k3_state(model, model.optimizer))
+    print("DONE", flush=True)
+
+
+def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
+    import keras
+    import tensorflow as tf
+
+    import candle_ckpt as candle
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        opt = keras.optimizers.Adam(learning_rate=1e-2)
+        model.compile(optimizer=opt, loss="mse")  # WorkerTrainingState saves model.optimizer
+        opt.build(model.trainable_variables)
+    state = candle.WorkerTrainingState(params(directory, epochs), model, strategy, verbose=False, fs=pausing_fs(saves))
+    state.restore()
+    initial = state.maybe_load_initial_epoch_from_ckpt(0)
+    print(f"RESTORED epoch={initial}", flush=True)
+    dump(out + ".restored.npz", *k3_state(model, opt))
+
+    replicas = strategy.num_replicas_in_sync
+
+    @tf.function
+    def train_step(xb, yb):
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum((model(xb, training=True) - yb) ** 2) / GLOBAL_BATCH
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(step, args=(xb, yb)), axis=None)
+
+    assert replicas == 2
+    data = strategy.experimental_distribute_dataset(dataset())
+    for epoch in range(initial, epochs):
+        total = 0.0
+        for batch, (xb, yb) in enumerate(data):
+            total += float(train_step(xb, yb))
+            if at == (epoch, batch):
+                pause("PAUSED")
+        state.back_up(epoch + 1, {"loss": total / (N // GLOBAL_BATCH)})
+    state.delete_backup()
+    dump(out, *k3_state(model, opt))
+    print("DONE", flush=True)
+
+
+def run_tfk(directory: str, epochs: int, out: str, at, saves) -> None:
+    import tensorflow as tf
+
+    keras = tf.keras  # tf_keras, because TF_USE_LEGACY_KERAS=1
+    assert keras.__name__.startswith("tf_keras"), keras.__name__
+    import candle_ckpt as candle
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
+    p = params(directory, epochs)
+    found = candle.restart(p, model, verbose=False)
+    initial = found["epoch"] if found else 0
+    print(f"RESTORED epoch={initial}", flush=True)
+    dump(out + ".restored.npz", model.get_weights(), [v.numpy() for v in model.optimizer.variables])
+
+    class Pause(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if at == (self.epoch, batch):
+                pause("PAUSED")
+
+    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
+    model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
+    dump(out, model.get_weights(), [v.numpy() for v in model.optimizer.variables])
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    kind, directory, epochs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    at, saves = parse_pause(sys.argv[5:])
+    {"mirrored": run_mirrored, "k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, at, saves)
