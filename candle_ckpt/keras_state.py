@@ -321,12 +321,19 @@ def build_optimizer(model: keras.Model) -> None:
         )
     opt = getattr(model, "optimizer", None)
     if opt is not None and not opt.built:
-        # Under tf.distribute the optimizer's variables must be created in the
-        # scope of the strategy it was made under (mirrored, one per replica);
-        # restart() is usually called outside that scope.
-        strategy = getattr(opt, "_distribution_strategy", None)
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            opt.build(model.trainable_variables)
+        build_in_scope(opt, model.trainable_variables)
+
+
+def build_in_scope(opt: Any, variables: list[Any]) -> None:
+    """``opt.build(variables)`` in the scope of the ``tf.distribute`` strategy ``opt`` was made under.
+
+    Under tf.distribute the optimizer's variables must be created in that
+    scope (mirrored, one per replica); restart() and the runner usually run
+    outside it.
+    """
+    strategy = getattr(opt, "_distribution_strategy", None)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        opt.build(variables)
 
 
 class _BufferFile(io.BytesIO):

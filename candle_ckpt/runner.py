@@ -48,7 +48,7 @@ import numpy as np
 
 from candle_ckpt import layout as L
 from candle_ckpt.engine import Capture, CheckpointEngine
-from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
+from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name, build_in_scope
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
 from candle_ckpt.resume import Chosen, load_chosen, select_checkpoint
@@ -97,7 +97,7 @@ class _Object:
                 f"objects[{self.name!r}]: the optimizer is not built. Pass it as objects={{{self.name!r}: "
                 "(optimizer, model.trainable_variables)} so the runner can build it before saving and restoring."
             )
-        opt.build(self.var_list)
+        build_in_scope(opt, self.var_list)
 
 
 def _kind(key: str, value: Any) -> str:
@@ -146,6 +146,11 @@ class JobRunner:
             bool`` checked after each epoch (and on the restored logs when
             resuming). Default: ``gParameters["epochs"]``.
         resume_from_epoch: Restore exactly this epoch (over ``ckpt_restart_epoch``).
+        strategy: A ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy``)
+            the objects were built under. Run the same runner on every worker:
+            checkpoints go through :class:`~candle_ckpt.distributed.WorkerTrainingState`
+            (the chief commits, every worker restores the chief's choice).
+            ``epoch_fn`` must then return the same (all-reduced) logs on every worker.
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
         verbose: Print progress (with ``logger="DEFAULT"``).
         fs: File-system operations (tests inject faults here).
@@ -165,10 +170,12 @@ class JobRunner:
         state: MutableMapping[str, Any] | None = None,
         stop_conditions: StopCondition | Iterable[StopCondition] | None = None,
         resume_from_epoch: int | None = None,
+        strategy: Any = None,
         logger: str | logging.Logger | None = "DEFAULT",
         verbose: bool = True,
         fs=None,
     ) -> None:
+        self.params = dict(gParameters)
         self.cfg = CkptConfig.from_params(gParameters)
         if not callable(epoch_fn):
             raise TypeError(f"epoch_fn must be callable; got {type(epoch_fn).__name__}")
@@ -185,7 +192,10 @@ class JobRunner:
         self.resume_from_epoch = resume_from_epoch
         self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
         self.ops = OpsLog(L.Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.logger, self.verbose = logger, verbose
         self.fs = fs
+        self.strategy = strategy
+        self.workers = None  # the WorkerTrainingState of a distributed run
         self.engine: CheckpointEngine | None = None
         self.epoch = 0
         self.resumed_from: int | None = None
@@ -307,13 +317,20 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
+        if self.workers is not None:
+            found = self.workers.restore(epoch=self.resume_from_epoch)
+            self.load = self.workers.load
+            return self._resumed_at(found["epoch"], found.get("logs")) if found else None
         start = time.perf_counter()
         chosen = select_checkpoint(self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs)
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
-        self.epoch = self.resumed_from = chosen.epoch
-        return chosen.sidecar.logs or None  # epoch 0 (after init) has no logs for the stop conditions
+        return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
+
+    def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        self.epoch = self.resumed_from = epoch
+        return logs or None  # epoch 0 (after init) has no logs for the stop conditions
 
     def train(self) -> dict[str, Any]:
         """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.
@@ -326,10 +343,19 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        logs = self._resume()
-        # The engine is made after the resume: it continues best-tracking from the
-        # restored sidecar and protects that checkpoint from pruning.
-        self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
+        if self.strategy is not None:
+            from candle_ckpt.distributed import WorkerTrainingState
+
+            self.workers = WorkerTrainingState(
+                self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs
+            )
+            self.ops, self.engine = self.workers.ops, self.workers.engine  # a non-chief logs to the logger only
+            logs = self._resume()  # every worker loads the chief's choice; the engine adopts it
+        else:
+            logs = self._resume()
+            # The engine is made after the resume: it continues best-tracking from the
+            # restored sidecar and protects that checkpoint from pruning.
+            self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
         done = False
         try:
             if self.resumed_from is None:
@@ -348,6 +374,8 @@ class JobRunner:
         finally:
             if done:
                 self.engine.finish()
+                if self.workers is not None:
+                    self.workers.delete_backup()  # a non-chief's scratch directory
             else:  # keep the original error; still let the last write land
                 try:
                     self.engine.finish()

@@ -9,7 +9,8 @@ KIND:
                   (one process), with ``candle_ckpt.CandleCheckpointCallback``.
     ``k3``        Keras 3 custom training loop (``strategy.run`` of a
                   GradientTape step) under MultiWorkerMirroredStrategy, through
-                  ``candle_ckpt.WorkerTrainingState``.
+                  ``candle_ckpt.JobRunner(strategy=...)`` with ``ckpt_async``
+                  (writes on the background writer, chief and non-chief).
     ``tfk``       tf_keras ``model.fit`` under MultiWorkerMirroredStrategy with
                   ``candle_ckpt.CandleCheckpointCallback`` (run with
                   ``TF_USE_LEGACY_KERAS=1``: the script only says ``tf.keras``).
@@ -20,7 +21,7 @@ trains to EPOCHS, and saves the final weights and optimizer variables to OUT.
 
 ``--pause-at E:B`` prints ``PAUSED`` after batch B (0-based) of epoch E
 (0-based) and sleeps, so that the test kills this process with SIGKILL in mid-epoch.
-``--pause-in-commit E`` / ``--pause-in-temp E`` print ``IN-COMMIT`` /
+``--pause-in-commit E`` / ``--pause-in-temp N`` print ``IN-COMMIT`` /
 ``IN-TEMP`` in the middle of a save and sleep there (see :func:`pausing_fs`),
 for a kill during a save.
 """
@@ -78,7 +79,7 @@ def pausing_fs(saves: dict[str, int]):
 
     ``--pause-in-commit E`` (chief): after checkpoint E's files are complete in
     ``ckpts/work``, just before the rename into ``epochs/``.
-    ``--pause-in-temp E`` (non-chief): in its E-th scratch save, once
+    ``--pause-in-temp N`` (non-chief): in its N-th scratch save, once
     ``model.weights.h5`` is written into ``.tmp-worker-N/`` but not closed.
     """
     from candle_ckpt import layout as L
@@ -159,6 +160,7 @@ def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
 
 def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
     import keras
+    import numpy as np
     import tensorflow as tf
 
     import candle_ckpt as candle
@@ -170,15 +172,9 @@ def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
             [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
         )
         opt = keras.optimizers.Adam(learning_rate=1e-2)
-        model.compile(optimizer=opt, loss="mse")  # WorkerTrainingState saves model.optimizer
+        model.compile(optimizer=opt, loss="mse")  # the runner saves model.optimizer with the model
         opt.build(model.trainable_variables)
-    state = candle.WorkerTrainingState(params(directory, epochs), model, strategy, verbose=False, fs=pausing_fs(saves))
-    state.restore()
-    initial = state.maybe_load_initial_epoch_from_ckpt(0)
-    print(f"RESTORED epoch={initial}", flush=True)
-    dump(out + ".restored.npz", *k3_state(model, opt))
-
-    replicas = strategy.num_replicas_in_sync
+    assert strategy.num_replicas_in_sync == 2
 
     @tf.function
     def train_step(xb, yb):
@@ -191,16 +187,38 @@ def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
 
         return strategy.reduce("SUM", strategy.run(step, args=(xb, yb)), axis=None)
 
-    assert replicas == 2
     data = strategy.experimental_distribute_dataset(dataset())
-    for epoch in range(initial, epochs):
+    steps = sum(1 for _ in data)  # per epoch, on this worker
+    state = {"batches": 0, "shuffle": np.random.default_rng(3)}  # loop state, saved with every checkpoint
+    started: list[int] = []
+
+    def epoch_fn(epoch: int) -> dict:
+        if not started:  # the runner has restored (or initialised) by now
+            print(f"RESTORED epoch={epoch} batches={state['batches']}", flush=True)
+            assert state["batches"] == epoch * steps, state  # the loop state came back too
+            dump(out + ".restored.npz", *k3_state(model, opt))
+        started.append(epoch)
         total = 0.0
         for batch, (xb, yb) in enumerate(data):
-            total += float(train_step(xb, yb))
+            total += float(train_step(xb, yb))  # all-reduced: the same on every worker
+            state["batches"] += 1
             if at == (epoch, batch):
                 pause("PAUSED")
-        state.back_up(epoch + 1, {"loss": total / (N // GLOBAL_BATCH)})
-    state.delete_backup()
+        state["shuffle"].random()
+        return {"loss": total / steps}
+
+    p = {**params(directory, epochs), "ckpt_async": True}
+    runner = candle.JobRunner(
+        p,
+        epoch_fn=epoch_fn,
+        objects={"model": model},
+        state=state,
+        strategy=strategy,
+        verbose=False,
+        fs=pausing_fs(saves),
+    )
+    runner.train()
+    assert state["batches"] == epochs * steps, state["batches"]
     dump(out, *k3_state(model, opt))
     print("DONE", flush=True)
 
