@@ -302,10 +302,8 @@ class CheckpointEngine:
                 f = fs.create(os.path.join(tmp, spec.name))
                 try:
                     spec.write(f)
-                    f.close()
-                except BaseException:
-                    f.abort()
-                    raise
+                finally:
+                    f.abort()  # closed without fsync: the copy is deleted at once
         except Exception as err:  # a worker's scratch copy failing must not stop the cluster
             self.ops.warning(
                 f"epoch {epoch}: temporary save in {tmp} failed: {type(err).__name__}: {err} "

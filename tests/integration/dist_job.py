@@ -80,7 +80,8 @@ def pausing_fs(saves: dict[str, int]):
     ``--pause-in-commit E`` (chief): after checkpoint E's files are complete in
     ``ckpts/work``, just before the rename into ``epochs/``.
     ``--pause-in-temp N`` (non-chief): in its N-th scratch save, once
-    ``model.weights.h5`` is written into ``.tmp-worker-N/`` but not closed.
+    ``model.weights.h5`` is written into ``.tmp-worker-<index>/`` and the next
+    file is being created.
     """
     from candle_ckpt import layout as L
     from candle_ckpt.durable import LocalFS
@@ -97,7 +98,7 @@ def pausing_fs(saves: dict[str, int]):
                 pause("IN-COMMIT")
             if op == "mkdir" and name.startswith(".tmp-worker-"):
                 self.temp_saves += 1
-            if op == "fsync" and name == L.WEIGHTS_FILE and ".tmp-worker-" in path and self.temp_saves == temp_save:
+            if op == "create" and name != L.WEIGHTS_FILE and ".tmp-worker-" in path and self.temp_saves == temp_save:
                 pause("IN-TEMP")
 
     return PausingFS()

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
 import json  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -185,15 +186,18 @@ def _two_workers(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
 
 
+class _NonChiefStrategy:
+    """The role comes from a real TFConfigClusterResolver; back_up needs no collective."""
+
+    def __init__(self) -> None:
+        self.cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
 def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Worker 1 of 2 snapshots and writes its scratch copy, then removes it: no checkpoint, no ckpt.log line."""
     _two_workers(monkeypatch, 1)
-
-    class Strategy:  # the role comes from a real TFConfigClusterResolver; back_up needs no collective
-        cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-
     created: list[str] = []
 
     class Recording(LocalFS):
@@ -201,7 +205,7 @@ def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
             if op == "create":
                 created.append(os.path.relpath(path, tmp_path))
 
-    state = WorkerTrainingState(_params(tmp_path), _k3_model(), Strategy(), verbose=False, fs=Recording())
+    state = WorkerTrainingState(_params(tmp_path), _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
     assert not state.is_chief
     assert state.back_up(1, {"loss": 1.0})
     assert created == [
@@ -210,6 +214,40 @@ def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
     ]
     leftovers = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")]
     assert leftovers in ([], ["save"], ["save", "save/ckpts"])
+    assert not (tmp_path / "save" / "ckpt.log").exists()
+
+
+def test_non_chief_async_backup_writes_its_scratch_copy_on_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ckpt_async, worker 1 of 2 returns from back_up while its scratch copy is still being written on
+    the background writer (never fsynced); finish() waits for it, and nothing is left or committed."""
+    _two_workers(monkeypatch, 1)
+    seen: list[tuple[str, str, str]] = []
+    entered, release = threading.Event(), threading.Event()
+
+    class Recording(LocalFS):
+        def hook(self, op: str, path: str) -> None:
+            if op in ("create", "fsync"):
+                seen.append((op, os.path.basename(path), threading.current_thread().name))
+            if op == "create":
+                entered.set()
+                assert release.wait(30), "the test never released the writer"
+
+    params = {**_params(tmp_path), "ckpt_async": True}
+    state = WorkerTrainingState(params, _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
+    assert state.back_up(1, {"loss": 1.0})
+    assert entered.wait(30)
+    scratch = tmp_path / "save" / "ckpts" / ".tmp-worker-1"
+    assert scratch.is_dir()  # back_up has returned and the write is still in flight
+    release.set()
+    state.finish()
+    assert seen == [
+        ("create", "model.weights.h5", "candle_ckpt-writer"),
+        ("create", "model.keras", "candle_ckpt-writer"),
+    ]
+    assert not scratch.exists()
+    assert not (tmp_path / "save" / "ckpts" / "epochs").exists()
     assert not (tmp_path / "save" / "ckpt.log").exists()
 
 
