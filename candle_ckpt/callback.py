@@ -19,7 +19,7 @@ from candle_ckpt.keras_state import ModelState
 from candle_ckpt.layout import Layout
 from candle_ckpt.oplog import OpsLog, get_logger
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.writer import install_sigterm_exit, restore_sigterm
+from candle_ckpt.writer import SigtermExit
 
 
 class CandleCheckpointCallback(keras.callbacks.Callback):
@@ -58,7 +58,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self._state: ModelState | None = None
-        self._sigterm_installed = False
+        self._sigterm = SigtermExit()
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
@@ -70,10 +70,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         self._state = ModelState(self.model)
-        if self.engine.writer.is_async:
-            # SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
-            # commits the last snapshot instead of the process dying mid-write.
-            self._sigterm_installed = install_sigterm_exit()
+        # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
+        # commits the last snapshot instead of the process dying mid-write.
+        self._sigterm.arm(self.engine.writer.is_async)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.
@@ -82,19 +81,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
         except BaseException:
             # fit stops here without on_train_end: give SIGTERM its default back now.
-            self._restore_sigterm()
+            self._sigterm.disarm()
             raise
 
     def on_train_end(self, logs=None) -> None:
         try:
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
-            self._restore_sigterm()
-
-    def _restore_sigterm(self) -> None:
-        if self._sigterm_installed:
-            restore_sigterm()
-            self._sigterm_installed = False
+            self._sigterm.disarm()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

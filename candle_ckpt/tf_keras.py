@@ -38,6 +38,7 @@ from candle_ckpt.distributed import WorkerTrainingState
 from candle_ckpt.engine import Capture
 from candle_ckpt.params import CkptConfig
 from candle_ckpt.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.writer import SigtermExit
 
 # Not "model.weights.h5": tf_keras's load_weights reads a name ending in
 # ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
@@ -154,7 +155,8 @@ class TfKerasModelAdapter:
 class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     """``CandleCheckpointCallback`` for tf_keras ``model.fit``, single- or multi-worker.
 
-    Same arguments and parameters as the Keras 3 callback. The worker's
+    Same arguments, parameters and async behaviour (SIGTERM during an async
+    ``fit`` commits the last snapshot) as the Keras 3 callback. The worker's
     role (chief or not) comes from the model's distribution strategy, so the
     directory is opened (locked, cleaned) when ``fit`` starts, before the
     first epoch, rather than when the callback is created.
@@ -175,6 +177,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self.state: WorkerTrainingState | None = None
+        self._sigterm = SigtermExit()
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -188,12 +191,22 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 fs=self._fs,
             )
 
+    def on_train_begin(self, logs=None) -> None:
+        self._sigterm.arm(self.cfg.async_save)
+
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
-        self.state.back_up(epoch + 1, logs or {})
+        try:
+            self.state.back_up(epoch + 1, logs or {})
+        except BaseException:
+            self._sigterm.disarm()  # fit stops here without on_train_end
+            raise
 
     def on_train_end(self, logs=None) -> None:
-        self.state.delete_backup()  # waits for the last write; removes a non-chief's scratch directory
+        try:
+            self.state.delete_backup()  # waits for the last write; removes a non-chief's scratch directory
+        finally:
+            self._sigterm.disarm()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -232,3 +232,21 @@ def restore_sigterm() -> None:
     """Put back SIGTERM's default action if our handler is still installed."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _sigterm_to_exit:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class SigtermExit:
+    """:func:`install_sigterm_exit` for the length of one ``fit`` (both fit callbacks use it)."""
+
+    def __init__(self) -> None:
+        self._installed = False
+
+    def arm(self, is_async: bool) -> None:
+        """Install the handler when writes are asynchronous (sync writes need no exit hook)."""
+        if is_async and not self._installed:
+            self._installed = install_sigterm_exit()
+
+    def disarm(self) -> None:
+        """Give SIGTERM its default action back, if we installed our handler."""
+        if self._installed:
+            restore_sigterm()
+            self._installed = False

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
 import json  # noqa: E402
+import signal  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -116,6 +117,29 @@ def test_tf_keras_checkpoint_files_are_tf_keras_formats(tmp_path: Path) -> None:
     _assert_same(loaded.get_weights(), model.get_weights())
     side = json.loads((ckpt / "ckpt-info.json").read_text())
     assert side["keras_version"] == f"tf_keras {tf_keras.__version__}"
+
+
+def test_tf_keras_async_fit_turns_sigterm_into_exit_during_fit_only(tmp_path: Path) -> None:
+    """As with Keras 3: in async mode SIGTERM raises SystemExit during fit (so the exit hook commits the
+    last snapshot); the default action is back afterwards, and sync mode never touches it."""
+    x, y = _data()
+    seen: list[Any] = []
+
+    class Probe(tf_keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    cb = ck_tfk.CandleCheckpointCallback({**_params(tmp_path, epochs=1), "ckpt_async": True}, verbose=False)
+    _tfk_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, Probe()])
+    assert seen[0] is not signal.SIG_DFL and callable(seen[0])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert [s["epoch"] for s in cb.stats()["saves"]] == [1]
+    _forget_run()
+    seen.clear()
+    sync_cb = ck_tfk.CandleCheckpointCallback(_params(tmp_path / "sync", epochs=1), verbose=False)
+    _tfk_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[sync_cb, Probe()])
+    assert seen == [signal.SIG_DFL]
 
 
 def test_keras3_callback_refuses_a_tf_keras_model(tmp_path: Path) -> None:
