@@ -279,6 +279,8 @@ class WorkerTrainingState:
                 chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs)
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
+            if self.engine is not None and cfg.upload_url:
+                self.engine.store.resync_generation()  # a pull from the remote copy may have committed here
         code, chosen_epoch, generation = 0, 0, 0  # 0: start from scratch, 1: (epoch, generation), 2: error
         if error is not None:
             code = 2

@@ -157,6 +157,12 @@ class CheckpointStore:
         if self._generation is None:
             self._generation = self._max_generation() + 1
 
+    def resync_generation(self) -> None:
+        """Continue after commits made here by another store object of this
+        process since :meth:`open_for_write` (a pull from the remote copy)."""
+        if self._generation is not None:
+            self._generation = max(self._generation, self._max_generation() + 1)
+
     def close(self) -> None:
         """Release the writer lock held by this process."""
         release_lock(self.layout.lock)

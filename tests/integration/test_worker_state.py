@@ -183,6 +183,32 @@ def test_worker_state_single_worker_backup_restore_and_initial_epoch(tmp_path: P
         again.maybe_load_initial_epoch_from_ckpt(0, mode="batch")
 
 
+def test_restore_pulled_from_the_remote_copy_then_back_up_continues_the_generations(tmp_path: Path) -> None:
+    """A chief whose directory is empty pulls the newest remote checkpoint in restore(); its next commit
+    gets a later generation than the pulled one (commit order stays a total order)."""
+    x, y = _data()
+    remote = (tmp_path / "remote").as_uri()
+    model = _k3_model()
+    first = WorkerTrainingState({**_params(tmp_path / "a"), "ckpt_upload_url": remote}, model, verbose=False)
+    for epoch in (1, 2):
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        assert first.back_up(epoch, {"loss": 1.0 / epoch})
+    first.finish()
+    _forget_run()
+
+    params = {**_params(tmp_path / "b"), "ckpt_upload_url": remote}
+    fresh = _k3_model()
+    again = WorkerTrainingState(params, fresh, verbose=False)  # opens the empty directory first
+    assert again.restore()["epoch"] == 2
+    _assert_same([v.numpy() for v in fresh.weights], [v.numpy() for v in model.weights])
+    _assert_same([v.numpy() for v in fresh.optimizer.variables], [v.numpy() for v in model.optimizer.variables])
+    assert again.back_up(3, {"loss": 0.1})
+    again.finish()
+    local = store.CheckpointStore(tmp_path / "b" / "save")
+    assert local.epochs() == [2, 3]
+    assert local.read_sidecar(3).generation > local.read_sidecar(2).generation
+
+
 def test_delete_backup_removes_checkpoints_only_when_asked(tmp_path: Path) -> None:
     """delete_backup() keeps CANDLE's checkpoints; remove_checkpoints=True deletes them and the links."""
     params = _params(tmp_path)
