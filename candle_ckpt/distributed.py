@@ -296,8 +296,8 @@ class WorkerTrainingState:
             if error is not None:
                 raise error
             raise NoValidCheckpoint(
-                f"the chief found no checkpoint to restore in {self.layout.root} (ckpt_restart_mode="
-                f"{cfg.restart_mode}); see the chief's log"
+                f"the chief could not choose a checkpoint to restore in {self.layout.root} (ckpt_restart_mode="
+                f"{cfg.restart_mode}); see the chief's log for why"
             )
         if code == 0:
             note_resumed(cfg.directory, None)
