@@ -122,17 +122,10 @@ def k3_state(model, opt) -> tuple[list, list]:
     return [v.numpy() for v in model.weights], [v.numpy() for v in opt.variables]
 
 
-def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-    import keras
-
+def run_fit(keras, strategy, directory: str, epochs: int, out: str, at, saves, state_of) -> None:
+    """``model.fit`` with ``candle_ckpt.CandleCheckpointCallback`` (Keras 3 or tf_keras) under ``strategy``."""
     import candle_ckpt as candle
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert strategy.num_replicas_in_sync == 2
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential(
@@ -143,7 +136,7 @@ def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
     found = candle.restart(p, model, verbose=False)
     initial = found["epoch"] if found else 0
     print(f"RESTORED epoch={initial}", flush=True)
-    dump(out + ".restored.npz", *k3_state(model, model.optimizer))
+    dump(out + ".restored.npz", *state_of(model))
 
     class Pause(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -155,8 +148,20 @@ def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
 
     ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
     model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
-    dump(out, *k3_state(model, model.optimizer))
+    dump(out, *state_of(model))
     print("DONE", flush=True)
+
+
+def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    run_fit(keras, strategy, directory, epochs, out, at, saves, lambda m: k3_state(m, m.optimizer))
 
 
 def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
@@ -229,33 +234,17 @@ def run_tfk(directory: str, epochs: int, out: str, at, saves) -> None:
 
     keras = tf.keras  # tf_keras, because TF_USE_LEGACY_KERAS=1
     assert keras.__name__.startswith("tf_keras"), keras.__name__
-    import candle_ckpt as candle
-
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    keras.utils.set_random_seed(1)
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
-        )
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
-    p = params(directory, epochs)
-    found = candle.restart(p, model, verbose=False)
-    initial = found["epoch"] if found else 0
-    print(f"RESTORED epoch={initial}", flush=True)
-    dump(out + ".restored.npz", model.get_weights(), [v.numpy() for v in model.optimizer.variables])
-
-    class Pause(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            if at == (self.epoch, batch):
-                pause("PAUSED")
-
-    ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
-    model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
-    dump(out, model.get_weights(), [v.numpy() for v in model.optimizer.variables])
-    print("DONE", flush=True)
+    run_fit(
+        keras,
+        strategy,
+        directory,
+        epochs,
+        out,
+        at,
+        saves,
+        lambda m: (m.get_weights(), [v.numpy() for v in m.optimizer.variables]),
+    )
 
 
 if __name__ == "__main__":

@@ -84,6 +84,12 @@ class Cluster:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
 
+    def kill_when(self, i: int, marker: str) -> None:
+        """Kill worker ``i`` with SIGKILL once it prints ``marker``, then the survivors."""
+        self.wait_for(i, marker)
+        self.kill(i)
+        self.kill_after_peer_death()
+
     def kill_after_peer_death(self) -> None:
         """Give the survivors a moment to fail on their own, then kill them (collectives may hang)."""
         deadline = time.monotonic() + SURVIVOR_GRACE_S
@@ -163,9 +169,7 @@ def test_tf_keras_fit_worker_killed_mid_epoch_cluster_resumes_from_chief_checkpo
     ckpt = tmp_path / "ckpt"
     ref = Cluster(tmp_path, "ref", "tfk", tmp_path / "ref", 4, 2)  # runs alongside
     run = Cluster(tmp_path, "run", "tfk", ckpt, 4, 2, extra={1: ["--pause-at", "2:1"]})
-    run.wait_for(1, "PAUSED")
-    run.kill(1)
-    run.kill_after_peer_death()
+    run.kill_when(1, "PAUSED")
     last = last_link(ckpt)
     assert last in ("epochs/002", "epochs/003")  # the chief may or may not have reached epoch 3's end
     assert not (ckpt / "ckpts" / "epochs" / "004").exists()
@@ -196,9 +200,7 @@ def test_keras3_job_runner_worker_killed_then_chief_killed_during_commit(tmp_pat
 
     # 1. worker 1 dies while writing its scratch copy of epoch 2 (its 3rd save: epoch 0 is the first).
     run1 = Cluster(tmp_path, "run1", "k3", ckpt, 5, 2, extra={1: ["--pause-in-temp", "3"]})
-    run1.wait_for(1, "IN-TEMP")
-    run1.kill(1)
-    run1.kill_after_peer_death()
+    run1.kill_when(1, "IN-TEMP")
     assert (ckpt / "ckpts" / ".tmp-worker-1" / "model.weights.h5").exists()  # its debris
     last1 = last_link(ckpt)
     # The chief's commits race with the kill; async writes let both run one epoch ahead.

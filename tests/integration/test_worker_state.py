@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
+from conftest import build_model, make_data  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 import candle_ckpt.tf_keras as ck_tfk  # noqa: E402
@@ -27,25 +28,12 @@ from candle_ckpt.durable import LocalFS  # noqa: E402
 from candle_ckpt.store import CheckpointError  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _new_run():
-    """Each test starts like a new process: no writer lock held, no restart() record."""
-    yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
-    engine._RESUMED.clear()
-
-
+# conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
+    """The same, in the middle of a test: the next object is a new run of the job."""
     for path in list(store._LOCKS):
         store.release_lock(path)
     engine._RESUMED.clear()
-
-
-def _data() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 8)).astype("float32")
-    return x, (x @ rng.standard_normal((8, 1))).astype("float32")
 
 
 def _params(tmp_path: Path, epochs: int = 4) -> dict[str, Any]:
@@ -66,10 +54,7 @@ def _tfk_state(model) -> list[np.ndarray]:
 
 
 def _k3_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
-    return model
+    return build_model(seed=1)
 
 
 def _assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
@@ -81,7 +66,7 @@ def _assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 # -- tf_keras ------------------------------------------------------------------------
 def test_tf_keras_fit_resumes_bit_identical(tmp_path: Path) -> None:
     """tf_keras: 2 epochs, restart() into a fresh model (optimizer not yet built), 2 more == 4 uninterrupted."""
-    x, y = _data()
+    x, y = make_data()
     ref = _tfk_model()
     ref.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
 
@@ -103,7 +88,7 @@ def test_tf_keras_fit_resumes_bit_identical(tmp_path: Path) -> None:
 
 def test_tf_keras_checkpoint_files_are_tf_keras_formats(tmp_path: Path) -> None:
     """The weights file loads with tf_keras's own load_weights and model.h5 with load_model."""
-    x, y = _data()
+    x, y = make_data()
     params = _params(tmp_path, epochs=1)
     model = _tfk_model()
     cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
@@ -122,7 +107,7 @@ def test_tf_keras_checkpoint_files_are_tf_keras_formats(tmp_path: Path) -> None:
 def test_tf_keras_async_fit_turns_sigterm_into_exit_during_fit_only(tmp_path: Path) -> None:
     """As with Keras 3: in async mode SIGTERM raises SystemExit during fit (so the exit hook commits the
     last snapshot); the default action is back afterwards, and sync mode never touches it."""
-    x, y = _data()
+    x, y = make_data()
     seen: list[Any] = []
 
     class Probe(tf_keras.callbacks.Callback):
@@ -161,7 +146,7 @@ def test_tf_use_legacy_keras_selects_the_tf_keras_callback(monkeypatch: pytest.M
 # -- WorkerTrainingState, one worker -----------------------------------------------------
 def test_worker_state_single_worker_backup_restore_and_initial_epoch(tmp_path: Path) -> None:
     """One worker: back_up commits like the callback; restore + maybe_load_initial_epoch resume from it."""
-    x, y = _data()
+    x, y = make_data()
     params = _params(tmp_path)
     model = _k3_model()
     state = WorkerTrainingState(params, model, verbose=False)
@@ -186,7 +171,7 @@ def test_worker_state_single_worker_backup_restore_and_initial_epoch(tmp_path: P
 def test_restore_pulled_from_the_remote_copy_then_back_up_continues_the_generations(tmp_path: Path) -> None:
     """A chief whose directory is empty pulls the newest remote checkpoint in restore(); its next commit
     gets a later generation than the pulled one (commit order stays a total order)."""
-    x, y = _data()
+    x, y = make_data()
     remote = (tmp_path / "remote").as_uri()
     model = _k3_model()
     first = WorkerTrainingState({**_params(tmp_path / "a"), "ckpt_upload_url": remote}, model, verbose=False)
