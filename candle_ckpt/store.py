@@ -509,9 +509,11 @@ class CheckpointStore:
     def candidates(self) -> Iterator[int]:
         """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
         last = self.link_epoch("last")
+        if last is not None:
+            path = self.layout.epoch_dir(last)
+            if os.path.isdir(path) and not os.path.islink(path):
+                yield last  # the usual case: no listing, so a restart costs the same with 10 or 10,000 kept
         on_disk = self.epochs()
-        if last is not None and last in on_disk:
-            yield last
         ranked = []
         for epoch in on_disk:
             if epoch == last:
