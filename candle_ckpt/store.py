@@ -436,13 +436,7 @@ class CheckpointStore:
             raise CorruptCheckpoint(path, "sidecar is missing") from None
         except OSError as err:
             raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
-        try:
-            side = Sidecar.from_json(raw, source=path)
-        except SidecarError as err:
-            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-        if side.epoch != epoch:
-            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
-        return side
+        return parse_sidecar(raw, path, epoch)
 
     def verify(
         self,
@@ -549,6 +543,21 @@ class CheckpointStore:
                 continue
             return epoch, side, kept
         return None
+
+
+def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
+    """Validate the sidecar bytes read from ``path`` (local or remote) for ``epochs/NNN``.
+
+    Raises:
+        CorruptCheckpoint: if they are not a valid sidecar of that epoch.
+    """
+    try:
+        side = Sidecar.from_json(raw, source=path)
+    except SidecarError as err:
+        raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+    if side.epoch != epoch:
+        raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+    return side
 
 
 def _read_file(path: str, size: int) -> bytes:
