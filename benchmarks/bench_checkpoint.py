@@ -44,6 +44,11 @@ same node right after the save):
   files and its own valid sidecar, so the store sees 1000 committed,
   verifiable checkpoints without 1000 copies of the data.
 
+* **memory**: the peak extra resident memory of candle_ckpt sync, async and
+  ``ModelCheckpoint(.weights.h5)``, each in a fresh process: the peak RSS
+  (sampled every 2 ms) of a fit with the callback minus that of the same fit
+  without one, so training's own temporaries cancel out.
+
 Targets (the issue's, meant for 768 MiB) are printed with PASS/FAIL.
 """
 
@@ -56,8 +61,10 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -331,6 +338,76 @@ def retained(model, x, workdir: str, source: str, counts: list[int], epochs: int
     return out
 
 
+# -- peak host memory ----------------------------------------------------------------------
+class PeakRss:
+    """Samples this process's resident set size on a thread; ``peak`` is the highest seen (bytes)."""
+
+    def __init__(self, every_s: float = 0.002) -> None:
+        self.every_s = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+MEMORY_CONTENDERS = ("candle_ckpt sync", "candle_ckpt async", "ModelCheckpoint(.weights.h5)")
+
+
+def probe_memory(name: str, state_mib: int, epochs: int, compute_s: float, directory: str) -> dict:
+    """Peak extra RSS of one contender, in a fresh process: the peak of a fit with the
+    callback minus the peak of the same fit without one (training's own temporaries
+    cancel out; memory the first fit freed is reused by the second, as in a real job)."""
+    model, x = build_model(state_mib)
+    state_bytes = ModelState(model).snapshot(copy=False).nbytes
+    run_fit(model, x, epochs, compute_s)  # warm-up: first-time allocations of training itself
+    with PeakRss() as bare:
+        run_fit(model, x, epochs, compute_s)
+    d = os.path.join(directory, "memory")
+    cb = {
+        "candle_ckpt sync": lambda: CandleCheckpointCallback(candle_params(d, epochs, False), logger=None),
+        "candle_ckpt async": lambda: CandleCheckpointCallback(candle_params(d, epochs, True), logger=None),
+        "ModelCheckpoint(.weights.h5)": lambda: keras.callbacks.ModelCheckpoint(
+            os.path.join(d, "model.weights.h5"), save_weights_only=True
+        ),
+    }[name]()
+    with PeakRss() as saving:
+        run_fit(model, x, epochs, compute_s, cb)
+    return {"state_bytes": state_bytes, "peak_extra_bytes": saving.peak - bare.peak}
+
+
+def memory(args: argparse.Namespace, workdir: str, compute_s: float) -> dict:
+    """Run :func:`probe_memory` for each of MEMORY_CONTENDERS in its own process."""
+    out = {}
+    for name in MEMORY_CONTENDERS:
+        cmd = [sys.executable, __file__, "--state-mib", str(args.state_mib), "--probe-memory", name]
+        cmd += ["--compute-s", str(compute_s), "--dir", workdir]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"memory probe {name!r} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        out[name] = json.loads(lines[-1])
+    return out
+
+
 # -- the run -----------------------------------------------------------------------------
 def contenders(workdir: str, epochs: int):
     def candle(name: str, async_save: bool):
@@ -397,10 +474,13 @@ def run(args: argparse.Namespace) -> dict:
                     close_candle(d)
                 shutil.rmtree(d, ignore_errors=True)
         ret = retained(model, x, workdir, kept, [10, args.retained], args.retained_epochs, args.reps)
+        layers = len(model.layers)
+        del model  # the probes run in their own processes; free this one's state first
+        mem = memory(args, workdir, compute_s)
         return {
             "state_mib_requested": args.state_mib,
             "state_mib": lim["state_bytes"] / 2**20,
-            "layers": len(model.layers),
+            "layers": layers,
             "epochs": args.epochs,
             "compute_s": compute_s,
             "machine": machine(),
@@ -409,6 +489,7 @@ def run(args: argparse.Namespace) -> dict:
             "contenders": {k: v for k, v in rows.items() if k != "restart"},
             "restart": rows["restart"],
             "retained": ret,
+            "memory": mem,
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -419,6 +500,7 @@ def targets(r: dict) -> list[tuple[str, float, float, bool]]:
     a, s = c["candle_ckpt async"]["stall_s"], c["candle_ckpt sync"]["stall_s"]
     mc = c["ModelCheckpoint(.weights.h5)"]["stall_s"]
     few, many = ret["10"], ret[max(ret, key=int)]
+    mem = r["memory"]["candle_ckpt async"]
     checks = [
         ("async stall / host snapshot (memcpy at epoch end)", a / lim["snapshot_memcpy_in_fit_s"], 1.5),
         ("async stall / ModelCheckpoint(.weights.h5) stall", a / mc, 0.5),
@@ -426,6 +508,7 @@ def targets(r: dict) -> list[tuple[str, float, float, bool]]:
         ("restart (CRC) / keras load_weights", rs["candle_restart_s"] / rs["keras_load_weights_s"], 1.25),
         ("save, many retained / 10 retained", many["save_stall_s"] / few["save_stall_s"], 1.1),
         ("restart, many retained / 10 retained", many["restart_s"] / few["restart_s"], 1.1),
+        ("async peak extra host memory / state size", mem["peak_extra_bytes"] / mem["state_bytes"], 1.1),
     ]
     return [(name, ratio, limit, ratio <= limit) for name, ratio, limit in checks]
 
@@ -461,6 +544,9 @@ def report(r: dict) -> str:
     ]
     for count, v in r["retained"].items():
         lines.append(f"{count:>34} {ms(v['save_stall_s'])} {ms(v['restart_s']):>12} {ms(v['open_s'])}")
+    lines += ["", f"{'peak extra host memory (RSS)':34} {'MiB':>9} {'x state':>12}"]
+    for name, v in r["memory"].items():
+        lines.append(f"{name:34} {v['peak_extra_bytes'] / 2**20:9.1f} {v['peak_extra_bytes'] / v['state_bytes']:12.2f}")
     lines += ["", "targets:"]
     for name, ratio, limit, ok in targets(r):
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {name:50} {ratio:6.2f}x  (<= {limit}x)")
@@ -478,7 +564,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retained-epochs", type=int, default=None, help="saves timed per retained count (5; quick 3)")
     p.add_argument("--dir", default=None, help="where to write (default: the system temp dir)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--probe-memory", choices=MEMORY_CONTENDERS, help=argparse.SUPPRESS)  # internal: one probe
     args = p.parse_args(argv)
+    if args.probe_memory:
+        workdir = tempfile.mkdtemp(prefix="bench-mem-", dir=args.dir)
+        try:
+            compute_s = 0.5 if args.compute_s is None else args.compute_s
+            print(json.dumps(probe_memory(args.probe_memory, args.state_mib, 4, compute_s, workdir)))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return 0
     if args.quick:
         args.state_mib = 64
     args.epochs = args.epochs or (4 if args.quick else 7)
