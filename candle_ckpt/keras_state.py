@@ -79,28 +79,29 @@ def _optimizers(obj: Any) -> list[Any]:
     return found
 
 
-def make_plan(obj: Any, extra_optimizers: tuple = ()) -> list[Entry]:
+def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True) -> list[Entry]:
     """Return the save plan of a Keras model (or any KerasSaveable).
 
     Layers hand ``save_own_variables`` their variables; optimizers hand it
     ``variable.numpy()`` copies, in ``optimizer.variables`` order. Those are
     mapped back to the variables so that the plan can be reused; anything else
     that is not a variable marks its entry volatile.
+
+    With ``optimizers=False`` the optimizers are left out of the walk: a plan
+    of the layers' variables only, which costs no copy of the optimizer state
+    (two copies of the weights' size with Adam).
     """
     store = _PlanStore()
-    saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=set())
-    optimizers = _optimizers(obj) + list(extra_optimizers)
+    skip = set() if optimizers else {id(o) for o in _optimizers(obj)}
+    saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=skip)
+    known = _optimizers(obj) + list(extra_optimizers)
     plan = []
     for entry in store.entries:
         if not (entry.metadata or entry.items):
             continue
         if any(not isinstance(v, keras.Variable) for _, v in entry.items):
             opt = next(
-                (
-                    o
-                    for o in optimizers
-                    if o.name == entry.metadata.get("name") and len(o.variables) == len(entry.items)
-                ),
+                (o for o in known if o.name == entry.metadata.get("name") and len(o.variables) == len(entry.items)),
                 None,
             )
             if opt is not None and all(
@@ -270,7 +271,9 @@ class ModelState:
         resumed run draws the same dropout masks again and is not
         bit-identical. These go to a separate ``model.extra.npz``.
         """
-        planned = {id(v) for e in (plan or self.plan()) for _, v in e.items}
+        if plan is None:  # restart: the layers' plan is enough (optimizer variables are not model variables)
+            plan = self.plan() if self._plan is not None else make_plan(self.model, optimizers=False)
+        planned = {id(v) for e in plan for _, v in e.items}
         return [v for v in self.model.variables if id(v) not in planned]
 
     def full_model_parts(self) -> tuple[str, str]:
@@ -401,8 +404,26 @@ def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
         source.close()
 
 
+class _ReadStore(saving_lib.H5IOStore):
+    """Keras's reading store, minus one copy per array.
+
+    ``H5IOStore.__getitem__`` returns ``np.array(dataset)``: h5py reads into
+    a zero-filled array and numpy copies it again. Here each dataset is read
+    once, into uninitialised memory, after the same safety checks
+    (``safe_get_h5_dataset``: no external or virtual datasets, no shape bombs).
+    """
+
+    def __getitem__(self, key):
+        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
+        if not dataset.shape or dataset.size == 0 or "dtype" in dataset.attrs:  # scalars, bfloat16: Keras's way
+            return super().__getitem__(key)
+        out = np.empty(dataset.shape, dataset.dtype)
+        dataset.read_direct(out)
+        return out
+
+
 def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
-    store = saving_lib.H5IOStore(source, mode="r")
+    store = _ReadStore(source, mode="r")
     failed: set[int] = set()
     errors: dict[int, Any] = {}
     try:

@@ -318,7 +318,24 @@ def _check_limit(limit: int) -> None:
         raise ValueError(f"ckpt_keep_limit must be an int >= 1; got {limit!r}")
 
 
-class KeepLatest:
+class _Limited:
+    """A keep policy with one knob, ``limit`` (an int >= 1)."""
+
+    def __init__(self, limit: int) -> None:
+        """Create the policy.
+
+        Raises:
+            ValueError: If ``limit`` is not an int >= 1.
+        """
+        _check_limit(limit)
+        self.limit = limit
+
+    def __repr__(self) -> str:
+        """Return ``KeepLatest(limit=N)`` or ``KeepExponential(limit=N)``."""
+        return f"{type(self).__name__}(limit={self.limit})"
+
+
+class KeepLatest(_Limited):
     """Keep the ``limit`` newest epochs (linear retention).
 
     Rule: keep the ``limit`` highest epochs of the input, plus every protected
@@ -329,22 +346,6 @@ class KeepLatest:
     Attributes:
         limit: Number of newest epochs to keep (>= 1).
     """
-
-    def __init__(self, limit: int) -> None:
-        """Create the policy.
-
-        Args:
-            limit: Number of newest epochs to keep.
-
-        Raises:
-            ValueError: If ``limit`` is not an int >= 1.
-        """
-        _check_limit(limit)
-        self.limit = limit
-
-    def __repr__(self) -> str:
-        """Return ``KeepLatest(limit=N)``."""
-        return f"KeepLatest(limit={self.limit})"
 
     def select(self, epochs: Iterable[int], protected: Iterable[int] = ()) -> set[int]:
         """Return the epochs to keep.
@@ -361,7 +362,7 @@ class KeepLatest:
         return keep | (present & set(protected))
 
 
-class KeepExponential:
+class KeepExponential(_Limited):
     """Keep exponentially spaced epochs (logarithmic retention).
 
     Rule: let n be the newest epoch in the input. Keep n. For each k >= 0,
@@ -377,22 +378,6 @@ class KeepExponential:
     Attributes:
         limit: Maximum number of epochs kept before protected ones (>= 1).
     """
-
-    def __init__(self, limit: int) -> None:
-        """Create the policy.
-
-        Args:
-            limit: Maximum number of exponentially spaced epochs to keep.
-
-        Raises:
-            ValueError: If ``limit`` is not an int >= 1.
-        """
-        _check_limit(limit)
-        self.limit = limit
-
-    def __repr__(self) -> str:
-        """Return ``KeepExponential(limit=N)``."""
-        return f"KeepExponential(limit={self.limit})"
 
     def select(self, epochs: Iterable[int], protected: Iterable[int] = ()) -> set[int]:
         """Return the epochs to keep.

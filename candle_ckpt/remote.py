@@ -49,8 +49,8 @@ from candle_ckpt import layout as L
 from candle_ckpt.checksum import crc32_file, format_crc
 from candle_ckpt.oplog import OpsLog
 from candle_ckpt.params import CkptConfig
-from candle_ckpt.sidecar import Sidecar, SidecarError
-from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec
+from candle_ckpt.sidecar import Sidecar
+from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec, parse_sidecar
 
 
 class CheckpointUploadError(CheckpointError):
@@ -101,13 +101,7 @@ def read_remote_sidecar(fs, root: str, epoch: int) -> Sidecar:
         raw = fs.cat_file(path)
     except FileNotFoundError:
         raise CorruptCheckpoint(path, "sidecar is missing (upload incomplete)") from None
-    try:
-        side = Sidecar.from_json(raw, source=path)
-    except SidecarError as err:
-        raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-    if side.epoch != epoch:
-        raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch}")
-    return side
+    return parse_sidecar(raw, path, epoch)
 
 
 def _copy_from(path: str) -> Callable[[Any], None]:

@@ -442,13 +442,7 @@ class CheckpointStore:
             raise CorruptCheckpoint(path, "sidecar is missing") from None
         except OSError as err:
             raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
-        try:
-            side = Sidecar.from_json(raw, source=path)
-        except SidecarError as err:
-            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-        if side.epoch != epoch:
-            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
-        return side
+        return parse_sidecar(raw, path, epoch)
 
     def verify(
         self,
@@ -515,9 +509,11 @@ class CheckpointStore:
     def candidates(self) -> Iterator[int]:
         """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
         last = self.link_epoch("last")
+        if last is not None:
+            path = self.layout.epoch_dir(last)
+            if os.path.isdir(path) and not os.path.islink(path):
+                yield last  # the usual case: no listing, so a restart costs the same with 10 or 10,000 kept
         on_disk = self.epochs()
-        if last is not None and last in on_disk:
-            yield last
         ranked = []
         for epoch in on_disk:
             if epoch == last:
@@ -553,6 +549,21 @@ class CheckpointStore:
                 continue
             return epoch, side, kept
         return None
+
+
+def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
+    """Validate the sidecar bytes read from ``path`` (local or remote) for ``epochs/NNN``.
+
+    Raises:
+        CorruptCheckpoint: if they are not a valid sidecar of that epoch.
+    """
+    try:
+        side = Sidecar.from_json(raw, source=path)
+    except SidecarError as err:
+        raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+    if side.epoch != epoch:
+        raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+    return side
 
 
 def _read_file(path: str, size: int) -> bytes:

@@ -79,12 +79,13 @@ def test_snapshot_file_equals_keras_save_weights(tmp_path, dtype):
     assert want["optimizer/vars/0"][4] == np.asarray(1, dtype=want["optimizer/vars/0"][2]).tobytes()  # one step
 
 
-def test_bfloat16_round_trips_through_our_loader(tmp_path):
-    """A bfloat16 model's snapshot loads back through load_weights_bytes with identical values."""
-    model = _rich_model("bfloat16")
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_snapshot_round_trips_through_our_loader(tmp_path, dtype):
+    """A snapshot (float32 or bfloat16, scalars included) loads back through load_weights_bytes bit for bit."""
+    model = _rich_model(dtype)
     path = tmp_path / "w.weights.h5"
     ModelState(model).snapshot().write_h5(str(path))
-    other = _rich_model("bfloat16")
+    other = _rich_model(dtype)
     for v in [*other.variables, *other.optimizer.variables]:
         v.assign(keras.ops.zeros_like(v))
     load_weights_bytes(other, path.read_bytes())
@@ -112,12 +113,42 @@ def test_plan_maps_every_optimizer_entry_to_optimizer_variables():
     assert {id(v) for v in model.weights} <= set(planned)
 
 
+def test_our_loader_refuses_what_keras_refuses(tmp_path):
+    """A .weights.h5 whose dataset is a soft link is refused by our loader with Keras's own message."""
+    model = _rich_model()
+    path = tmp_path / "w.weights.h5"
+    ModelState(model).snapshot().write_h5(str(path))
+    with h5py.File(path, "a") as f:
+        group = f["optimizer/vars"]
+        del group["1"]
+        group["1"] = h5py.SoftLink("/optimizer/vars/2")
+    with pytest.raises(ValueError, match="Not allowed: H5 file with SoftLink"):
+        load_weights_bytes(_rich_model(), path.read_bytes())
+
+
+def test_extra_variables_skip_the_optimizer_walk(monkeypatch):
+    """Finding the variables save_weights omits (at restart) never asks the optimizer for its state copies."""
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dropout(0.5), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 4)), np.ones((4, 1)), verbose=0)
+    full = [v.path for v in ModelState(model).extra_variables(make_plan(model))]
+
+    def refuse(store):
+        raise AssertionError("the optimizer's save_own_variables was called")
+
+    monkeypatch.setattr(model.optimizer, "save_own_variables", refuse)
+    assert [v.path for v in ModelState(model).extra_variables()] == full
+    assert full and all("seed_generator" in p for p in full)
+
+
 def _parameters(func) -> list[str]:
     return list(inspect.signature(func).parameters)
 
 
 def test_saving_lib_still_has_what_we_call():
-    """saving_lib still has _save_state, _load_state, H5IOStore and _serialize_model_as_json as we call them."""
+    """saving_lib still has the private functions and classes we call (_save_state, safe_get_h5_dataset, ...)."""
     assert _parameters(saving_lib._save_state)[:5] == [
         "saveable",
         "weights_store",
@@ -134,5 +165,6 @@ def test_saving_lib_still_has_what_we_call():
         assert callable(getattr(saving_lib.H5IOStore, method, None)), method
     assert _parameters(saving_lib._serialize_model_as_json) == ["model"]
     assert _parameters(saving_lib._raise_loading_failure)[0] == "error_msgs"
+    assert _parameters(saving_lib.safe_get_h5_dataset) == ["group", "name"]
     config_json, metadata_json = saving_lib._serialize_model_as_json(_rich_model())
     assert isinstance(config_json, str) and isinstance(metadata_json, str)

@@ -312,6 +312,23 @@ def test_find_valid_falls_back_by_generation_and_reports_why(tmp_path):
     assert "aux.txt: file is missing" in problems[1][1] and "not valid JSON" in problems[2][1]
 
 
+def test_find_valid_reads_no_listing_when_last_is_valid(tmp_path, monkeypatch):
+    """A restart whose 'last' checkpoint verifies never lists or reads the other checkpoints (O(1) in their number)."""
+    s = _open(tmp_path)
+    for epoch in (1, 2, 3):
+        _commit(s, epoch, b"weights-%d" % epoch)
+
+    def refuse():
+        raise AssertionError("epochs/ was listed")
+
+    monkeypatch.setattr(s, "epochs", refuse)
+    assert s.find_valid(keep=["model.bin"])[0] == 3
+    os.unlink(s.layout.link("last"))
+    os.symlink("epochs/007", s.layout.link("last"))  # 'last' to a checkpoint that is gone: only now list
+    with pytest.raises(AssertionError, match="epochs/ was listed"):
+        s.find_valid()
+
+
 def test_find_valid_returns_none_when_nothing_is_valid(tmp_path):
     """find_valid() returns None when every checkpoint is damaged."""
     s = _open(tmp_path)
