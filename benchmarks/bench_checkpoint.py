@@ -320,7 +320,9 @@ def make_retained(directory: str, source: str, count: int) -> None:
 
 
 def retained(model, x, workdir: str, source: str, counts: list[int], epochs: int, reps: int) -> dict:
-    out = {}
+    """Save and restart times with ``counts`` checkpoints retained. Every directory stays
+    until all counts are done, so each run's saves write into fresh disk blocks."""
+    out, made = {}, []
     for count in counts:
         d = os.path.join(workdir, f"retained-{count}")
         make_retained(d, source, count)
@@ -334,6 +336,8 @@ def retained(model, x, workdir: str, source: str, counts: list[int], epochs: int
             "save_stall_s": fit["stall_s"],
             "restart_s": restart_times(model, d, reps)["candle_restart_s"],
         }
+        made.append(d)
+    for d in made:
         shutil.rmtree(d)
     return out
 
