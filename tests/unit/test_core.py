@@ -329,6 +329,25 @@ def test_find_valid_reads_no_listing_when_last_is_valid(tmp_path, monkeypatch):
         s.find_valid()
 
 
+def test_a_save_cut_before_last_moved_resumes_the_previous_last(tmp_path):
+    """Killed after epochs/NNN was renamed in but before 'last' moved: restart takes 'last'; the redo replaces NNN.
+
+    The commit point is the move of 'last' (step 3 of the protocol), so the epoch whose save was cut is the one
+    in flight and is redone; its complete but unpublished directory is replaced only once the new one is whole.
+    """
+    s = _open(tmp_path)
+    for epoch in (1, 2, 3):
+        _commit(s, epoch, b"weights-%d" % epoch)
+    ckpts = tmp_path / "save" / "ckpts"
+    os.unlink(ckpts / "last")
+    os.symlink("epochs/002", ckpts / "last")  # the state a kill between the rename and the link move leaves
+    assert s.find_valid(keep=["model.bin"])[0] == 2
+    _commit(s, 3, b"weights-3-redone")
+    assert os.readlink(ckpts / "last") == "epochs/003"
+    assert (ckpts / "epochs" / "003" / "model.bin").read_bytes() == b"weights-3-redone"
+    assert s.find_valid(keep=["model.bin"])[0] == 3
+
+
 def test_find_valid_returns_none_when_nothing_is_valid(tmp_path):
     """find_valid() returns None when every checkpoint is damaged."""
     s = _open(tmp_path)
