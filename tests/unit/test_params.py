@@ -994,9 +994,7 @@ def test_any_params_dict_gives_config_or_error(params: dict[str, object]) -> Non
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "url", ["s3://bucket/job", "memory://job", "file:///scratch/job", "gs://b/p", "  s3://b/p  "]
-)
+@pytest.mark.parametrize("url", ["s3://bucket/job", "memory://job", "file:///scratch/job", "gs://b/p", "  s3://b/p  "])
 def test_upload_url_accepts_fsspec_urls(url: str) -> None:
     """Any protocol://path URL is accepted, surrounding whitespace removed."""
     assert CkptConfig.from_params({"ckpt_upload_url": url}).upload_url == url.strip()
