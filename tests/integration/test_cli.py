@@ -42,7 +42,6 @@ from candle_ckpt.store import CheckpointStore, release_lock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 6
-HAS_DEMO = (REPO / "candle_ckpt" / "demo.py").is_file()
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -635,7 +634,6 @@ def test_demo_without_the_demo_module_is_one_line_error() -> None:
     assert_one_line_error(proc, 2, "the demo job is not available")
 
 
-@pytest.mark.skipif(not HAS_DEMO, reason="candle_ckpt/demo.py is not in this tree yet (it lands from main)")
 def test_demo_runs_and_writes_checkpoints_the_cli_lists(tmp_path: Path) -> None:
     """`demo --epochs 2 --ckpt_directory D` trains for real; `list --json` then shows epochs 1 and 2."""
     d = tmp_path / "demo"
