@@ -77,9 +77,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
-from candle_ckpt import layout as L  # noqa: E402
-from candle_ckpt.keras_state import ModelState  # noqa: E402
-from candle_ckpt.store import CheckpointStore, release_lock  # noqa: E402
+from candle_ckpt.core import layout as L  # noqa: E402
+from candle_ckpt.keras.state import ModelState  # noqa: E402
+from candle_ckpt.storage.store import CheckpointStore, release_lock  # noqa: E402
 
 LAYER_MIB = 3 * (2048 * 2048 + 2048) * 4 / 2**20  # kernel + bias, and two Adam moments of each
 

@@ -1,11 +1,13 @@
 """candle_ckpt: crash-safe, CANDLE-compatible checkpoint/restart for Keras 3.
 
-The core (layout, durable, checksum, sidecar, policy, params, store, writer,
-engine) imports neither keras nor tensorflow; the Keras adapters
+Layers, each a subpackage, with imports pointing one way (see docs/architecture.rst):
+``cli``/``keras``/``tf_keras``/``distributed`` (adapters) -> ``engine`` -> ``storage``
+-> ``core``, with ``config`` beside ``core``. Only the adapters import keras or
+tensorflow; they
 (``CandleCheckpointCallback``, ``restart``, ``JobRunner``, ``load_weights``,
 ``WorkerTrainingState``) are imported lazily on first use. With
 ``TF_USE_LEGACY_KERAS=1`` (tf.keras is tf_keras), ``CandleCheckpointCallback``
-is the tf_keras one (:mod:`candle_ckpt.tf_keras`); ``restart`` serves both
+is the tf_keras one (:mod:`candle_ckpt.tf_keras.adapter`); ``restart`` serves both
 kinds of model.
 """
 
@@ -13,18 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from candle_ckpt.engine import CheckpointSaveError
-from candle_ckpt.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
-from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint, DirectoryLocked, NoValidCheckpoint
+from candle_ckpt.config.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.engine.engine import CheckpointSaveError
+from candle_ckpt.storage.store import (
+    CheckpointError,
+    CheckpointStore,
+    CorruptCheckpoint,
+    DirectoryLocked,
+    NoValidCheckpoint,
+)
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "CandleCheckpointCallback": "candle_ckpt.callback",
-    "restart": "candle_ckpt.keras_restart",
-    "JobRunner": "candle_ckpt.runner",
-    "load_weights": "candle_ckpt.partial",
-    "WorkerTrainingState": "candle_ckpt.distributed",
+    "CandleCheckpointCallback": "candle_ckpt.keras.callback",
+    "restart": "candle_ckpt.keras.restart",
+    "JobRunner": "candle_ckpt.keras.runner",
+    "load_weights": "candle_ckpt.keras.partial",
+    "WorkerTrainingState": "candle_ckpt.adapters",
 }
 
 __all__ = [
@@ -54,7 +62,7 @@ def __getattr__(name: str) -> Any:
         module = _LAZY[name]
         if name == "CandleCheckpointCallback" and os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
             # The same switch that makes tf.keras mean tf_keras (Keras 2).
-            module = "candle_ckpt.tf_keras"
+            module = "candle_ckpt.tf_keras.adapter"
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from candle_ckpt.cli import main
+from candle_ckpt.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

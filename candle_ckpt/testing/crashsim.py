@@ -1,6 +1,6 @@
 """Power-loss simulation for the commit protocol (the ALICE / RocksDB model).
 
-:class:`RecordingFS` is a :class:`~candle_ckpt.durable.LocalFS` that performs
+:class:`RecordingFS` is a :class:`~candle_ckpt.core.fs.LocalFS` that performs
 every operation for real *and* replays it on an in-memory model of what is
 durable. After each operation it can list the states that a power cut at that
 instant could leave behind:
@@ -42,8 +42,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from candle_ckpt.checksum import CrcFile
-from candle_ckpt.durable import LocalFS
+from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.core.fs import LocalFS
 
 VARIANTS = ("drop", "cut", "meta", "meta-cut")
 

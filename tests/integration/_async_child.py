@@ -27,8 +27,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
-from candle_ckpt import layout as L  # noqa: E402
-from candle_ckpt.durable import LocalFS  # noqa: E402
+from candle_ckpt.core import layout as L  # noqa: E402
+from candle_ckpt.core.fs import LocalFS  # noqa: E402
 
 EPOCHS = 6
 

@@ -18,7 +18,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candle_ckpt import engine, store  # noqa: E402
+from candle_ckpt.engine import engine  # noqa: E402
+from candle_ckpt.storage import store  # noqa: E402
 
 
 def build_model(seed: int = 0, *, width: int = 16, inputs: int = 8, lr: float = 1e-2) -> keras.Model:

@@ -83,8 +83,8 @@ def pausing_fs(saves: dict[str, int]):
     ``model.weights.h5`` is written into ``.tmp-worker-<index>/`` and the next
     file is being created.
     """
-    from candle_ckpt import layout as L
-    from candle_ckpt.durable import LocalFS
+    from candle_ckpt.core import layout as L
+    from candle_ckpt.core.fs import LocalFS
 
     commit_epoch = saves.get("--pause-in-commit")
     temp_save = saves.get("--pause-in-temp")

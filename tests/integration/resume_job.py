@@ -81,10 +81,10 @@ def train(directory: str, epochs: int, out: str, dropout: bool) -> None:
 
 
 def hold(directory: str) -> None:
-    from candle_ckpt.engine import CheckpointEngine
-    from candle_ckpt.layout import Layout
-    from candle_ckpt.oplog import OpsLog
-    from candle_ckpt.params import CkptConfig
+    from candle_ckpt.config.params import CkptConfig
+    from candle_ckpt.core.layout import Layout
+    from candle_ckpt.core.log import OpsLog
+    from candle_ckpt.engine.engine import CheckpointEngine
 
     cfg = CkptConfig.from_params(job_params(directory, 10))
     CheckpointEngine(cfg, OpsLog(Layout.at(directory).log))

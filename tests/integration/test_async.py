@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from candle_ckpt import CandleCheckpointCallback, CheckpointSaveError
-from candle_ckpt import callback as callback_mod
-from candle_ckpt import layout as L
-from candle_ckpt.durable import LocalFS, read_link
-from candle_ckpt.keras_capture import capture_model
-from candle_ckpt.keras_state import ModelState
-from candle_ckpt.store import CheckpointStore
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.keras import callback as callback_mod
+from candle_ckpt.keras.capture import capture_model
+from candle_ckpt.keras.state import ModelState
+from candle_ckpt.storage.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_async_child.py")

@@ -3,13 +3,13 @@
 Every command runs in a subprocess as ``python -m candle_ckpt ...`` with
 ``PYTHONPATH`` set to the root of the repository holding this file. That is the
 same entry point as the installed ``candle-ckpt`` console script
-(``candle_ckpt.cli:main``, via ``candle_ckpt/__main__.py``), but the installed
+(``candle_ckpt.cli.main:main``, via ``candle_ckpt/__main__.py``), but the installed
 script imports the package from wherever it was ``pip install -e``-ed, which
 need not be the tree under test (a worktree, a CI checkout); ``-m`` with an
 explicit ``PYTHONPATH`` always runs this tree's code.
 
 The checkpoint directory is written once per module by a real ``model.fit``
-with :class:`~candle_ckpt.callback.CandleCheckpointCallback` (tiny Dense model,
+with :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback` (tiny Dense model,
 6 epochs, a checkpoint every epoch). Its validation targets are the negated
 training targets, so ``val_loss`` rises as the model learns: ``best`` is an early
 epoch and ``last`` the final one, which lets the tests tell them apart. Tests
@@ -37,8 +37,8 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candle_ckpt import layout as L  # noqa: E402
-from candle_ckpt.store import CheckpointStore, release_lock  # noqa: E402
+from candle_ckpt.core import layout as L  # noqa: E402
+from candle_ckpt.storage.store import CheckpointStore, release_lock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 6
@@ -594,7 +594,7 @@ def test_every_option_has_help_text() -> None:
     """Each argument of each subcommand carries a help string (nothing undocumented in --help)."""
     import argparse
 
-    from candle_ckpt.cli import build_parser
+    from candle_ckpt.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert sorted(sub.choices) == sorted([*HELP_MENTIONS, "demo"])
@@ -609,7 +609,7 @@ def test_inspection_commands_do_not_import_keras_or_tensorflow(trained: Trained,
     d = copy_of(trained, tmp_path)
     script = (
         "import sys\n"
-        "from candle_ckpt.cli import main\n"
+        "from candle_ckpt.cli.main import main\n"
         f"d = {str(d)!r}\n"
         "codes = [main(['list', d, '--verify']), main(['verify', d]), main(['info', d]),\n"
         "         main(['prune', d, '--keep-limit', '3', '--dry-run']), main(['rollback', d, '4']),\n"
@@ -623,11 +623,11 @@ def test_inspection_commands_do_not_import_keras_or_tensorflow(trained: Trained,
 
 
 def test_demo_without_the_demo_module_is_one_line_error() -> None:
-    """If candle_ckpt.demo cannot be imported, `demo` says so in one line and exits 2."""
+    """If candle_ckpt.cli.demo cannot be imported, `demo` says so in one line and exits 2."""
     script = (
         "import sys\n"
-        "sys.modules['candle_ckpt.demo'] = None  # makes the import fail as if the module were absent\n"
-        "from candle_ckpt.cli import main\n"
+        "sys.modules['candle_ckpt.cli.demo'] = None  # makes the import fail as if the module were absent\n"
+        "from candle_ckpt.cli.main import main\n"
         "sys.exit(main(['demo', '--epochs', '1']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=60)

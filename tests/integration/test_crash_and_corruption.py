@@ -26,9 +26,10 @@ import numpy as np
 import pytest
 
 import candle_ckpt as candle
-from candle_ckpt import engine, store
-from candle_ckpt.durable import LocalFS
-from candle_ckpt.store import CheckpointStore
+from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.engine import engine
+from candle_ckpt.storage import store
+from candle_ckpt.storage.store import CheckpointStore
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -313,8 +314,8 @@ def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
 
 def test_writer_that_swallows_a_failed_write_cannot_commit(tmp_path):
     """If a file writer catches the EIO of one of its writes, the save still fails and nothing is committed."""
-    from candle_ckpt.sidecar import Sidecar
-    from candle_ckpt.store import FileSpec
+    from candle_ckpt.core.sidecar import Sidecar
+    from candle_ckpt.storage.store import FileSpec
 
     def careless(f) -> None:
         f.write(b"a" * 100)

@@ -17,11 +17,11 @@ import keras
 import numpy as np
 import pytest
 
-from candle_ckpt import layout as L
-from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.durable import LocalFS, read_link
-from candle_ckpt.engine import CheckpointSaveError
-from candle_ckpt.store import CheckpointStore, release_lock
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.engine.engine import CheckpointSaveError
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.storage.store import CheckpointStore, release_lock
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
 PAGE = 4096  # tmpfs accounts space in pages

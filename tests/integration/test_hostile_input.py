@@ -21,13 +21,13 @@ import keras
 import numpy as np
 import pytest
 
-from candle_ckpt import layout as L
-from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.checksum import crc32, format_crc
-from candle_ckpt.durable import read_link
-from candle_ckpt.keras_restart import restart
-from candle_ckpt.sidecar import _canonical
-from candle_ckpt.store import CheckpointStore, NoValidCheckpoint, release_lock
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.checksum import crc32, format_crc
+from candle_ckpt.core.fs import read_link
+from candle_ckpt.core.sidecar import _canonical
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.keras.restart import restart
+from candle_ckpt.storage.store import CheckpointStore, NoValidCheckpoint, release_lock
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
@@ -190,11 +190,11 @@ def _store_warnings(root: Path) -> str:
             records.append(record.getMessage())
 
     handler = Grab()
-    logging.getLogger("candle_ckpt.store").addHandler(handler)
+    logging.getLogger("candle_ckpt.storage.store").addHandler(handler)
     try:
         CheckpointStore(root).link_epoch("last")
     finally:
-        logging.getLogger("candle_ckpt.store").removeHandler(handler)
+        logging.getLogger("candle_ckpt.storage.store").removeHandler(handler)
     return "\n".join(records)
 
 

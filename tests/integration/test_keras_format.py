@@ -1,4 +1,4 @@
-"""Tripwires on the Keras internals that ``candle_ckpt.keras_state`` relies on.
+"""Tripwires on the Keras internals that ``candle_ckpt.keras.state`` relies on.
 
 If a Keras upgrade changes how ``save_weights`` lays out a ``.weights.h5``, or
 renames the private ``saving_lib`` functions we call, these tests fail loudly
@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from keras.src.saving import saving_lib  # noqa: E402
 
-from candle_ckpt.keras_state import ModelState, load_weights_bytes, make_plan  # noqa: E402
+from candle_ckpt.keras.state import ModelState, load_weights_bytes, make_plan  # noqa: E402
 
 
 def _rich_model(dtype: str | None = None) -> keras.Model:

@@ -11,10 +11,10 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.durable import read_link
-from candle_ckpt.keras_restart import restart
-from candle_ckpt.store import CheckpointStore, release_lock
+from candle_ckpt.core.fs import read_link
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.keras.restart import restart
+from candle_ckpt.storage.store import CheckpointStore, release_lock
 from candle_ckpt.testing.crashsim import NoSymlinkFS
 
 RNG = np.random.default_rng(0)

@@ -11,7 +11,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, engine, load_weights, store  # noqa: E402
+from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
+from candle_ckpt.engine import engine  # noqa: E402
+from candle_ckpt.storage import store  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -21,11 +21,11 @@ import keras
 import numpy as np
 import pytest
 
-from candle_ckpt import layout as L
-from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.keras_restart import restart
-from candle_ckpt.keras_state import ModelState
-from candle_ckpt.store import CheckpointStore, release_lock
+from candle_ckpt.core import layout as L
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.keras.restart import restart
+from candle_ckpt.keras.state import ModelState
+from candle_ckpt.storage.store import CheckpointStore, release_lock
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"

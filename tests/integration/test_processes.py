@@ -23,10 +23,10 @@ import keras
 import numpy as np
 import pytest
 
-from candle_ckpt.callback import CandleCheckpointCallback
-from candle_ckpt.durable import read_link
-from candle_ckpt.keras_restart import restart
-from candle_ckpt.store import CheckpointStore, DirectoryLocked, release_lock
+from candle_ckpt.core.fs import read_link
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.keras.restart import restart
+from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked, release_lock
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "tests" / ".figures"
@@ -39,9 +39,9 @@ EPOCHS, BEST, RESUMED, LAST = 8, 2, 4, 8
 PRUNER = textwrap.dedent(
     """
     import os, sys
-    from candle_ckpt.durable import LocalFS
-    from candle_ckpt.policy import KeepLatest
-    from candle_ckpt.store import CheckpointStore
+    from candle_ckpt.core.fs import LocalFS
+    from candle_ckpt.core.policy import KeepLatest
+    from candle_ckpt.storage.store import CheckpointStore
 
     class StepFS(LocalFS):
         # Announce each step and wait for the parent, which kills us before the step it chooses.
@@ -152,7 +152,7 @@ def test_kill_at_every_step_of_pruning_never_loses_best_last_or_resumed(base: Pa
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from candle_ckpt.store import CheckpointStore
+    from candle_ckpt.storage.store import CheckpointStore
     CheckpointStore(sys.argv[1]).open_for_write()
     print("locked", flush=True)
     time.sleep(120)
@@ -162,7 +162,7 @@ HOLDER = textwrap.dedent(
 SECOND = textwrap.dedent(
     """
     import sys
-    from candle_ckpt.store import CheckpointStore, DirectoryLocked
+    from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked
     try:
         CheckpointStore(sys.argv[1]).open_for_write()
     except DirectoryLocked as err:

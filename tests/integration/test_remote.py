@@ -21,8 +21,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
-from candle_ckpt import CandleCheckpointCallback, engine, restart, store  # noqa: E402
-from candle_ckpt.remote import CheckpointUploadError  # noqa: E402
+from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
+from candle_ckpt.engine import engine  # noqa: E402
+from candle_ckpt.storage import store  # noqa: E402
+from candle_ckpt.storage.remote import CheckpointUploadError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -107,8 +109,8 @@ def test_s3_uploads_then_empty_dir_restarts_from_remote(tmp_path: Path, s3) -> N
 def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> None:
     """While the sidecar upload is held back, the data files are on S3 but a fresh restart ignores the epoch."""
     from candle_ckpt import JobRunner
-    from candle_ckpt.params import CkptConfig
-    from candle_ckpt.remote import pull_newest
+    from candle_ckpt.config.params import CkptConfig
+    from candle_ckpt.storage.remote import pull_newest
 
     _, fs = s3
     loop = RL.GanLoop()
@@ -127,7 +129,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
         runner.train()
 
     # The mirror is made with the engine inside train(): patch its filesystem as soon as it exists.
-    from candle_ckpt import remote as remote_mod
+    from candle_ckpt.storage import remote as remote_mod
 
     real_init = remote_mod.RemoteMirror.__init__
 
@@ -147,7 +149,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
         assert "gen.weights.h5" in files and "loop_state.json" in files and "ckpt-info.json" not in files
         cfg = CkptConfig.from_params({**p, "ckpt_directory": str(tmp_path / "peek")})
         peek = store.CheckpointStore(cfg.directory)
-        from candle_ckpt.oplog import OpsLog
+        from candle_ckpt.core.log import OpsLog
 
         assert pull_newest(cfg, peek, OpsLog(str(tmp_path / "peek.log"))) == 1  # epoch 2 is not complete yet
         store.release_lock(peek.layout.lock)

@@ -20,12 +20,13 @@ import tf_keras  # noqa: E402
 from conftest import build_model, make_data  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
-import candle_ckpt.tf_keras as ck_tfk  # noqa: E402
-from candle_ckpt import callback as keras3_callback  # noqa: E402
-from candle_ckpt import engine, store  # noqa: E402
-from candle_ckpt.distributed import WorkerTrainingState  # noqa: E402
-from candle_ckpt.durable import LocalFS  # noqa: E402
-from candle_ckpt.store import CheckpointError  # noqa: E402
+import candle_ckpt.tf_keras.adapter as ck_tfk  # noqa: E402
+from candle_ckpt.core.fs import LocalFS  # noqa: E402
+from candle_ckpt.distributed.worker_state import WorkerTrainingState  # noqa: E402
+from candle_ckpt.engine import engine  # noqa: E402
+from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
+from candle_ckpt.storage import store  # noqa: E402
+from candle_ckpt.storage.store import CheckpointError  # noqa: E402
 
 
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
@@ -130,7 +131,7 @@ def test_tf_keras_async_fit_turns_sigterm_into_exit_during_fit_only(tmp_path: Pa
 def test_keras3_callback_refuses_a_tf_keras_model(tmp_path: Path) -> None:
     """Giving a tf_keras model to the Keras 3 callback says which callback to use."""
     cb = keras3_callback.CandleCheckpointCallback(_params(tmp_path), verbose=False)
-    with pytest.raises(TypeError, match="candle_ckpt.tf_keras.CandleCheckpointCallback"):
+    with pytest.raises(TypeError, match="candle_ckpt.tf_keras.adapter.CandleCheckpointCallback"):
         cb.set_model(_tfk_model())
 
 

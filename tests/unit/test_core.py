@@ -16,12 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt import durable, layout, store
-from candle_ckpt.checksum import CrcFile
-from candle_ckpt.durable import LocalFS, read_link
-from candle_ckpt.policy import KeepLatest
-from candle_ckpt.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar, SidecarError
-from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec
+from candle_ckpt.core import fs as durable
+from candle_ckpt.core import layout
+from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.policy import KeepLatest
+from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar, SidecarError
+from candle_ckpt.storage import store
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,9 +45,10 @@ def test_core_modules_import_neither_keras_nor_tensorflow():
     """Importing the package and every core module in a fresh interpreter loads neither keras nor tensorflow."""
     code = (
         "import sys, candle_ckpt\n"
-        "import candle_ckpt.layout, candle_ckpt.durable, candle_ckpt.checksum, candle_ckpt.sidecar\n"
-        "import candle_ckpt.policy, candle_ckpt.params, candle_ckpt.store, candle_ckpt.writer\n"
-        "import candle_ckpt.engine, candle_ckpt.oplog\n"
+        "import candle_ckpt.core.layout, candle_ckpt.core.fs, candle_ckpt.core.checksum, candle_ckpt.core.sidecar\n"
+        "import candle_ckpt.core.policy, candle_ckpt.config.params, candle_ckpt.storage.store\n"
+        "import candle_ckpt.engine.writer\n"
+        "import candle_ckpt.engine.engine, candle_ckpt.core.log\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tensorflow'))\n"
         "assert not bad, bad\n"
     )

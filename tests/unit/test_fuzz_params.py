@@ -16,10 +16,10 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.engine import CheckpointEngine
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.params import CKPT_KEYS, CkptConfig
-from candle_ckpt.store import release_lock
+from candle_ckpt.config.params import CKPT_KEYS, CkptConfig
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.storage.store import release_lock
 
 WORDS = ["off", "auto", "required", "min", "max", "linear", "exponential", "raise", "warn", "true", "no", "1", "-1"]
 VALUES = st.one_of(

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from candle_ckpt.durable import LocalFS, read_link
-from candle_ckpt.engine import Capture, CheckpointEngine, CheckpointSaveError
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import FileSpec, release_lock
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine.engine import Capture, CheckpointEngine, CheckpointSaveError
+from candle_ckpt.storage.store import FileSpec, release_lock
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
 

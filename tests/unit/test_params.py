@@ -1,4 +1,4 @@
-"""Unit tests for candle_ckpt.params."""
+"""Unit tests for candle_ckpt.config.params."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.params import (
+from candle_ckpt.config.params import (
     CKPT_KEYS,
     CkptConfig,
     ckpt_defs,
@@ -244,7 +244,7 @@ sys.exit(1 if added else 0)
 
 def test_module_imports_only_stdlib() -> None:
     """params.py, loaded on its own, imports only standard-library modules."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "candle_ckpt" / "params.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "candle_ckpt" / "config" / "params.py"
     result = subprocess.run(
         [sys.executable, "-c", _STANDALONE_IMPORT, str(path)],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""Unit and property tests for candle_ckpt.policy."""
+"""Unit and property tests for candle_ckpt.core.policy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.policy import (
+from candle_ckpt.core.policy import (
     BestState,
     KeepExponential,
     KeepLatest,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from candle_ckpt.distributed import WorkerInfo, worker_info
+from candle_ckpt.distributed.worker_state import WorkerInfo, worker_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,8 +74,11 @@ def test_bad_tf_config_and_parameter_servers_are_refused(monkeypatch: pytest.Mon
 
 
 def test_importing_the_module_does_not_import_tensorflow_or_keras() -> None:
-    """candle_ckpt.distributed imports tensorflow lazily (only for the restore collectives)."""
-    code = "import sys, candle_ckpt.distributed; print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    """candle_ckpt.distributed.worker_state imports tensorflow lazily (only for the restore collectives)."""
+    code = (
+        "import sys, candle_ckpt.distributed.worker_state\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

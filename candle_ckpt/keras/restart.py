@@ -1,8 +1,8 @@
 """``restart()``: resume a job from its newest valid checkpoint.
 
 The shared half (remote pull, choice of the checkpoint, CRC verification,
-load statistics) is :mod:`candle_ckpt.resume`, also used by the epoch runner
-and :class:`~candle_ckpt.distributed.WorkerTrainingState`; this module loads
+load statistics) is :mod:`candle_ckpt.engine.resume`, also used by the epoch runner
+and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`; this module loads
 one Keras 3 model, and hands tf_keras models and models of a multi-worker
 strategy to ``WorkerTrainingState`` (the chief chooses for every worker).
 """
@@ -14,12 +14,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from candle_ckpt import layout as L
-from candle_ckpt.distributed import WorkerTrainingState, is_tf_keras, multi_worker_strategy
-from candle_ckpt.keras_capture import KerasModelAdapter
-from candle_ckpt.oplog import OpsLog, get_logger
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.resume import load_chosen, select_checkpoint
+from candle_ckpt.adapters import WorkerTrainingState, is_tf_keras
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.distributed.worker_state import multi_worker_strategy
+from candle_ckpt.engine.resume import load_chosen, select_checkpoint
+from candle_ckpt.keras.capture import KerasModelAdapter
 
 
 def restart(
@@ -45,10 +46,10 @@ def restart(
     Every file's CRC is verified before anything is loaded into the model.
 
     A tf_keras (Keras 2) model is restored from a tf_keras checkpoint (see
-    :mod:`candle_ckpt.tf_keras`). Under a multi-worker ``tf.distribute``
+    :mod:`candle_ckpt.tf_keras.adapter`). Under a multi-worker ``tf.distribute``
     strategy (the model was built in its scope) call it on every worker: the
     chief chooses the checkpoint and every worker loads that one (see
-    :class:`~candle_ckpt.distributed.WorkerTrainingState`).
+    :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`).
 
     Returns:
         The restored checkpoint's ``ckpt-info.json`` as a dict (``"epoch"`` is

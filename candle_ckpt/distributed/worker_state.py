@@ -38,15 +38,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.durable import LocalFS
-from candle_ckpt.engine import CheckpointEngine, note_resumed
-from candle_ckpt.layout import Layout
-from candle_ckpt.oplog import OpsLog, get_logger
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.resume import Chosen, load_chosen, select_checkpoint, verify_exact
-from candle_ckpt.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.core.layout import Layout
+from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.engine.engine import CheckpointEngine, note_resumed
+from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint, verify_exact
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
 
-logger = logging.getLogger("candle_ckpt.distributed")
+logger = logging.getLogger("candle_ckpt.distributed.worker_state")
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
@@ -104,28 +104,12 @@ def worker_info(strategy: Any = None) -> WorkerInfo:
     return WorkerInfo(task_type, task_id, num_workers, is_chief)
 
 
-def is_tf_keras(model: Any) -> bool:
-    """True for a tf_keras (Keras 2) model, False for a Keras 3 one."""
-    return any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(model).__mro__)
-
-
 def multi_worker_strategy(model: Any) -> Any:
     """The model's ``tf.distribute`` strategy if it spans several workers, else None."""
     strategy = getattr(model, "_distribute_strategy", None) or getattr(model, "distribute_strategy", None)
     if strategy is None or type(strategy).__module__.split(".")[0] != "tensorflow":
         return None
     return strategy if worker_info(strategy).num_workers > 1 else None
-
-
-def default_adapter(model: Any):
-    """The capture/restore adapter for ``model``: tf_keras (Keras 2) or Keras 3."""
-    if is_tf_keras(model):
-        from candle_ckpt.tf_keras import TfKerasModelAdapter
-
-        return TfKerasModelAdapter(model)
-    from candle_ckpt.keras_capture import KerasModelAdapter
-
-    return KerasModelAdapter(model)
 
 
 class WorkerTrainingState:
@@ -142,7 +126,7 @@ class WorkerTrainingState:
         adapter: What to capture and restore: any object with
             ``keep_files``, ``capture(cfg) -> Capture`` and
             ``restore(chosen, ops, where)`` (the epoch runner is one).
-        logger, verbose: As for :class:`~candle_ckpt.callback.CandleCheckpointCallback`.
+        logger, verbose: As for :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback`.
         fs: File-system operations of the chief's store (tests inject faults).
         writable: False for a restore-only object (``restart()``): the chief
             then does not take the directory's writer lock.
@@ -169,9 +153,10 @@ class WorkerTrainingState:
     ) -> None:
         self.cfg = CkptConfig.from_params(gParameters)
         if adapter is None:
-            if model is None:
-                raise TypeError("WorkerTrainingState needs a model or an adapter")
-            adapter = default_adapter(model)
+            # This layer imports no adapter: candle_ckpt.WorkerTrainingState picks one for a model.
+            raise TypeError(
+                "WorkerTrainingState needs an adapter; candle_ckpt.WorkerTrainingState picks one for a model"
+            )
         self.adapter = adapter
         if strategy is None and model is not None:
             strategy = getattr(model, "distribute_strategy", None)

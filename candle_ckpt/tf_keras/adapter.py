@@ -17,7 +17,7 @@ protocol (``work/``, CRC32s, sidecar, links):
   (``tf_keras.models.load_model`` reads it; without the optimizer).
 
 Every worker of a multi-worker job goes through
-:class:`~candle_ckpt.distributed.WorkerTrainingState`.
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import numpy as np
 import tf_keras
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt.distributed import WorkerTrainingState
-from candle_ckpt.engine import Capture
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import FileSpec, NoValidCheckpoint
-from candle_ckpt.writer import SigtermExit
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.distributed.worker_state import WorkerTrainingState
+from candle_ckpt.engine.engine import Capture
+from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
 
 # Not "model.weights.h5": tf_keras's load_weights reads a name ending in
 # ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.

@@ -1,6 +1,6 @@
 """Turn "an epoch has ended" into policy, snapshot, commit and prune.
 
-Shared by :class:`~candle_ckpt.callback.CandleCheckpointCallback` and the
+Shared by :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback` and the
 epoch runner, so both have the same guarantees. Knows nothing about Keras:
 the caller passes a ``capture`` function that returns the files to write.
 """
@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from candle_ckpt import layout as L
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.policy import BestState, is_improvement, keep_policy, resolve_mode, save_reason
-from candle_ckpt.sidecar import Sidecar, clean_logs
-from candle_ckpt.store import CheckpointError, CheckpointStore, FileSpec
-from candle_ckpt.writer import make_writer
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.policy import BestState, is_improvement, keep_policy, resolve_mode, save_reason
+from candle_ckpt.core.sidecar import Sidecar, clean_logs
+from candle_ckpt.engine.writer import make_writer
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, FileSpec
 
 
 class CheckpointSaveError(CheckpointError):
@@ -104,7 +104,7 @@ class CheckpointEngine:
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
         if cfg.upload_url and scratch_dir is None:
-            from candle_ckpt.remote import RemoteMirror
+            from candle_ckpt.storage.remote import RemoteMirror
 
             self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
             self.after_commit.append(self.remote.committed)
@@ -329,7 +329,7 @@ class CheckpointEngine:
             msg = f"checkpoint upload failed: {err}"
             self.errors.append(msg)
             if self.cfg.on_error == "raise":
-                from candle_ckpt.remote import CheckpointUploadError
+                from candle_ckpt.storage.remote import CheckpointUploadError
 
                 self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
                 raise CheckpointUploadError(msg + "; local checkpoints are intact") from err

@@ -15,8 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from candle_ckpt.checksum import crc32, format_crc
-from candle_ckpt.layout import is_safe_filename
+from candle_ckpt.core.checksum import crc32, format_crc
+from candle_ckpt.core.layout import is_safe_filename
 
 SCHEMA_VERSION = 1
 MAX_SIDECAR_BYTES = 1 << 20  # a sidecar is a few KiB; refuse anything absurd

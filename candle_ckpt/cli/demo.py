@@ -3,7 +3,7 @@
 Run it, stop it (Ctrl-C, kill -9) and run it again: it resumes where it
 stopped, and after the last epoch a rerun has nothing left to do::
 
-    python -m candle_ckpt.demo --epochs 20
+    python -m candle_ckpt.cli.demo --epochs 20
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from candle_ckpt.params import ckpt_parser
+    from candle_ckpt.config.params import ckpt_parser
 
-    parser = argparse.ArgumentParser(prog="candle_ckpt.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="candle_ckpt.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20, help="total number of epochs of the job (default 20)")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic training samples (default 2048)")
     parser.add_argument("--sleep", type=float, default=0.2, help="extra seconds per epoch, to leave time for Ctrl-C")

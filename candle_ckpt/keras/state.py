@@ -31,7 +31,7 @@ import keras
 import numpy as np
 from keras.src.saving import saving_lib
 
-from candle_ckpt.checksum import CrcFile
+from candle_ckpt.core.checksum import CrcFile
 
 KERAS_VERSION = keras.__version__
 

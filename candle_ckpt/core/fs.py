@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 
-from candle_ckpt.checksum import CrcFile
+from candle_ckpt.core.checksum import CrcFile
 
 POINTER_MAX = 256  # bytes: a pointer file holds "epochs/NNN\n"
 

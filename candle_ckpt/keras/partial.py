@@ -3,7 +3,7 @@
 For evaluation, transfer learning or a warm start: the checkpoint's files are
 CRC-verified first (the bytes read for the check are the bytes loaded), then
 the named layers are read from the ``.weights.h5`` with h5py. The model's layers
-are found through its save plan (:func:`~candle_ckpt.keras_state.make_plan`,
+are found through its save plan (:func:`~candle_ckpt.keras.state.make_plan`,
 so nested models work) and matched to the checkpoint's H5 groups by the
 ``name`` attribute Keras stores on each group (by H5 path for files without
 names). Every selected layer is checked (present in the
@@ -23,10 +23,10 @@ import h5py
 import keras
 import numpy as np
 
-from candle_ckpt import layout as L
-from candle_ckpt.keras_state import make_plan
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.store import CheckpointStore
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.keras.state import make_plan
+from candle_ckpt.storage.store import CheckpointStore
 
 
 def _locate(checkpoint: str | os.PathLike[str] | int, directory: str | os.PathLike[str] | None) -> tuple[str, int]:

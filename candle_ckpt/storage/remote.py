@@ -45,12 +45,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from candle_ckpt import layout as L
-from candle_ckpt.checksum import crc32_file, format_crc
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.sidecar import Sidecar
-from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec, parse_sidecar
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.checksum import crc32_file, format_crc
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec, parse_sidecar
 
 
 class CheckpointUploadError(CheckpointError):

@@ -1,6 +1,6 @@
 """The checkpoint store: commit, list, verify, prune, lock, find the newest valid one.
 
-The commit protocol (every step goes through :class:`~candle_ckpt.durable.LocalFS`):
+The commit protocol (every step goes through :class:`~candle_ckpt.core.fs.LocalFS`):
 
 1. write every file into ``ckpts/work/`` and fsync it (its CRC32 is computed
    while it is written), then write ``ckpt-info.json`` last and fsync it;
@@ -38,12 +38,12 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from candle_ckpt import layout as L
-from candle_ckpt.checksum import CrcFile, crc32, format_crc, iter_file_chunks
-from candle_ckpt.durable import LocalFS, read_link
-from candle_ckpt.sidecar import Sidecar, SidecarError
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.checksum import CrcFile, crc32, format_crc, iter_file_chunks
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.sidecar import Sidecar, SidecarError
 
-logger = logging.getLogger("candle_ckpt.store")
+logger = logging.getLogger("candle_ckpt.storage.store")
 
 
 class CheckpointError(Exception):
@@ -262,7 +262,7 @@ class CheckpointStore:
         return final
 
     def _write_file(self, path: str, write: Callable[[CrcFile], None]):
-        from candle_ckpt.sidecar import FileEntry
+        from candle_ckpt.core.sidecar import FileEntry
 
         f = self.fs.create(path)
         try:

@@ -1,8 +1,8 @@
 """``candle-ckpt``: list, verify, inspect, roll back, prune and plot a checkpoint directory.
 
-Every command goes through :class:`~candle_ckpt.store.CheckpointStore` (layout,
+Every command goes through :class:`~candle_ckpt.storage.store.CheckpointStore` (layout,
 sidecars, CRC checks, links, locking) and the keep policies of
-:mod:`candle_ckpt.policy`, so the tool and the training callback cannot
+:mod:`candle_ckpt.core.policy`, so the tool and the training callback cannot
 disagree about what a checkpoint is. Keras and TensorFlow are imported only by
 ``demo``; matplotlib only by ``plot``; tqdm only when a progress bar is shown.
 
@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from candle_ckpt import __version__
-from candle_ckpt import layout as L
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.policy import keep_policy
-from candle_ckpt.sidecar import Sidecar
-from candle_ckpt.store import CheckpointError, CheckpointStore, CorruptCheckpoint
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.policy import keep_policy
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint
 
 PROG = "candle-ckpt"
 EXIT_OK, EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -416,7 +416,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from candle_ckpt.plotting import plot_history
+    from candle_ckpt.cli.plotting import plot_history
 
     store = _open_store(args.dir)
     sides: dict[int, Sidecar] = {}
@@ -441,13 +441,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
-    """Run ``candle_ckpt.demo.main(argv)``; the demo parses its own options (and its --help)."""
+    """Run ``candle_ckpt.cli.demo.main(argv)``; the demo parses its own options (and its --help)."""
     try:
-        import candle_ckpt.demo as demo  # imports keras lazily, only here
+        import candle_ckpt.cli.demo as demo  # imports keras lazily, only here
     except ModuleNotFoundError as err:
-        if err.name != "candle_ckpt.demo":
+        if err.name != "candle_ckpt.cli.demo":
             raise
-        raise CliError("the demo job is not available: the module candle_ckpt.demo is not installed") from None
+        raise CliError("the demo job is not available: the module candle_ckpt.cli.demo is not installed") from None
     try:
         return int(demo.main(list(argv)) or 0)
     except SystemExit as exc:  # the demo's argparse: --help or a usage error

@@ -8,7 +8,7 @@ loop calling ``optimizer.apply``). The runner owns the epoch loop::
         logs = epoch_fn(epoch); save epoch + 1 (policy, keep, async, uploads)
     exit_fn()
 
-and saves through the same :class:`~candle_ckpt.engine.CheckpointEngine` as
+and saves through the same :class:`~candle_ckpt.engine.engine.CheckpointEngine` as
 the callback, so it has the same crash-safe commit, CRC verification with
 fallback, keep policies, async writer, ``ckpt_on_error`` and remote copies.
 
@@ -46,13 +46,13 @@ import h5py
 import keras
 import numpy as np
 
-from candle_ckpt import layout as L
-from candle_ckpt.engine import Capture, CheckpointEngine
-from candle_ckpt.keras_state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name, build_in_scope
-from candle_ckpt.oplog import OpsLog, get_logger
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.resume import Chosen, load_chosen, select_checkpoint
-from candle_ckpt.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.engine.engine import Capture, CheckpointEngine
+from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
+from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name, build_in_scope
+from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
 
 STATE_JSON = "loop_state.json"
 STATE_NPZ = "loop_state.npz"
@@ -148,7 +148,7 @@ class JobRunner:
         resume_from_epoch: Restore exactly this epoch (over ``ckpt_restart_epoch``).
         strategy: A ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy``)
             the objects were built under. Run the same runner on every worker:
-            checkpoints go through :class:`~candle_ckpt.distributed.WorkerTrainingState`
+            checkpoints go through :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`
             (the chief commits, every worker restores the chief's choice).
             ``epoch_fn`` must then return the same (all-reduced) logs on every worker.
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
@@ -225,7 +225,7 @@ class JobRunner:
             return True
         return logs is not None and any(bool(cond(epoch, logs)) for cond in self.conditions)
 
-    # -- capture and restore (the Adapter of candle_ckpt.resume) --------------------
+    # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def keep_files(self) -> list[str]:
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
@@ -344,7 +344,7 @@ class JobRunner:
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
         if self.strategy is not None:
-            from candle_ckpt.distributed import WorkerTrainingState
+            from candle_ckpt.distributed.worker_state import WorkerTrainingState
 
             self.workers = WorkerTrainingState(
                 self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs

@@ -1,15 +1,15 @@
-"""Build a :class:`~candle_ckpt.engine.Capture` from a Keras model's host snapshot."""
+"""Build a :class:`~candle_ckpt.engine.engine.Capture` from a Keras model's host snapshot."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from candle_ckpt import layout as L
-from candle_ckpt.engine import Capture
-from candle_ckpt.keras_state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.engine.engine import Capture
+from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
+from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
 
 
 def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None) -> Capture:
@@ -44,8 +44,8 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
 
 
 class KerasModelAdapter:
-    """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.resume.Adapter`):
-    used by ``restart()`` and :class:`~candle_ckpt.distributed.WorkerTrainingState`."""
+    """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.engine.resume.Adapter`):
+    used by ``restart()`` and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`."""
 
     keep_files = (L.WEIGHTS_FILE, L.EXTRA_FILE)
 
@@ -56,7 +56,7 @@ class KerasModelAdapter:
         return capture_model(self.state, cfg)
 
     def restore(self, chosen, ops, where: str) -> None:
-        """Load a verified checkpoint (a :class:`~candle_ckpt.resume.Chosen`) into the model.
+        """Load a verified checkpoint (a :class:`~candle_ckpt.engine.resume.Chosen`) into the model.
 
         Raises:
             NoValidCheckpoint: the checkpoint has no Keras 3 weights file.

@@ -184,7 +184,7 @@ def _join_all_at_exit() -> None:
         try:
             writer.join_at_exit()
         except Exception:  # never let one writer's exit hook stop the others
-            logging.getLogger("candle_ckpt.writer").exception("checkpoint writer failed at exit")
+            logging.getLogger("candle_ckpt.engine.writer").exception("checkpoint writer failed at exit")
 
 
 def make_writer(

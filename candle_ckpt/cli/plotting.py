@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from candle_ckpt.sidecar import Sidecar
+from candle_ckpt.core.sidecar import Sidecar
 
 
 def metric_series(sides: Mapping[int, Sidecar]) -> dict[str, dict[int, float]]:

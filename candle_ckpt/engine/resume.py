@@ -3,7 +3,7 @@
 The one place that decides which checkpoint a restart loads. Shared by
 ``restart()`` (``keras_restart.py``, one Keras 3 model), the tf_keras adapter,
 the epoch runner (several objects and loop state) and
-:class:`~candle_ckpt.distributed.WorkerTrainingState`, where the chief makes
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`, where the chief makes
 the choice once and the other workers verify exactly that checkpoint
 (:func:`verify_exact`).
 """
@@ -15,12 +15,12 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
-from candle_ckpt import layout as L
-from candle_ckpt.engine import Capture, note_resumed
-from candle_ckpt.oplog import OpsLog
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.sidecar import Sidecar
-from candle_ckpt.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.engine import Capture, note_resumed
+from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
 
 
 class Chosen(NamedTuple):
@@ -86,7 +86,7 @@ def select_checkpoint(
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
     if cfg.upload_url and not store.epochs():
-        from candle_ckpt.remote import pull_newest
+        from candle_ckpt.storage.remote import pull_newest
 
         pull_newest(cfg, store, ops, epoch=wanted)
     if not store.exists():

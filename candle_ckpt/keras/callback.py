@@ -1,7 +1,7 @@
 """``CandleCheckpointCallback``: CANDLE's checkpoint callback for ``model.fit``.
 
 It holds no file logic: each epoch end becomes one call to the shared
-:class:`~candle_ckpt.engine.CheckpointEngine`.
+:class:`~candle_ckpt.engine.engine.CheckpointEngine`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 
 import keras
 
-from candle_ckpt.distributed import is_tf_keras
-from candle_ckpt.engine import CheckpointEngine
-from candle_ckpt.keras_capture import capture_model
-from candle_ckpt.keras_state import ModelState
-from candle_ckpt.layout import Layout
-from candle_ckpt.oplog import OpsLog, get_logger
-from candle_ckpt.params import CkptConfig
-from candle_ckpt.writer import SigtermExit
+from candle_ckpt.adapters import is_tf_keras
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.layout import Layout
+from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.keras.capture import capture_model
+from candle_ckpt.keras.state import ModelState
 
 
 class CandleCheckpointCallback(keras.callbacks.Callback):
@@ -64,7 +64,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if is_tf_keras(model):
             raise TypeError(
                 "this is the Keras 3 CandleCheckpointCallback but the model is a tf_keras (Keras 2) model; use "
-                "candle_ckpt.tf_keras.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
+                "candle_ckpt.tf_keras.adapter.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
             )
         super().set_model(model)
 

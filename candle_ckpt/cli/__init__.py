@@ -1,0 +1,1 @@
+"""``candle-ckpt``: the command line, plotting and the demo job."""

@@ -1,0 +1,3 @@
+"""Chief / non-chief roles under ``tf.distribute`` (``WorkerTrainingState``). It takes an
+adapter and imports none.
+"""

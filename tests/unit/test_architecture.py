@@ -1,0 +1,134 @@
+"""The package's shape: layers as subpackages, imports pointing one way, no cycles.
+
+These tests read the source with ``ast``; they import nothing, so they run in
+milliseconds and catch a wrong-way import before it becomes a habit.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "candle_ckpt"
+
+# Which layers each layer may import (besides itself). The arrows of docs/architecture.rst.
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "config": set(),
+    "testing": {"core"},
+    "storage": {"core", "config"},
+    "engine": {"core", "config", "storage"},
+    "distributed": {"core", "config", "storage", "engine"},
+    "tf_keras": {"core", "config", "storage", "engine", "distributed"},
+    "keras": {"core", "config", "storage", "engine", "distributed", "adapters"},
+    "adapters": {"distributed", "keras", "tf_keras"},
+    "cli": {"core", "config", "storage", "engine", "__init__"},
+}
+FRAMEWORK_FREE = ("core", "config", "storage", "engine", "testing")
+FRAMEWORKS = ("keras", "tensorflow", "tf_keras", "h5py", "jax", "torch")
+
+
+def _modules() -> Iterator[tuple[str, str, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        layer = rel.parts[1]
+        yield name, layer, ast.parse(path.read_text(), str(path))
+
+
+def _imported(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return []
+
+
+def _candle_targets(names: list[str], known: set[str]) -> set[str]:
+    return {n for n in names if n in known}
+
+
+def test_every_module_lives_in_a_layer_subpackage() -> None:
+    """Besides the package's entry points, every module sits in a layer subpackage that has rules."""
+    flat = {path.name for path in PACKAGE.glob("*.py")}
+    assert flat <= {"__init__.py", "__main__.py", "adapters.py"}, flat
+    layers = {layer for _, layer, _ in _modules()} - {"__init__", "__main__"}
+    assert layers == set(ALLOWED), layers ^ set(ALLOWED)
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_point_one_way(layer: str) -> None:
+    """A layer imports (at module level or lazily) only the layers below it."""
+    wrong = []
+    for name, own, tree in _modules():
+        if own != layer:
+            continue
+        for node in ast.walk(tree):
+            for target in _imported(node):
+                parts = target.split(".")
+                if parts[0] != "candle_ckpt" or len(parts) < 2:
+                    continue
+                other = parts[1] if parts[1] in ALLOWED else "__init__"
+                if other != layer and other not in ALLOWED[layer]:
+                    wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("layer", FRAMEWORK_FREE)
+def test_lower_layers_import_no_framework(layer: str) -> None:
+    """core, config, storage, engine and testing import no ML framework, not even lazily."""
+    wrong = [
+        f"{name} imports {target}"
+        for name, own, tree in _modules()
+        if own == layer
+        for node in ast.walk(tree)
+        for target in _imported(node)
+        if target.split(".")[0] in FRAMEWORKS
+    ]
+    assert not wrong, wrong
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """The module-level import graph of candle_ckpt has no cycle."""
+    trees = {name: tree for name, _, tree in _modules()}
+    known = set(trees)
+    graph = {
+        name: {t for node in tree.body for t in _candle_targets(_imported(node), known) if t != name}
+        for name, tree in trees.items()
+    }
+    # A package's __init__ may re-export its own modules; that edge runs downward, not round.
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle.extend(stack[stack.index(nxt) :] + [node, nxt] if nxt in stack else [node, nxt])
+                return True
+            if nxt not in state and visit(nxt, stack + [node]):
+                return True
+        state[node] = 2
+        return False
+
+    for start in sorted(graph):
+        if start not in state and visit(start, []):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cycle check fails on a package whose two modules import each other (the check can fail)."""
+    pkg = tmp_path / "candle_ckpt" / "core"
+    pkg.mkdir(parents=True)
+    (tmp_path / "candle_ckpt" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from candle_ckpt.core.b import x\n")
+    (pkg / "b.py").write_text("from candle_ckpt.core.a import y\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "candle_ckpt")
+    with pytest.raises(AssertionError, match="candle_ckpt.core.a"):
+        test_no_import_cycle_between_modules()
