@@ -39,14 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.engine import CheckpointEngine, note_resumed
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint, verify_exact
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
-
-logger = logging.getLogger("candle_ckpt.distributed.worker_state")
+from candle_ckpt.storage.store import CheckpointStore
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 

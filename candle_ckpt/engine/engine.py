@@ -16,15 +16,12 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.policy import BestState, is_improvement, keep_policy, resolve_mode, save_reason
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.engine.writer import make_writer
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, FileSpec
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save failed; earlier checkpoints are intact (``ckpt_on_error=raise``)."""
+from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 
 class _SaveFailure(Exception):
@@ -329,8 +326,6 @@ class CheckpointEngine:
             msg = f"checkpoint upload failed: {err}"
             self.errors.append(msg)
             if self.cfg.on_error == "raise":
-                from candle_ckpt.storage.remote import CheckpointUploadError
-
                 self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
                 raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
             self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")

@@ -17,10 +17,11 @@ from typing import Any, NamedTuple, Protocol
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.engine import Capture, note_resumed
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.storage.store import CheckpointStore
 
 
 class Chosen(NamedTuple):

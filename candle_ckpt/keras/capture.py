@@ -7,9 +7,10 @@ import time
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
-from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.storage.store import FileSpec
 
 
 def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None) -> Capture:

@@ -48,13 +48,10 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32_file, format_crc
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec, parse_sidecar
-
-
-class CheckpointUploadError(CheckpointError):
-    """Copying a checkpoint to ``ckpt_upload_url`` failed (``ckpt_on_error=raise``)."""
+from candle_ckpt.storage.store import CheckpointStore, FileSpec, parse_sidecar
 
 
 def open_remote(cfg: CkptConfig):

@@ -40,31 +40,11 @@ from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, crc32, format_crc, iter_file_chunks
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, DirectoryLocked, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.sidecar import Sidecar, SidecarError
+from candle_ckpt.core.sidecar import Sidecar
 
 logger = logging.getLogger("candle_ckpt.storage.store")
-
-
-class CheckpointError(Exception):
-    """Base class of the errors this library raises about checkpoints."""
-
-
-class CorruptCheckpoint(CheckpointError):
-    """A checkpoint failed validation; ``path`` and ``reason`` say why."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class NoValidCheckpoint(CheckpointError):
-    """No checkpoint could be restored (``required`` mode or an explicit epoch)."""
-
-
-class DirectoryLocked(CheckpointError):
-    """Another live process is writing to this checkpoint directory."""
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,11 @@ import tf_keras
 from tf_keras.src.saving.legacy import hdf5_format
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.engine.writer import SigtermExit
-from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.storage.store import FileSpec
 
 # Not "model.weights.h5": tf_keras's load_weights reads a name ending in
 # ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
