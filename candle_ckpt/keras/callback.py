@@ -72,7 +72,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._state = ModelState(self.model)
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
-        self._sigterm.arm(self.engine.writer.is_async)
+        self._sigterm.arm(self.engine.writer)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.

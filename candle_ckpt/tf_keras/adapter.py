@@ -193,7 +193,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             )
 
     def on_train_begin(self, logs=None) -> None:
-        self._sigterm.arm(self.cfg.async_save)
+        self._sigterm.arm(self.state.engine.writer)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
