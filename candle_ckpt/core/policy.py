@@ -8,7 +8,7 @@ numbers (records), never on files; callers map the result onto files.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -425,12 +425,18 @@ def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential:
     raise ValueError(f"ckpt_keep_mode must be one of {', '.join(_KEEP_MODES)}; got {mode!r}")
 
 
-def prune_plan(epochs: Iterable[int], policy: KeepPolicy, protected: Iterable[int] = ()) -> tuple[list[int], list[int]]:
-    """Split existing epochs into those to keep and those to delete.
+def prune_plan(
+    epochs: Iterable[int], select: Callable[[set[int], tuple[int, ...]], Iterable[int]], protected: Iterable[int] = ()
+) -> tuple[list[int], list[int]]:
+    """Split existing epochs into those to keep and those to delete: the one retention rule.
+
+    Every protected epoch present is kept (the store and the remote mirror
+    protect ``best``, ``last`` and the checkpoint in use), whatever ``select``
+    returns; ``select`` decides the rest.
 
     Args:
         epochs: Epoch numbers that currently exist (duplicates are merged).
-        policy: A keep policy such as :class:`KeepLatest`.
+        select: A keep policy's ``select(epochs, protected)``, such as ``KeepLatest(5).select``.
         protected: Epochs that must be kept if present.
 
     Returns:
@@ -438,5 +444,6 @@ def prune_plan(epochs: Iterable[int], policy: KeepPolicy, protected: Iterable[in
         union is the set of input epochs.
     """
     present = set(epochs)
-    keep = policy.select(present, tuple(protected)) & present
+    kept_always = present & set(protected)
+    keep = (set(select(present, tuple(sorted(kept_always)))) | kept_always) & present
     return sorted(keep), sorted(present - keep)

@@ -50,6 +50,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.policy import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec, parse_sidecar
 
@@ -274,13 +275,9 @@ class RemoteMirror:
 
     def _prune(self, uploaded: int) -> None:
         epochs = remote_epochs(self.fs, self.root)
-        protected = {
-            e for e in (self.store.link_epoch("best"), self.store.link_epoch("last"), uploaded) if e is not None
-        }
-        keep = set(self.select(epochs, protected)) | protected
-        for e in epochs:
-            if e in keep:
-                continue
+        links = (self.store.link_epoch("best"), self.store.link_epoch("last"))
+        _, doomed = prune_plan(epochs, self.select, [e for e in (*links, uploaded) if e is not None])
+        for e in doomed:
             remote_dir = _join(self.root, "epochs", L.epoch_name(e))
             if self.fs.exists(_join(remote_dir, L.SIDECAR)):  # invisible first, then gone
                 self._op("rm", _join(remote_dir, L.SIDECAR))

@@ -40,8 +40,15 @@ from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, crc32, format_crc, iter_file_chunks
-from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, DirectoryLocked, SidecarError
+from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tests import them from here)
+    CheckpointError,
+    CorruptCheckpoint,
+    DirectoryLocked,
+    NoValidCheckpoint,
+    SidecarError,
+)
 from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.policy import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 
 logger = logging.getLogger("candle_ckpt.storage.store")
@@ -367,10 +374,8 @@ class CheckpointStore:
 
         ``best``, ``last`` and ``protected`` are always in ``keep``.
         """
-        epochs = self.epochs()
-        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
-        keep = set(select(epochs, keep_always)) | keep_always
-        return [e for e in epochs if e in keep], [e for e in epochs if e not in keep]
+        links = (self.link_epoch("best"), self.link_epoch("last"))
+        return prune_plan(self.epochs(), select, [e for e in (*links, *protected) if e is not None])
 
     # -- reader side -------------------------------------------------------------
     def exists(self) -> bool:

@@ -394,14 +394,14 @@ def test_keep_exponential_sparse_input() -> None:
 
 def test_prune_plan() -> None:
     """prune_plan returns sorted, disjoint keep and delete lists covering the input."""
-    keep, delete = prune_plan([5, 1, 3, 2, 4, 4], KeepLatest(2), protected=[1, 42])
+    keep, delete = prune_plan([5, 1, 3, 2, 4, 4], KeepLatest(2).select, protected=[1, 42])
     assert keep == [1, 4, 5]
     assert delete == [2, 3]
 
 
 def test_prune_plan_empty() -> None:
     """prune_plan on no epochs keeps and deletes nothing."""
-    assert prune_plan([], KeepExponential(3)) == ([], [])
+    assert prune_plan([], KeepExponential(3).select) == ([], [])
 
 
 # ---------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[i
     """prune_plan splits the input into sorted keep/delete lists matching select."""
     epochs, limit, protected = case
     policy = _POLICIES[mode](limit)
-    keep, delete = prune_plan(list(epochs), policy, protected)
+    keep, delete = prune_plan(list(epochs), policy.select, protected)
     assert keep == sorted(keep)
     assert delete == sorted(delete)
     assert set(keep) == policy.select(epochs, protected)
