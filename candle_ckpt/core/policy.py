@@ -8,9 +8,9 @@ numbers (records), never on files; callers map the result onto files.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = [
     "HIGHER_IS_BETTER",
@@ -163,68 +163,6 @@ class BestState:
             ValueError: If ``mode`` is not ``"min"`` or ``"max"``.
         """
         _check_direction(self.mode)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialise to a JSON-compatible dict.
-
-        Returns:
-            A dict with keys ``metric``, ``mode``, ``value`` and ``epoch``.
-        """
-        return {
-            "metric": self.metric,
-            "mode": self.mode,
-            "value": None if self.value is None else float(self.value),
-            "epoch": self.epoch,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BestState:
-        """Build a state from :meth:`to_dict` output, validating every field.
-
-        ``metric`` and ``mode`` are required; ``value`` and ``epoch`` default
-        to ``None`` but must be both ``None`` or both set. Unknown keys are
-        ignored for forward compatibility.
-
-        Args:
-            d: Mapping as produced by :meth:`to_dict`.
-
-        Returns:
-            The reconstructed state.
-
-        Raises:
-            ValueError: If ``d`` is not a mapping or a field is missing or has
-                the wrong type or value.
-        """
-        if not isinstance(d, Mapping):
-            # ValueError, not TypeError: callers treat any malformed state alike.
-            raise ValueError(  # noqa: TRY004
-                f"best state must be a mapping; got {type(d).__name__}"
-            )
-        for key in ("metric", "mode"):
-            if key not in d:
-                raise ValueError(f"best state is missing {key!r}")
-        metric, mode = d["metric"], d["mode"]
-        value, epoch = d.get("value"), d.get("epoch")
-        if not isinstance(metric, str) or not metric:
-            raise ValueError(f"best state 'metric' must be a non-empty str; got {metric!r}")
-        if mode not in _MODES:
-            raise ValueError(f"best state 'mode' must be 'min' or 'max'; got {mode!r}")
-        if value is not None and (
-            not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-        ):
-            raise ValueError(f"best state 'value' must be a finite number or None; got {value!r}")
-        if epoch is not None and (not _is_int(epoch) or epoch < 0):
-            raise ValueError(f"best state 'epoch' must be a non-negative int or None; got {epoch!r}")
-        if (value is None) != (epoch is None):
-            raise ValueError(
-                f"best state 'value' and 'epoch' must be both set or both None; got value={value!r}, epoch={epoch!r}"
-            )
-        return cls(
-            metric=metric,
-            mode=mode,
-            value=None if value is None else float(value),
-            epoch=epoch,
-        )
 
     def update(self, value: float, epoch: int, min_delta: float = 0.0) -> tuple[BestState, bool]:
         """Offer a new observation.

@@ -135,8 +135,7 @@ class CheckpointEngine:
                     f"metrics present: {present}"
                 )
             value = float(logs[cfg.save_best_metric])
-            if is_improvement(value, self.best.value, self.mode):
-                best, improved = BestState(cfg.save_best_metric, self.mode, value, epoch), True
+            best, improved = self.best.update(value, epoch)
         reason = save_reason(
             epoch,
             epochs=cfg.epochs if cfg.epochs is not None else -1,

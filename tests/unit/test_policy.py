@@ -209,52 +209,6 @@ def test_best_state_rejects_bad_mode() -> None:
         BestState("val_loss", "auto")
 
 
-@pytest.mark.parametrize(
-    "state",
-    [
-        BestState("val_loss", "min"),
-        BestState("val_accuracy", "max", 0.875, 12),
-        BestState("loss", "min", -2.0, 0),
-    ],
-)
-def test_best_state_round_trip(state: BestState) -> None:
-    """from_dict(to_dict()) reproduces the state exactly."""
-    assert BestState.from_dict(state.to_dict()) == state
-
-
-def test_best_state_from_dict_accepts_int_value_and_ignores_extra_keys() -> None:
-    """from_dict converts an int value to float and ignores unknown keys."""
-    state = BestState.from_dict({"metric": "m", "mode": "max", "value": 1, "epoch": 3, "future": True})
-    assert state == BestState("m", "max", 1.0, 3)
-    assert isinstance(state.value, float)
-
-
-@pytest.mark.parametrize(
-    ("data", "match"),
-    [
-        ([("metric", "m")], "mapping"),
-        ({"mode": "min"}, "missing 'metric'"),
-        ({"metric": "m"}, "missing 'mode'"),
-        ({"metric": 3, "mode": "min"}, "'metric'"),
-        ({"metric": "", "mode": "min"}, "'metric'"),
-        ({"metric": "m", "mode": "auto"}, "'mode'"),
-        ({"metric": "m", "mode": "min", "value": "0.1", "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": True, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": math.nan, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": math.inf, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": 1.0}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": True}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": -1}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1}, "both set or both None"),
-        ({"metric": "m", "mode": "min", "epoch": 2}, "both set or both None"),
-    ],
-)
-def test_best_state_from_dict_rejects_malformed(data: object, match: str) -> None:
-    """from_dict raises ValueError on malformed input."""
-    with pytest.raises(ValueError, match=match):
-        BestState.from_dict(data)  # type: ignore[arg-type]
-
-
 # ---------------------------------------------------------------------------
 # save_reason
 # ---------------------------------------------------------------------------
