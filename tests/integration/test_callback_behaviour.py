@@ -29,10 +29,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
+from candle_ckpt.core.errors import DirectoryLocked, NoValidCheckpoint  # noqa: E402
 from candle_ckpt.core.policy import KeepExponential  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
-from candle_ckpt.storage.store import DirectoryLocked, NoValidCheckpoint  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

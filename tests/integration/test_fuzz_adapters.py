@@ -19,9 +19,10 @@ from pathlib import Path
 import keras
 from hypothesis import HealthCheck, given, settings
 
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import NoValidCheckpoint, release_lock
+from candle_ckpt.storage.store import release_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_fuzz_params import PARAMS, names_a_key  # noqa: E402

@@ -20,6 +20,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.keras.callback import CandleCheckpointCallback
@@ -32,13 +33,6 @@ FIGURES = Path(__file__).resolve().parents[1] / ".figures"
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
 Y = RNG.normal(size=(32, 1)).astype("float32")
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 def state_arrays(model: keras.Model) -> list[np.ndarray]:
@@ -73,7 +67,7 @@ def record_saves(root: Path, fs: RecordingFS, before: int, recorded: int, keep_l
         return side
 
     store.commit = commit
-    model = make_model()
+    model = build_model(1)
     if before:
         model.fit(X, Y, epochs=before, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
         fs.start()
@@ -86,7 +80,7 @@ def record_saves(root: Path, fs: RecordingFS, before: int, recorded: int, keep_l
 
 def check_crash_states(tmp_path: Path, fs: RecordingFS, committed: dict[int, bytes], floor0: int) -> dict:
     """Run restart() on every distinct crash state; return the figures."""
-    model = make_model()
+    model = build_model(1)
     model.build((None, 8))
     reference = {}
     for epoch, weights in committed.items():

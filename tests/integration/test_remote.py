@@ -22,9 +22,9 @@ import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
+from candle_ckpt.core.errors import CheckpointUploadError  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
-from candle_ckpt.storage.remote import CheckpointUploadError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ Core only: the files written are plain bytes, no keras.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -15,36 +14,14 @@ from pathlib import Path
 import pytest
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.errors import CheckpointSaveError
+from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.engine import Capture, CheckpointEngine, CheckpointSaveError
+from candle_ckpt.engine.engine import Capture, CheckpointEngine
 from candle_ckpt.storage.store import FileSpec, release_lock
+from candle_ckpt.testing.faultfs import FaultFS
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
-
-
-class FaultFS(LocalFS):
-    """Records every operation; raises EIO at the ``fail_at``-th operation whose name is in ``kinds``."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[str, str]] = []
-        self.fail_at: int | None = None
-        self.kinds: tuple[str, ...] = ()
-        self.seen = 0
-        self.failed: tuple[str, str] | None = None
-        self.failed_index: int | None = None
-
-    def arm(self, kinds: tuple[str, ...], fail_at: int) -> None:
-        self.kinds, self.fail_at, self.seen, self.failed = kinds, fail_at, 0, None
-        self.ops = []
-
-    def hook(self, op: str, path: str) -> None:
-        self.ops.append((op, path))
-        if self.fail_at is not None and self.failed is None and op in self.kinds:
-            self.seen += 1
-            if self.seen == self.fail_at:
-                self.failed, self.failed_index = (op, path), len(self.ops) - 1
-                raise OSError(errno.EIO, f"injected EIO in {op}", path)
 
 
 def payload(epoch: int) -> bytes:
@@ -147,7 +124,8 @@ def test_eio_with_on_error_warn_continues_and_logs(tmp_path: Path) -> None:
     fs.arm(("fsync",), 1)
     assert engine.save(2, {"loss": 0.5}, lambda: capture(2)) is False
     assert engine.stats()["errors"] == [
-        f"epoch 2: checkpoint save failed: OSError: [Errno 5] injected EIO in fsync: '{fs.failed[1]}'"
+        f"epoch 2: checkpoint save failed: OSError: [Errno 5] injected EIO at step {fs.failed_index} in fsync: "
+        f"'{fs.failed[1]}'"
     ]
     assert "ckpt_on_error=warn: training continues" in (tmp_path / "ckpt.log").read_text()
     assert read_link(str(tmp_path / "ckpts" / "last")) == "epochs/001"
