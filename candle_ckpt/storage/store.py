@@ -160,10 +160,14 @@ class CheckpointStore:
         for name in sorted(os.listdir(self.layout.ckpts)):
             if self.layout.is_debris(name):
                 path = os.path.join(self.layout.ckpts, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    self.fs.rmtree(path)
-                else:
-                    self.fs.unlink(path)
+                try:
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        self.fs.rmtree(path)
+                    else:
+                        self.fs.unlink(path)
+                except OSError as err:  # debris is never read; a leftover costs disk space only
+                    logger.warning("could not remove leftover %s (restart ignores it): %s", path, err)
+                    continue
                 removed.append(name)
         if removed:
             self.fs.fsync_dir(self.layout.ckpts)
@@ -350,7 +354,10 @@ class CheckpointStore:
         trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
         self.fs.rename(lay.epoch_dir(epoch), trash)
         self.fs.fsync_dir(lay.epochs)
-        self.fs.rmtree(trash)
+        try:
+            self.fs.rmtree(trash)
+        except OSError as err:  # the epoch is already gone from epochs/; trash-* goes at the next start
+            logger.warning("could not remove %s now (it goes at the next start): %s", trash, err)
 
     def prune(self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()) -> list[int]:
         """Delete the checkpoints that ``select(epochs, protected)`` does not keep.
