@@ -26,8 +26,8 @@ from typing import Any, NoReturn
 from candle_ckpt import __version__
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.policy import keep_policy
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore
 

@@ -17,8 +17,9 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
+from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.policy import BestState, is_improvement, keep_policy, resolve_mode, save_reason
+from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.engine.writer import make_writer
 from candle_ckpt.storage.store import CheckpointStore, FileSpec

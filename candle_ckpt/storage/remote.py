@@ -49,8 +49,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.policy import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec, parse_sidecar
 

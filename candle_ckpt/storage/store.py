@@ -48,7 +48,7 @@ from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tes
     SidecarError,
 )
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.policy import prune_plan
+from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 
 logger = logging.getLogger("candle_ckpt.storage.store")

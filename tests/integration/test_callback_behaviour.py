@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import DirectoryLocked, NoValidCheckpoint  # noqa: E402
-from candle_ckpt.core.policy import KeepExponential  # noqa: E402
+from candle_ckpt.core.keep import KeepExponential  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 

@@ -21,7 +21,7 @@ from candle_ckpt.core import layout
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.policy import KeepLatest
+from candle_ckpt.core.keep import KeepLatest
 from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar
 from candle_ckpt.storage import store
 from candle_ckpt.storage.store import CheckpointStore, FileSpec

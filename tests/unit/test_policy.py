@@ -8,16 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.core.policy import (
-    BestState,
-    KeepExponential,
-    KeepLatest,
-    is_improvement,
-    keep_policy,
-    prune_plan,
-    resolve_mode,
-    save_reason,
-)
+from candle_ckpt.core.keep import KeepExponential, KeepLatest, keep_policy, prune_plan
+from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
 
 # ---------------------------------------------------------------------------
 # resolve_mode
