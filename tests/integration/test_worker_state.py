@@ -21,9 +21,9 @@ from conftest import build_model, make_data  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 import candle_ckpt.tf_keras.adapter as ck_tfk  # noqa: E402
+from candle_ckpt.adapters import WorkerTrainingState  # noqa: E402
 from candle_ckpt.core.errors import CheckpointError  # noqa: E402
 from candle_ckpt.core.fs import LocalFS  # noqa: E402
-from candle_ckpt.distributed.worker_state import WorkerTrainingState  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
