@@ -26,7 +26,7 @@ import pytest
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked, release_lock
+from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "tests" / ".figures"
@@ -81,7 +81,7 @@ def base(tmp_path_factory) -> Path:
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     make_model().fit(X, Y, epochs=EPOCHS, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
     cb.engine.store.set_link("best", BEST)
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     return root
 
 
@@ -197,7 +197,7 @@ def test_second_writer_is_refused_and_a_killed_writers_lock_is_not_stale(tmp_pat
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     make_model().fit(X, Y, epochs=1, batch_size=8, verbose=0, callbacks=[cb])
     assert cb.engine.store.epochs() == [1]
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
 
 
 def _figure(key: str, value) -> None:

@@ -32,8 +32,6 @@ from candle_ckpt.storage.store import CheckpointError  # noqa: E402
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
     """The same, in the middle of a test: the next object is a new run of the job."""
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()
 
 

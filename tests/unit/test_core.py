@@ -22,18 +22,9 @@ from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.policy import KeepLatest
 from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar, SidecarError
-from candle_ckpt.storage import store
 from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _release_locks():
-    """Drop this process's writer locks after each test, as a process exit would."""
-    yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
 
 
 def _crc(data: bytes) -> str:
