@@ -153,7 +153,8 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from candle_ckpt.storage.store import CheckpointStore
-    CheckpointStore(sys.argv[1]).open_for_write()
+    store = CheckpointStore(sys.argv[1])  # the lock lives as long as this store object
+    store.open_for_write()
     print("locked", flush=True)
     time.sleep(120)
     """
