@@ -356,7 +356,7 @@ class CheckpointEngine:
         self.errors.append(msg)
         if self.cfg.on_error == "raise":
             self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
-            raise CheckpointSaveError(msg + "; earlier checkpoints are intact") from err
+            raise CheckpointSaveError(msg + f"; earlier checkpoints in {self.store.layout.root} are intact") from err
         self.ops.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
 
     def finish(self, timeout: float | None = None) -> None:

@@ -392,7 +392,7 @@ def test_rollback_to_corrupt_epoch_is_refused(trained: Trained, tmp_path: Path) 
 def test_writing_commands_refuse_while_a_job_holds_the_lock(
     trained: Trained, tmp_path: Path, command: list[str]
 ) -> None:
-    """With the writer lock held by a live process, rollback and prune exit 2 and change nothing."""
+    """With the writer lock held by a live process, rollback and prune exit 2, print nothing and change nothing."""
     d = copy_of(trained, tmp_path)
     store = CheckpointStore(d)
     store.open_for_write()  # this test process plays the running training job
@@ -402,6 +402,7 @@ def test_writing_commands_refuse_while_a_job_holds_the_lock(
     finally:
         store.close()
     assert_one_line_error(proc, 2, "in use by another writer", f"pid {os.getpid()}")
+    assert proc.stdout == ""  # refused before printing anything (no plan header)
     assert tree(d) == before
 
 
