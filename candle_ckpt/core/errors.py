@@ -38,3 +38,7 @@ class CheckpointUploadError(CheckpointError):
 
 class SidecarError(ValueError):
     """A sidecar that is missing, unreadable, malformed or unsafe."""
+
+
+class MissingDependency(ImportError):
+    """An optional dependency is not installed; the message names the pip command that installs it."""

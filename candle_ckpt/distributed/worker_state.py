@@ -218,7 +218,25 @@ class WorkerTrainingState:
     def delete_backup(self, *, remove_checkpoints: bool = False) -> None:
         """Clean up after training: this worker's temporary directory, and with
         ``remove_checkpoints=True`` (Keras's ``delete_checkpoint``) the chief
-        also deletes every committed checkpoint, so the next run starts fresh."""
+        also deletes every committed checkpoint, so the next run starts fresh.
+        Afterwards the writer lock is released (:meth:`open` takes it again)."""
+        try:
+            self._delete_backup(remove_checkpoints)
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+
+    def open(self) -> None:
+        """Take the directory's writer lock again (the chief), e.g. for a second ``fit``."""
+        if self.engine is not None:
+            self.engine.open()
+
+    def close(self) -> None:
+        """Release the writer lock once the write in flight is done (never raises)."""
+        if self.engine is not None:
+            self.engine.close()
+
+    def _delete_backup(self, remove_checkpoints: bool) -> None:
         self.finish()
         if self.temp_dir is not None and os.path.lexists(self.temp_dir):
             self.fs.rmtree(self.temp_dir)
@@ -260,7 +278,8 @@ class WorkerTrainingState:
         error: Exception | None = None
         if self.info.is_chief:
             try:
-                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs)
+                own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
+                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own)
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
             if self.engine is not None and cfg.upload_url:

@@ -15,8 +15,9 @@ import keras
 from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.layout import Layout
-from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.state import ModelState
@@ -42,6 +43,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     error (``ckpt_on_error=raise``). During ``fit``, if SIGTERM has its
     default action, it is turned into ``SystemExit`` so that the exit hook
     commits the last snapshot (waiting at most ``ckpt_async_timeout``).
+
+    The directory's writer lock is held only while ``fit`` runs: creating the
+    callback checks the directory (and that no other writer holds it) and
+    lets go; ``on_train_begin`` takes the lock, ``on_train_end`` releases it
+    after the last write, and a ``fit`` that raises releases it too (a watchdog
+    notices that ``fit`` has ended). So ``candle-ckpt rollback`` / ``prune`` work
+    in the same process once ``fit`` has returned.
     """
 
     def __init__(
@@ -54,11 +62,15 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        if kwargs.keys() - {"fs"}:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
+        # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
         self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
+        self._guard = FitGuard(self._fit_ended)
+        self._stdout: LineTracker | None = None
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
@@ -69,6 +81,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().set_model(model)
 
     def on_train_begin(self, logs=None) -> None:
+        self.engine.open()  # the writer lock, for as long as this fit runs
+        self._guard.arm()
+        self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._state = ModelState(self.model)
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
@@ -80,15 +95,30 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         try:
             self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
         except BaseException:
-            # fit stops here without on_train_end: give SIGTERM its default back now.
+            # fit stops here without on_train_end: give SIGTERM its default back and the lock up now.
             self._sigterm.disarm()
+            self._guard.disarm()
+            self._fit_ended()
             raise
 
     def on_train_end(self, logs=None) -> None:
+        self._guard.disarm()
         try:
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
             self._sigterm.disarm()
+            self._fit_ended()
+
+    def _fit_ended(self) -> None:
+        """Release what this fit held: the writer lock (after the last write) and stdout."""
+        untrack_stdout(self._stdout)
+        self._stdout = None
+        self.engine.close()
+
+    def close(self) -> None:
+        """Release the writer lock now (it is released at the end of every ``fit`` anyway)."""
+        self._guard.disarm()
+        self._fit_ended()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

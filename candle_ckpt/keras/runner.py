@@ -373,15 +373,18 @@ class JobRunner:
                 self.engine.save(self.epoch, logs, lambda e=self.epoch: self._capture(e))
             done = True
         finally:
-            if done:
-                self.engine.finish()
-                if self.workers is not None:
-                    self.workers.delete_backup()  # a non-chief's scratch directory
-            else:  # keep the original error; still let the last write land
-                try:
+            try:
+                if done:
                     self.engine.finish()
-                except Exception as err:
-                    self.ops.warning(f"while stopping after an error: {err}")
+                    if self.workers is not None:
+                        self.workers.delete_backup()  # a non-chief's scratch directory
+                else:  # keep the original error; still let the last write land
+                    try:
+                        self.engine.finish()
+                    except Exception as err:
+                        self.ops.warning(f"while stopping after an error: {err}")
+            finally:
+                self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None:
             self.exit_fn()
         return dict(logs or {})

@@ -38,6 +38,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.engine import Capture
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
 
@@ -179,6 +180,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
+        self._guard = FitGuard(self._fit_ended)
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -193,6 +195,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             )
 
     def on_train_begin(self, logs=None) -> None:
+        self.state.open()  # the writer lock (chief), held while this fit runs
+        self._guard.arm()  # a fit that raises releases it too
         self._sigterm.arm(self.state.engine.writer)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -201,13 +205,20 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.state.back_up(epoch + 1, logs or {})
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
+            self._guard.disarm()
+            self.state.close()
             raise
 
     def on_train_end(self, logs=None) -> None:
+        self._guard.disarm()
         try:
-            self.state.delete_backup()  # waits for the last write; removes a non-chief's scratch directory
+            self.state.delete_backup()  # waits for the last write, removes a non-chief's scratch, unlocks
         finally:
             self._sigterm.disarm()
+
+    def _fit_ended(self) -> None:
+        if self.state is not None:
+            self.state.close()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

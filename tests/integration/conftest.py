@@ -19,7 +19,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from candle_ckpt.engine import engine  # noqa: E402
-from candle_ckpt.storage import store  # noqa: E402
 
 
 def build_model(seed: int = 0, *, width: int = 16, inputs: int = 8, lr: float = 1e-2) -> keras.Model:
@@ -83,6 +82,4 @@ def _fresh_process_state() -> Iterator[None]:
     test's "run" would look like the same job to the next test.
     """
     yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()

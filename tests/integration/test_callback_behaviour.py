@@ -32,7 +32,6 @@ import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import DirectoryLocked, NoValidCheckpoint  # noqa: E402
 from candle_ckpt.core.keep import KeepExponential  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
-from candle_ckpt.storage import store  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -64,8 +63,6 @@ def _params(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 def _new_run() -> None:
     """Forget this process's writer locks and restart() record, as a new process would."""
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()
 
 

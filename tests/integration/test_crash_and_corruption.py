@@ -27,7 +27,6 @@ import pytest
 import candle_ckpt as candle
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.engine import engine
-from candle_ckpt.storage import store
 from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.faultfs import FaultFS  # noqa: E402
 
@@ -62,7 +61,6 @@ def fit(model, data, params: dict, *, initial_epoch: int = 0, fs: LocalFS | None
 
 def end_run(directory: str | os.PathLike[str]) -> None:
     """Forget this process's writer lock and restart() state, as if the job's process had exited."""
-    store.release_lock(os.path.join(directory, "ckpts", "lock"))
     engine._RESUMED.clear()
 
 

@@ -21,7 +21,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.faultfs import FaultFS
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
@@ -122,7 +122,7 @@ def test_full_disk_at_every_page_fails_cleanly_and_recovers(tmpfs: Path) -> None
         assert cb.stats()["errors"][errors_before:] == [], f"free={free}: the save after freeing space failed"
         assert read_link(store.layout.link("last")) == f"epochs/{epoch:03d}"
         store.verify(epoch)
-    release_lock(store.layout.lock)
+    store.close()
     figures = {
         "save_bytes": save_bytes,
         "free_space_points": len(range(0, save_bytes + 2 * PAGE, PAGE)),
@@ -149,7 +149,7 @@ def test_full_disk_with_on_error_raise_stops_training(tmpfs: Path) -> None:
     ballast.unlink()
     model.fit(X, Y, initial_epoch=2, epochs=3, **fit)
     assert cb.engine.store.epochs() == [1, 3]
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
 
 
 def _figure(key: str, value) -> None:

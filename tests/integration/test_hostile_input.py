@@ -29,7 +29,7 @@ from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.sidecar import _canonical
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
@@ -55,7 +55,7 @@ def base(tmp_path_factory) -> tuple[Path, dict[int, list[np.ndarray]]]:
             seen[epoch + 1] = weights_of(model)
 
     model.fit(X, Y, epochs=3, batch_size=8, shuffle=False, verbose=0, callbacks=[cb, Keep()])
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     return root, seen
 
 
@@ -238,7 +238,7 @@ def test_training_on_a_hostile_directory_never_writes_or_deletes_outside(job) ->
     assert got["epoch"] == 3
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     model.fit(X, Y, initial_epoch=3, epochs=5, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     assert read_link(str(ckpts / "last")) == "epochs/005"
     assert read_link(str(ckpts / "best")).startswith("epochs/")
     assert not (ckpts / "trash-planted").exists()

@@ -14,7 +14,7 @@ from conftest import build_model  # noqa: E402
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import NoSymlinkFS
 
 RNG = np.random.default_rng(0)
@@ -63,7 +63,7 @@ def test_restart_reads_either_form_and_forms_can_alternate(tmp_path: Path) -> No
     for epoch, fs in enumerate([NoSymlinkFS(), None, NoSymlinkFS(), None], start=1):
         cb = CandleCheckpointCallback(params, logger=None, verbose=False, fs=fs)
         model.fit(X, Y, initial_epoch=epoch - 1, epochs=epoch, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
-        release_lock(cb.engine.store.layout.lock)
+        cb.engine.store.close()
         last = tmp_path / "ckpts" / "last"
         forms.append("symlink" if last.is_symlink() else "pointer")
         assert read_link(str(last)) == f"epochs/{epoch:03d}"

@@ -13,15 +13,12 @@ import pytest  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
 from candle_ckpt.engine import engine  # noqa: E402
-from candle_ckpt.storage import store  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Release writer locks and forget restart() state after each test."""
     yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()
 
 

@@ -26,7 +26,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
 from candle_ckpt.keras.state import ModelState
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
@@ -74,7 +74,7 @@ def record_saves(root: Path, fs: RecordingFS, before: int, recorded: int, keep_l
     fit = {"batch_size": 8, "shuffle": False, "verbose": 0, "callbacks": [cb]}
     model.fit(X, Y, initial_epoch=before, epochs=before + recorded, **fit)
     fs.stop()
-    release_lock(store.layout.lock)
+    store.close()
     return committed
 
 

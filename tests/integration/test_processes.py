@@ -27,7 +27,7 @@ from candle_ckpt.core.errors import DirectoryLocked
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "tests" / ".figures"
@@ -75,7 +75,7 @@ def base(tmp_path_factory) -> Path:
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     build_model(1).fit(X, Y, epochs=EPOCHS, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
     cb.engine.store.set_link("best", BEST)
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     return root
 
 
@@ -147,7 +147,8 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from candle_ckpt.storage.store import CheckpointStore
-    CheckpointStore(sys.argv[1]).open_for_write()
+    store = CheckpointStore(sys.argv[1])  # the lock lives as long as this store object
+    store.open_for_write()
     print("locked", flush=True)
     time.sleep(120)
     """
@@ -192,7 +193,7 @@ def test_second_writer_is_refused_and_a_killed_writers_lock_is_not_stale(tmp_pat
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     build_model(1).fit(X, Y, epochs=1, batch_size=8, verbose=0, callbacks=[cb])
     assert cb.engine.store.epochs() == [1]
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
 
 
 def _figure(key: str, value) -> None:

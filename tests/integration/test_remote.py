@@ -31,8 +31,6 @@ from candle_ckpt.storage import store  # noqa: E402
 def _fresh_process_state():
     """Each test is a new "job": release writer locks and forget restart() state afterwards."""
     yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()
 
 
@@ -152,7 +150,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
         from candle_ckpt.core.log import OpsLog
 
         assert pull_newest(cfg, peek, OpsLog(str(tmp_path / "peek.log"))) == 1  # epoch 2 is not complete yet
-        store.release_lock(peek.layout.lock)
+        peek.close()
         release.set()
         t.join(120)
     finally:

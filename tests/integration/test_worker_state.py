@@ -32,8 +32,6 @@ from candle_ckpt.storage import store  # noqa: E402
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
     """The same, in the middle of a test: the next object is a new run of the job."""
-    for path in list(store._LOCKS):
-        store.release_lock(path)
     engine._RESUMED.clear()
 
 
@@ -157,6 +155,7 @@ def test_worker_state_single_worker_backup_restore_and_initial_epoch(tmp_path: P
         hist = model.fit(x, y, batch_size=16, epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0)
         assert state.back_up(epoch + 1, {"loss": hist.history["loss"][-1]})
     state.finish()
+    state.close()  # the job ends: its writer lock goes with it
     _forget_run()
 
     fresh = _k3_model()

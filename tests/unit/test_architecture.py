@@ -136,7 +136,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: pathlib.Path, monkeypatch: pyte
 
 # Exceptions that are not checkpoint errors, each with its reason.
 OWN_EXCEPTIONS = {
-    "candle_ckpt.cli.main.CliError": "a usage error of the command line, turned into exit status 2",
+    "candle_ckpt.cli.common.CliError": "a usage error of the command line, turned into exit status 2",
     "candle_ckpt.testing.crashsim.OutsideRoot": "an AssertionError of the crash simulator",
 }
 

@@ -23,18 +23,9 @@ from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarE
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.keep import KeepLatest
 from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar
-from candle_ckpt.storage import store
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _release_locks():
-    """Drop this process's writer locks after each test, as a process exit would."""
-    yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
 
 
 def _crc(data: bytes) -> str:

@@ -18,7 +18,7 @@ from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.engine import Capture, CheckpointEngine
-from candle_ckpt.storage.store import FileSpec, release_lock
+from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.testing.faultfs import FaultFS
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
@@ -52,7 +52,7 @@ def count_ops(tmp_path: Path, kinds: tuple[str, ...]) -> int:
     engine.save(1, {"loss": 1.0}, lambda: capture(1))
     fs.arm(kinds, 10**9)
     engine.save(2, {"loss": 0.5}, lambda: capture(2))
-    release_lock(engine.store.layout.lock)
+    engine.store.close()
     return fs.seen
 
 
@@ -100,7 +100,7 @@ def test_eio_from_any_fsync_fails_the_save_and_is_never_trusted(tmp_path: Path) 
         assert read_link(str(root / "ckpts" / "last")) == "epochs/003"
         _, kept = engine.store.verify(3, keep=["model.weights.h5"])
         assert kept["model.weights.h5"] == payload(3)
-        release_lock(engine.store.layout.lock)
+        engine.store.close()
     _figure("fsync_fault_points", total)
 
 
@@ -111,7 +111,7 @@ def test_eio_from_any_other_step_fails_the_save_cleanly(tmp_path: Path) -> None:
     assert total >= 10, f"a save made only {total} such operations"
     for k in range(1, total + 1):
         _, engine = run_fault(tmp_path / f"op{k}", kinds, k)
-        release_lock(engine.store.layout.lock)
+        engine.store.close()
     _figure("other_fault_points", total)
 
 
@@ -132,7 +132,7 @@ def test_eio_with_on_error_warn_continues_and_logs(tmp_path: Path) -> None:
     fs.arm((), 0)
     assert engine.save(3, {"loss": 0.4}, lambda: capture(3)) is True
     assert engine.store.epochs() == [1, 3]
-    release_lock(engine.store.layout.lock)
+    engine.store.close()
 
 
 def _figure(key: str, value: int) -> None:
