@@ -97,6 +97,27 @@ def test_crcfile_knows_the_crc_of_what_it_wrote(ops):
         assert value == zlib.crc32(data)
 
 
+@settings(max_examples=100, deadline=None)
+@given(ops=_OPS, start=st.integers(0, 450), length=st.integers(0, 450))
+def test_crcfile_knows_the_crc_of_any_range(ops, start, length):
+    """CrcFile.crc32(start, end) equals zlib.crc32 of that slice of the file, after any mix of writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "f.bin")
+        f = CrcFile(path)
+        for op in ops:
+            if op[0] == "write":
+                f.seek(op[1])
+                f.write(op[2])
+            elif op[0] == "append":
+                f.seek(max(op[1], -f.size), os.SEEK_END)
+                f.write(op[2])
+            elif op[0] == "truncate":
+                f.truncate(op[1])
+        value = f.crc32(start, start + length)
+        f.close()
+        assert value == zlib.crc32(Path(path).read_bytes()[start : start + length])
+
+
 def test_crcfile_reads_back_what_it_wrote(tmp_path):
     """CrcFile is readable and seekable like a file (h5py reads back what it wrote)."""
     with CrcFile(tmp_path / "f") as f:
