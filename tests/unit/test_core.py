@@ -490,3 +490,16 @@ def test_an_oversized_pointer_file_is_ignored(tmp_path):
     with pytest.raises(ValueError, match=r"larger than 256 bytes"):
         read_link(str(best))
     assert s.link_epoch("best") is None
+
+
+def test_slow_writer_message_states_the_wait_and_the_speeds() -> None:
+    """The "writer cannot keep up" line gives the wait, the speed reached and the speed needed for the interval."""
+    from candle_ckpt.engine.writer import slow_writer_message
+
+    msg = slow_writer_message(3, 2, 100_000_000, submitted=10.0, wait_start=10.5, wait_end=12.0)
+    assert msg.startswith("epoch 3: training waited 1.50 s for the checkpoint write of epoch 2, which was still")
+    assert "it wrote 100 MB in 2.00 s (50 MB/s)" in msg
+    assert "keeping up with one save every 0.50 s of training needs 200 MB/s" in msg
+    tiny = slow_writer_message(3, 2, 2_500, submitted=0.0, wait_start=1.0, wait_end=2.0)
+    assert "it wrote 2.5 kB in 2.00 s (1.25 kB/s)" in tiny
+    assert "ckpt_save_interval" in msg and "ckpt_save_weights_only" in msg
