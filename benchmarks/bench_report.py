@@ -129,12 +129,15 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax.plot(xs, ys, style, marker="o", linewidth=width, label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ticks = [sizes[k]["state_mib"] for k in keys]
+    ax.set_xticks(ticks, [f"{t:.0f}" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("model state (weights + Adam moments), MiB")
     ax.set_ylabel("median stall per epoch end, s")
     m = result["machine"]
     ax.set_title(f"Checkpoint stall against state size ({m.get('cpus')} CPUs, keras {m['keras']})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
