@@ -264,8 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="where to write checkpoints (default: the system temp dir)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench-<UTC time>.json)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (matplotlib)")
+    p.add_argument("--rst-from", metavar="JSON", help="print the tables of a saved run as reStructuredText, and exit")
     p.add_argument("--probe-memory", choices=MEMORY_CONTENDERS, help=argparse.SUPPRESS)  # internal: one probe
     args = p.parse_args(argv)
+    if args.rst_from:
+        print(R.rst(json.loads(Path(args.rst_from).read_text())))
+        return 0
     if args.probe_memory:
         workdir = tempfile.mkdtemp(prefix="bench-mem-", dir=args.dir)
         try:

@@ -5,6 +5,7 @@ Imported by ``bench_checkpoint.py`` (run that one).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -30,14 +31,17 @@ def median(xs: list[float]) -> float:
 def build_model(state_mib: float) -> tuple[keras.Model, np.ndarray]:
     """Dense layers trained with Adam whose state (weights + two moments) is about ``state_mib``.
 
-    ``Dense(2048)`` layers (48 MiB of state each) from 48 MiB up; below that,
-    one square ``Dense`` layer of the width that gives the size (smoke runs).
+    ``Dense(2048)`` layers (48 MiB of state each) when a whole number of them
+    comes within 5% of the size (768 MiB: 16, 3 GiB: 64); otherwise as many
+    square layers as 48 MiB ones would round up to, narrower (64 MiB: two of
+    1672; a few MiB: one small layer).
     """
     keras.utils.set_random_seed(0)
-    if state_mib >= LAYER_MIB:
-        width, layers = WIDTH, max(1, round(state_mib / LAYER_MIB))
-    else:
-        width, layers = max(8, int((state_mib * 2**20 / 12) ** 0.5)), 1
+    layers = max(1, round(state_mib / LAYER_MIB))
+    width = WIDTH
+    if abs(layers * LAYER_MIB - state_mib) > 0.05 * state_mib:
+        layers = max(1, math.ceil(state_mib / LAYER_MIB))
+        width = max(8, int((state_mib * 2**20 / (12 * layers)) ** 0.5))
     model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(layers)])
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse", jit_compile=False)
     x = np.random.RandomState(0).rand(8, width).astype("float32")

@@ -141,3 +141,62 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def rst(result: dict[str, Any]) -> str:
+    """The stall, restart, memory and target tables as reStructuredText (for docs/performance.rst)."""
+    sizes = result["sizes"]
+    keys = sorted(sizes, key=lambda k: sizes[k]["state_mib"])
+    head = ["contender"] + [f"{sizes[k]['state_mib']:.0f} MiB" for k in keys]
+    names = list(dict.fromkeys(n for k in keys for n in sizes[k]["contenders"]))
+    body = []
+    for name in names:
+        cells = []
+        for k in keys:
+            row = sizes[k]["contenders"].get(name, {})
+            cells.append(f"{row['stall_s']:.3f} s" if "stall_s" in row else row.get("skipped", "-"))
+        body.append([name, *cells])
+    limits = [
+        ("host snapshot (memcpy at epoch end)", "limits", "snapshot_memcpy_in_fit_s"),
+        ("raw h5py write + fsync (at epoch end)", "limits", "raw_h5py_write_fsync_in_fit_s"),
+        ("restart(), defaults (CRC verify + load)", "restart", "candle_restart_s"),
+        ("restart(), weights only (CRC verify + load)", "restart", "candle_restart_weights_only_s"),
+        ("Keras ``load_weights`` (.weights.h5)", "restart", "keras_load_weights_s"),
+    ]
+    body += [[label, *(f"{sizes[k][part][key]:.3f} s" for k in keys)] for label, part, key in limits]
+    out = [_rst_table(head, body)]
+    for k in keys:
+        mem = sizes[k].get("memory")
+        if mem:
+            rows = [
+                [n, f"{v['peak_extra_bytes'] / 2**20:.0f} MiB", f"{v['peak_extra_bytes'] / v['state_bytes']:.2f}x"]
+                for n, v in mem.items()
+            ]
+            out += [
+                f"Peak extra host memory at {sizes[k]['state_mib']:.0f} MiB:",
+                "",
+                _rst_table(["", "RSS", "x state"], rows),
+            ]
+    for k in keys:
+        rows = [
+            [
+                t["name"],
+                "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}x",
+                f"<= {t['limit']}x",
+                {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]],
+            ]
+            for t in sizes[k]["targets"]
+        ]
+        out += [
+            f"Targets at {sizes[k]['state_mib']:.0f} MiB:",
+            "",
+            _rst_table(["target", "measured", "limit", ""], rows),
+        ]
+    return "\n".join(out)
+
+
+def _rst_table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    rule = "  ".join("=" * w for w in widths)
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([rule, fmt(head), rule, *(fmt(r) for r in rows), rule, ""])
