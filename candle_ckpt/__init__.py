@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from candle_ckpt.config.candle_params import ModelType, ParamRequired, ParamType, param
 from candle_ckpt.config.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
 from candle_ckpt.engine.engine import CheckpointSaveError
 from candle_ckpt.storage.store import (
@@ -33,10 +34,15 @@ _LAZY = {
     "JobRunner": "candle_ckpt.keras.runner",
     "load_weights": "candle_ckpt.keras.partial",
     "WorkerTrainingState": "candle_ckpt.adapters",
+    "CandleCkptKeras": "candle_ckpt.keras.candle_api",
+    "CandleCkpt": "candle_ckpt.keras.candle_api",
+    "MultiGPUCheckpoint": "candle_ckpt.keras.candle_api",
 }
 
 __all__ = [
     "CandleCheckpointCallback",
+    "CandleCkpt",
+    "CandleCkptKeras",
     "CheckpointError",
     "CheckpointSaveError",
     "CheckpointStore",
@@ -44,11 +50,16 @@ __all__ = [
     "CorruptCheckpoint",
     "DirectoryLocked",
     "JobRunner",
+    "ModelType",
+    "MultiGPUCheckpoint",
     "NoValidCheckpoint",
+    "ParamRequired",
+    "ParamType",
     "WorkerTrainingState",
     "ckpt_defs",
     "ckpt_parser",
     "load_weights",
+    "param",
     "restart",
     "str2bool",
 ]

@@ -18,6 +18,7 @@ from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.state import ModelState
 
@@ -69,6 +70,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().set_model(model)
 
     def on_train_begin(self, logs=None) -> None:
+        apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
         self._state = ModelState(self.model)
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.

@@ -7,7 +7,10 @@ import time
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.engine.engine import Capture
+from candle_ckpt.keras.argcheck import require_model
+from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
 from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
 
@@ -50,6 +53,7 @@ class KerasModelAdapter:
     keep_files = (L.WEIGHTS_FILE, L.EXTRA_FILE)
 
     def __init__(self, model) -> None:
+        require_model(model, "model")
         self.state = ModelState(model)
 
     def capture(self, cfg: CkptConfig) -> Capture:
@@ -62,6 +66,9 @@ class KerasModelAdapter:
             NoValidCheckpoint: the checkpoint has no Keras 3 weights file.
         """
         side, kept = chosen.sidecar, chosen.kept
+        if isinstance(side, CandleSidecar):  # written by ECP-CANDLE itself: its model.h5
+            restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has no {L.WEIGHTS_FILE}")
         self.state.restore(kept[side.model_file])
