@@ -39,7 +39,20 @@ _LAZY = {
     "MultiGPUCheckpoint": "candle_ckpt.keras.candle_api",
 }
 
+#: The names a CANDLE script takes from ``candle`` for checkpointing (see docs/migrating.rst).
+CANDLE_NAMES = (
+    "CandleCheckpointCallback",
+    "CandleCkpt",
+    "CandleCkptKeras",
+    "ModelType",
+    "MultiGPUCheckpoint",
+    "ParamRequired",
+    "ParamType",
+    "restart",
+)
+
 __all__ = [
+    "CANDLE_NAMES",
     "CandleCheckpointCallback",
     "CandleCkpt",
     "CandleCkptKeras",

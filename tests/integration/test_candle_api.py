@@ -168,3 +168,14 @@ def test_multigpu_checkpoint_saves_the_inner_model(tmp_path: Path) -> None:
     for a, b in zip(again.get_weights(), inner.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert cb.model is inner
+
+
+def test_one_line_swap_into_an_existing_candle_module() -> None:
+    """The documented one-liner puts candle_ckpt's checkpoint names into a ``candle`` module, leaving its others."""
+    import types
+
+    candle = types.ModuleType("candle")
+    candle.finalize_parameters = len  # one of CANDLE's other utilities, untouched
+    vars(candle).update({n: getattr(candle_ckpt, n) for n in candle_ckpt.CANDLE_NAMES})
+    assert candle.restart is candle_ckpt.restart and candle.CandleCkptKeras is CandleCkptKeras
+    assert candle.finalize_parameters is len
