@@ -83,6 +83,8 @@ def _epoch_or_link(text: str) -> int | str:
 def _open_store(directory: str) -> CheckpointStore:
     """Return the store of ``directory``, or fail if it is not a checkpoint directory."""
     store = CheckpointStore(directory)
+    if not store.exists() and os.path.isdir(os.path.join(directory, "epochs")):
+        store = CheckpointStore(directory, flat=True)  # the flat layout (candle_lib develop): epochs/ right here
     root = store.layout.root
     if not os.path.isdir(root):
         raise CliError(f"{directory}: no such directory")

@@ -179,3 +179,26 @@ def test_one_line_swap_into_an_existing_candle_module() -> None:
     vars(candle).update({n: getattr(candle_ckpt, n) for n in candle_ckpt.CANDLE_NAMES})
     assert candle.restart is candle_ckpt.restart and candle.CandleCkptKeras is CandleCkptKeras
     assert candle.finalize_parameters is len
+
+
+def test_cli_lists_a_flat_directory(tmp_path: Path) -> None:
+    """``candle-ckpt list`` recognises a develop-generation (flat) directory by its epochs/ and lists it."""
+    import json
+    import subprocess
+    import sys
+
+    params = {"epochs": 2, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    ckpt = CandleCkptKeras(params, verbose=False)
+    fit(compile_model(build_model()), [ckpt], 2)
+    ckpt.engine.store.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt", "list", str(tmp_path / "ckpts"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["last"] == 2 and [r["epoch"] for r in out["checkpoints"]] == [1, 2]
