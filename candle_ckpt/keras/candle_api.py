@@ -24,7 +24,6 @@ import keras
 
 from candle_ckpt.config.candle_params import develop_params
 from candle_ckpt.core import layout as L
-from candle_ckpt.engine.engine import resumed_from, resumed_load
 from candle_ckpt.engine.resume import select_checkpoint
 from candle_ckpt.keras.argcheck import require_model, require_params
 from candle_ckpt.keras.callback import CandleCheckpointCallback
@@ -82,8 +81,9 @@ class CandleCkptKeras(CandleCheckpointCallback):
         )
         if found is None:
             return None
-        directory = self.cfg.directory
-        self.engine.adopt_resumed(resumed_from(directory), resumed_load(directory))
+        # This object is the callback: continue from the restored checkpoint (best tracking,
+        # resumed_from, no prune of it) explicitly, whatever the order of the calls.
+        self.engine.adopt_resumed(self.engine.store.read_sidecar(found["epoch"]))
         compiled = getattr(model, "optimizer", None) is not None
         if not compiled and self.engine.resumed is not None and self.engine.resumed.schema_version >= 1:
             self._reload_epoch = self.engine.resumed.epoch
