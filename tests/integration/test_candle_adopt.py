@@ -180,7 +180,6 @@ def test_keep_policy_alone_decides_what_of_candles_is_deleted(tmp_path: Path) ->
         model.fit(x, y, batch_size=16, epochs=4, initial_epoch=found["epoch"], verbose=0, callbacks=[cb])
         assert sorted(os.listdir(root / "ckpts" / "epochs")) == expected
         cb.engine.store.close()
-        candle_ckpt.engine.engine._RESUMED.clear()
 
 
 def test_layouts_are_never_mixed(tmp_path: Path) -> None:

@@ -54,7 +54,6 @@ def test_develop_restart_before_compile_resumes_bit_identical(tmp_path: Path) ->
     model = compile_model(build_model())
     fit(model, [first], 2)
     first.engine.store.close()
-    candle_ckpt.engine.engine._RESUMED.clear()
 
     ckpt = CandleCkptKeras(params, verbose=False)
     model = build_model(seed=7)

@@ -2,8 +2,9 @@
 
 ``candle_job.py`` runs once uninterrupted (the reference: both generations
 train the same model on the same data), then, for each generation, in fresh
-processes: once killed with SIGKILL as soon as it reports the checkpoint of
-epoch 2 (it is then in epoch 3, or pausing after epoch 2); and once more,
+processes: once killed with SIGKILL as soon as the checkpoint of epoch 2 is
+committed (``last`` points to it; the job is then in epoch 3, or pausing
+after epoch 2); and once more,
 unchanged, which resumes and trains to the end. The final weights and
 optimizer variables must equal the uninterrupted run's bit for bit.
 """
@@ -14,10 +15,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from candle_ckpt.storage.store import CheckpointStore
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -25,8 +29,23 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
 EPOCHS = 4
 
 
+def last_epoch(generation: str, workdir: Path) -> int | None:
+    """The epoch the job's ``last`` link points to (master: <workdir>/save/ckpts, develop: <workdir>/ckpts)."""
+    if generation == "master":
+        return CheckpointStore(workdir / "save").link_epoch("last")
+    return CheckpointStore(workdir / "ckpts", flat=True).link_epoch("last")
+
+
+def wait_for_commit(generation: str, workdir: Path, epoch: int) -> None:
+    """Wait until ``last`` reaches ``epoch`` (the commit point), however the job orders its callbacks."""
+    deadline = time.monotonic() + 30
+    while (last_epoch(generation, workdir) or 0) < epoch:
+        assert time.monotonic() < deadline, f"epoch {epoch} was never committed"
+        time.sleep(0.01)
+
+
 def run(generation: str, workdir: Path, out: Path, kill_after: int | None = None) -> list[str]:
-    """Run the job; with ``kill_after``, SIGKILL it once it reports that epoch committed. Return its lines."""
+    """Run the job; with ``kill_after``, SIGKILL it once that epoch is committed (mid-run). Return its lines."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(HERE / "candle_job.py"), generation, str(workdir), str(EPOCHS), str(out)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
@@ -35,6 +54,7 @@ def run(generation: str, workdir: Path, out: Path, kill_after: int | None = None
         for line in child.stdout:
             lines.append(line.strip())
             if kill_after is not None and line.strip() == f"committed {kill_after}":
+                wait_for_commit(generation, workdir, kill_after)
                 os.kill(child.pid, signal.SIGKILL)
                 break
         child.wait(timeout=120)
