@@ -26,29 +26,40 @@ from candle_ckpt.keras.state import ModelState, build_optimizer
 PENDING = "_candle_ckpt_pending_h5_optimizer"  # attribute set on the model until its optimizer exists
 
 
-def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> None:
-    """Load CANDLE's ``model.h5`` at ``path`` into ``model``: weights now, optimizer state now or at fit.
+def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np.ndarray] | None:
+    """Load CANDLE's ``model.h5`` at ``path`` into ``model``: the weights, and the optimizer state if it can.
+
+    Returns:
+        The optimizer variables when the model has no optimizer yet (not
+        compiled): the caller keeps them until it has one (:func:`keep_pending`).
+        None otherwise (loaded, or a warning said the optimizer starts fresh).
 
     Raises:
         ValueError: the file's weights do not fit the model (Keras's message).
     """
     model.load_weights(path)
-    values, why = _read_optimizer(path)
-    if values is None:
-        _fresh(ops, where, why)
-    elif getattr(model, "optimizer", None) is None:
-        setattr(model, PENDING, (values, where))
-        ops.info(
-            f"restart: {where} (written by CANDLE): weights loaded; the model is not compiled yet, so its "
-            f"optimizer state ({len(values)} variables) is applied when training begins"
-        )
-    else:
-        _apply(model, values, ops, where)
     if ModelState(model).extra_variables():
         ops.warning(
             f"restart: {where} (written by CANDLE) holds no random-layer seed states; they start fresh, "
             "so the resumed run will not be bit-identical"
         )
+    values, why = _read_optimizer(path)
+    if values is None:
+        _fresh(ops, where, why)
+        return None
+    if getattr(model, "optimizer", None) is None:
+        ops.info(
+            f"restart: {where} (written by CANDLE): weights loaded; the model is not compiled yet, so its "
+            f"optimizer state ({len(values)} variables) is applied when training begins"
+        )
+        return values
+    _apply(model, values, ops, where)
+    return None
+
+
+def keep_pending(model: Any, values: list[np.ndarray], where: str) -> None:
+    """Keep optimizer variables on ``model`` until :func:`apply_pending` (the callback, when fit begins)."""
+    setattr(model, PENDING, (values, where))
 
 
 def apply_pending(model: Any, ops: OpsLog) -> None:

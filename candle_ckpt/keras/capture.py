@@ -10,7 +10,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.argcheck import require_model
-from candle_ckpt.keras.candle_h5 import restore_candle_h5
+from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, write_keras_archive
 from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
 
@@ -67,7 +67,9 @@ class KerasModelAdapter:
         """
         side, kept = chosen.sidecar, chosen.kept
         if isinstance(side, CandleSidecar):  # written by ECP-CANDLE itself: its model.h5
-            restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            pending = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            if pending is not None:  # not compiled yet: the callback applies it when fit begins
+                keep_pending(self.state.model, pending, where)
             return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has no {L.WEIGHTS_FILE}")
