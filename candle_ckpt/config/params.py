@@ -287,12 +287,14 @@ _SPECS: tuple[_Spec, ...] = (
         key="ckpt_layout",
         field="layout",
         kind="choice",
-        default="nested",
+        default=None,
         help=(
             "'nested': <ckpt_directory>/ckpts/epochs/NNN (Benchmarks master, CandleCheckpointCallback); "
-            "'flat': <ckpt_directory>/epochs/NNN (candle_lib develop; CandleCkptKeras chooses it)."
+            "'flat': <ckpt_directory>/epochs/NNN (candle_lib develop); None: the API chooses "
+            "(CandleCkptKeras flat, the others nested)."
         ),
-        allowed="nested, flat",
+        allowed="nested, flat, or None",
+        optional=True,
         choices=("nested", "flat"),
     ),
     _Spec(

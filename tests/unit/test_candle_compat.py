@@ -191,3 +191,13 @@ def test_quiet_logger_drops_info_keeps_warnings() -> None:
     assert quiet.name == "candle_ckpt.quiet"
     assert not quiet.isEnabledFor(logging.INFO) and quiet.isEnabledFor(logging.WARNING)
     assert get_logger("DEFAULT", verbose=True).isEnabledFor(logging.INFO)
+
+
+def test_ckpt_defs_leave_the_layout_to_the_api() -> None:
+    """ckpt_layout's definition defaults to None, so a parser built from ckpt_defs keeps each API's layout."""
+    from candle_ckpt.config.params import ckpt_defs
+
+    defaults = {d["name"]: d["default"] for d in ckpt_defs()}
+    assert defaults["ckpt_layout"] is None
+    assert CkptConfig.from_params(defaults).layout == "nested"
+    assert CkptConfig.from_params(develop_params(defaults | {"ckpt_directory": None})).layout == "flat"
