@@ -201,3 +201,19 @@ def test_ckpt_defs_leave_the_layout_to_the_api() -> None:
     assert defaults["ckpt_layout"] is None
     assert CkptConfig.from_params(defaults).layout == "nested"
     assert CkptConfig.from_params(develop_params(defaults | {"ckpt_directory": None})).layout == "flat"
+
+
+def test_candle_work_leftover_is_removed_and_its_checkpoints_kept(tmp_path: Path) -> None:
+    """A work/ that CANDLE left by dying mid-save is debris to the next writer; CANDLE's epochs stay as they were."""
+    ckpts = tmp_path / "save" / "ckpts"
+    body = write_candle(ckpts, 1)
+    (ckpts / "work").mkdir()
+    (ckpts / "work" / "model.h5").write_bytes(b"half")
+    store = CheckpointStore(tmp_path / "save")
+    store.open_for_write()
+    try:
+        assert sorted(os.listdir(ckpts)) == ["epochs", "last", "lock"]
+        assert json.loads((ckpts / "epochs" / "001" / "ckpt-info.json").read_text()) == body
+        assert store.read_sidecar(1).to_dict() == body
+    finally:
+        store.close()
