@@ -83,8 +83,10 @@ def _epoch_or_link(text: str) -> int | str:
 def _open_store(directory: str) -> CheckpointStore:
     """Return the store of ``directory``, or fail if it is not a checkpoint directory."""
     store = CheckpointStore(directory)
-    if not store.exists() and os.path.isdir(os.path.join(directory, "epochs")):
-        store = CheckpointStore(directory, flat=True)  # the flat layout (candle_lib develop): epochs/ right here
+    flat = CheckpointStore(directory, flat=True)
+    parent = os.path.dirname(flat.layout.root)
+    if not store.exists() and flat.exists() and not (L.Layout.at(parent).ckpts == flat.layout.root):
+        store = flat  # the flat layout (candle_lib develop): epochs/ right here (a ".../ckpts" gets the hint below)
     root = store.layout.root
     if not os.path.isdir(root):
         raise CliError(f"{directory}: no such directory")

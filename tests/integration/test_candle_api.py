@@ -181,18 +181,19 @@ def test_one_line_swap_into_an_existing_candle_module() -> None:
 
 
 def test_cli_lists_a_flat_directory(tmp_path: Path) -> None:
-    """``candle-ckpt list`` recognises a develop-generation (flat) directory by its epochs/ and lists it."""
+    """``candle-ckpt list`` recognises a develop-generation (flat) directory by its epochs/ and lists it (one named
+    ``ckpts`` keeps the existing hint to list its parent, which shows the same checkpoints)."""
     import json
     import subprocess
     import sys
 
-    params = {"epochs": 2, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    params = {"epochs": 2, "output_dir": str(tmp_path), "ckpt_directory": "mine", "ckpt_save_best_metric": "loss"}
     ckpt = CandleCkptKeras(params, verbose=False)
     fit(compile_model(build_model()), [ckpt], 2)
     ckpt.engine.store.close()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt", "list", str(tmp_path / "ckpts"), "--json"],
+        [sys.executable, "-m", "candle_ckpt", "list", str(tmp_path / "mine"), "--json"],
         capture_output=True,
         text=True,
         env=env,
