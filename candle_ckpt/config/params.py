@@ -155,10 +155,10 @@ _SPECS: tuple[_Spec, ...] = (
         help=(
             "Retention policy for old checkpoints: 'linear' keeps the newest "
             "ckpt_keep_limit, 'exponential' keeps an exponentially thinned "
-            "history."
+            "history, 'all' keeps every checkpoint."
         ),
-        allowed="linear, exponential",
-        choices=("linear", "exponential"),
+        allowed="linear, exponential, all",
+        choices=("linear", "exponential", "all"),
     ),
     _Spec(
         key="ckpt_keep_limit",
@@ -271,6 +271,33 @@ _SPECS: tuple[_Spec, ...] = (
         optional=True,
     ),
     _Spec(
+        key="ckpt_best_metric_last",
+        field="best_metric_last",
+        kind="metric",
+        default=None,
+        help=(
+            "Best value of ckpt_save_best_metric so far, which an epoch must beat to be the new best "
+            "(CANDLE scripts set it from restart()'s best_metric_last); None: taken from the checkpoint "
+            "restart() loaded, else no best yet."
+        ),
+        allowed="number (inf allowed) or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_layout",
+        field="layout",
+        kind="choice",
+        default=None,
+        help=(
+            "'nested': <ckpt_directory>/ckpts/epochs/NNN (Benchmarks master, CandleCheckpointCallback); "
+            "'flat': <ckpt_directory>/epochs/NNN (candle_lib develop); None: the API chooses "
+            "(CandleCkptKeras flat, the others nested)."
+        ),
+        allowed="nested, flat, or None",
+        optional=True,
+        choices=("nested", "flat"),
+    ),
+    _Spec(
         key="epochs",
         field="epochs",
         kind="int",
@@ -338,6 +365,11 @@ def _is_none_like(value: object) -> bool:
     if value is None:
         return True
     return isinstance(value, str) and str.lower(str.strip(_plain_text(value))) in _NONE_STRINGS
+
+
+def _is_none_word(value: object) -> bool:
+    """Return True for None and the string ``"None"`` in any case (an empty string is not None here)."""
+    return value is None or (isinstance(value, str) and str.lower(str.strip(_plain_text(value))) == "none")
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
@@ -422,6 +454,24 @@ def _to_float(spec: _Spec, key: str, value: object) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{key} must be a finite number; got {_describe(value)}")
     _check_range(spec, key, number)
+    return number
+
+
+def _to_metric(spec: _Spec, key: str, value: object) -> float:
+    """Coerce a metric value: any real number, infinities included (CANDLE's "no best yet"), never NaN."""
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
+    if isinstance(value, str):
+        try:
+            number = float(str.strip(_plain_text(value)))
+        except ValueError:
+            raise ValueError(f"{key} must be a number (inf allowed); got {_describe(value)}") from None
+    elif isinstance(value, numbers.Real):
+        number = float(value)
+    else:
+        raise TypeError(f"{key} must be a number (inf allowed) or None; got {_describe_typed(value)}")
+    if math.isnan(number):
+        raise ValueError(f"{key} must be a number (inf allowed), not NaN; got {_describe(value)}")
     return number
 
 
@@ -515,6 +565,7 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "bool": _to_bool,
     "int": _to_int,
     "float": _to_float,
+    "metric": _to_metric,
     "choice": _to_choice,
     "str": _to_str,
     "path": _to_path,
@@ -600,6 +651,8 @@ class CkptConfig:
         upload_url: fsspec URL that checkpoints are mirrored to, or None.
         upload_mode: ``"every"`` (each commit) or ``"end"`` (best and last at the end).
         upload_options: fsspec storage options as canonical JSON text, or None.
+        best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
+        layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -622,6 +675,8 @@ class CkptConfig:
     upload_url: str | None = None
     upload_mode: str = "every"
     upload_options: str | None = None
+    best_metric_last: float | None = None
+    layout: str = "nested"
     epochs: int | None = None
 
     def __post_init__(self) -> None:
@@ -639,7 +694,8 @@ class CkptConfig:
     def from_params(cls, params: Mapping[str, Any], *, require_epochs: bool = False) -> CkptConfig:
         """Build a configuration from a CANDLE ``gParameters`` mapping.
 
-        Missing keys, and keys whose value is None, take their defaults.
+        Missing keys, and keys whose value is None or the string ``"None"``
+        (any case: what a command line or config file gives), take their defaults.
         Unknown keys are ignored.  If ``ckpt_metadata`` is missing or
         None-like, CANDLE's ``metadata`` key is used instead.
 
@@ -658,14 +714,17 @@ class CkptConfig:
                 mapping.
         """
         if not isinstance(params, Mapping):
+            hint = ""
+            if hasattr(params, "layers") or hasattr(params, "fit"):
+                hint = " (a model? the parameter dict comes first: restart(gParameters, model))"
             raise TypeError(
-                "params must be a mapping such as the gParameters dict (use "
-                f"vars(args) for an argparse.Namespace); got {type(params).__name__}"
+                "gParameters must be a mapping such as the parameter dict (use "
+                f"vars(args) for an argparse.Namespace); got {type(params).__name__}{hint}"
             )
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
-            if value is not None:
+            if not _is_none_word(value):
                 kwargs[spec.field] = _coerce(spec, value)
         if _is_none_like(params.get("ckpt_metadata")):
             fallback = params.get(_METADATA_FALLBACK_KEY)
@@ -739,6 +798,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "bool": str2bool,
     "int": int,
     "float": float,
+    "metric": float,
     "choice": str,
     "str": str,
     "path": str,

@@ -19,6 +19,7 @@ from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, 
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.state import ModelState
 
@@ -84,6 +85,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.engine.open()  # the writer lock, for as long as this fit runs
         self._guard.arm()
         self._stdout = track_stdout()  # log records never continue the progress bar's line
+        apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
         self._state = ModelState(self.model)
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.

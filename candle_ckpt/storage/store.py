@@ -28,6 +28,7 @@ anything is loaded.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import mmap
 import os
@@ -143,10 +144,18 @@ class CheckpointStore:
         directory: ``ckpt_directory``; the store lives in ``<directory>/ckpts``.
         fs: The file-system operations (tests inject faults here).
         checksum: Compute and check CRC32s (``ckpt_checksum``).
+        flat: The ``flat`` layout (no ``ckpts/`` level; ``ckpt_layout``).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, fs: LocalFS | None = None, checksum: bool = True) -> None:
-        self.layout = L.Layout.at(directory)
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fs: LocalFS | None = None,
+        checksum: bool = True,
+        flat: bool = False,
+    ) -> None:
+        self.layout = L.Layout.at(directory, flat=flat)
         self.fs = fs or LocalFS()
         self.checksum = checksum
         self._generation: int | None = None
@@ -167,6 +176,7 @@ class CheckpointStore:
     def open_for_write(self) -> None:
         """Create the layout, check it is writable, lock it and clean debris."""
         lay = self.layout
+        self.check_layout()
         try:
             # Through the fs and durable: without an fsync of their parents a power cut
             # after the first commit returned could lose ckpts/ or epochs/ themselves.
@@ -191,6 +201,24 @@ class CheckpointStore:
         except BaseException:
             self._lock.release()
             raise
+
+    def check_layout(self) -> None:
+        """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.
+
+        Raises:
+            ValueError: naming the directory, what it holds and what to set instead.
+        """
+        lay, other = self.layout, self.layout.other
+        if os.path.isdir(lay.epochs) or not os.path.isdir(other.epochs) or os.path.islink(other.epochs):
+            return
+        if lay.flat:
+            hint = f"set ckpt_directory to {other.ckpts!r} (or ckpt_layout='nested') to continue them"
+        else:
+            hint = "set ckpt_layout='flat' to continue them, or use another ckpt_directory"
+        raise ValueError(
+            f"ckpt_directory {lay.root!r} holds checkpoints in the {other.name} layout ({other.epochs}) but this job "
+            f"uses the {lay.name} layout ({lay.epochs}); the two are never mixed in one directory: {hint}"
+        )
 
     def resync_generation(self) -> None:
         """Continue after commits made here by another store object of this
@@ -470,10 +498,16 @@ class CheckpointStore:
             return None
         if target is None:
             return None
-        epoch = L.parse_link_target(target)
+        epoch, why = L.resolve_link_target(target, self._ckpts_spellings())
         if epoch is None:
-            logger.warning("ignoring %s: it points to %r, outside ckpts/epochs/", self.layout.link(name), target)
+            logger.warning("ignoring %s: %s", self.layout.link(name), why)
         return epoch
+
+    def _ckpts_spellings(self) -> tuple[str, ...]:
+        """The directory holding ``epochs/`` as configured and as its real path (CANDLE links the latter)."""
+        given = os.path.normpath(self.layout.ckpts)
+        real = os.path.realpath(given)
+        return (given,) if real == given else (given, real)
 
     def read_sidecar(self, epoch: int) -> Sidecar:
         """Read and validate ``epochs/NNN/ckpt-info.json``."""
@@ -485,7 +519,31 @@ class CheckpointStore:
             raise CorruptCheckpoint(path, "sidecar is missing") from None
         except OSError as err:
             raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
-        return parse_sidecar(raw, path, epoch)
+        if not raw.lstrip().startswith(b"{") or b'"schema_version"' in raw:
+            return parse_sidecar(raw, path, epoch)
+        return self._candle_sidecar(raw, path, epoch)
+
+    def _candle_sidecar(self, raw: bytes, path: str, epoch: int) -> Sidecar:
+        """A sidecar CANDLE wrote (no ``schema_version``): adopted with its model file's size from the disk."""
+        from candle_ckpt.core.candle_sidecar import from_candle
+
+        try:
+            probe = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            probe = None
+        name = probe.get("model_file") if isinstance(probe, dict) else None
+        if not (isinstance(name, str) and L.is_safe_filename(name)):
+            return parse_sidecar(raw, path, epoch)  # reports what is wrong
+        model = os.path.join(self.layout.epoch_dir(epoch), name)
+        size = os.path.getsize(model) if os.path.isfile(model) and not os.path.islink(model) else None
+        best = self.link_epoch("best") if os.path.lexists(self.layout.link("best")) else None
+        try:
+            side = from_candle(raw, source=path, model_size=size, best_epoch=best)
+        except SidecarError as err:
+            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+        if side.epoch != epoch:
+            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+        return side
 
     def verify(
         self,
