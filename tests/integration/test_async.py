@@ -209,6 +209,7 @@ def test_failed_best_is_not_kept_as_the_best_to_beat(tmp_path, async_save):
         fs=fs,
     )
     state = ModelState(make_model())
+    cb.engine.open()  # what on_train_begin does: the callback writes only while it holds the lock
     # loss 5 (best, saved), 1 (best, the save fails), 3 (beats the durable 5: saved as best), 4 (final)
     for epoch, loss in enumerate([5.0, 1.0, 3.0, 4.0], start=1):
         cb.engine.save(epoch, {"loss": loss}, lambda: capture_model(state, cb.cfg))
@@ -228,6 +229,7 @@ def test_writer_error_still_pending_at_exit_is_logged(tmp_path):
     fs = ScriptedFS({("create", 1): block_then_fail})
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1), verbose=False, fs=fs)
     state = ModelState(make_model())
+    cb.engine.open()  # what on_train_begin does: the callback writes only while it holds the lock
     cb.engine.save(1, {"loss": 1.0}, lambda: capture_model(state, cb.cfg))
     assert entered.wait(WAIT)
     release.set()
