@@ -97,10 +97,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         try:
             self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
         except BaseException:
-            # fit stops here without on_train_end: give SIGTERM its default back and the lock up now.
+            # fit stops here without on_train_end: give SIGTERM its default back, and the lock up now
+            # unless a write is in flight; then the guard waits for it on its own thread (this one
+            # must unwind, so that a SIGTERM's exit hook can commit that write).
             self._sigterm.disarm()
-            self._guard.disarm()
-            self._fit_ended()
+            if not self.engine.writer.in_flight():
+                self._guard.disarm()
+                self._fit_ended()
             raise
 
     def on_train_end(self, logs=None) -> None:

@@ -174,7 +174,28 @@ class CheckpointStore:
 
     # -- writer side -------------------------------------------------------------
     def open_for_write(self) -> None:
-        """Create the layout, check it is writable, lock it and clean debris."""
+        """Lock the directory for writing and clean a crashed writer's debris (no-op if open).
+
+        The first time, the layout is created and checked for writability, so a
+        bad ``ckpt_directory`` fails now and not at epoch 50. Opening again after
+        :meth:`close` (a second ``fit``) does not repeat the write probe: a disk
+        that filled up meanwhile fails the next save, as ``ckpt_on_error`` says.
+        """
+        if self._lock.held:
+            return
+        if self._generation is None or not os.path.isdir(self.layout.epochs):
+            self._prepare()
+        self._lock.acquire()
+        try:
+            self.clean_debris()
+            # Another writer may have committed while this store was closed: continue after it.
+            self._generation = max(self._generation or 0, self._max_generation() + 1)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _prepare(self) -> None:
+        """Create the layout and check that this process can write into it."""
         lay = self.layout
         self.check_layout()
         try:
@@ -192,15 +213,6 @@ class CheckpointStore:
             os.unlink(probe)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} is not writable: {err.strerror}") from None
-        if not self._lock.acquire():
-            return  # already open: nothing can have changed under our lock
-        try:
-            self.clean_debris()
-            # Another writer may have committed while this store was closed: continue after it.
-            self._generation = max(self._generation or 0, self._max_generation() + 1)
-        except BaseException:
-            self._lock.release()
-            raise
 
     def check_layout(self) -> None:
         """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.

@@ -76,10 +76,11 @@ def params() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state() -> Iterator[None]:
-    """Release this process's writer locks and forget restart() state after each test.
+    """Forget restart() state after each test.
 
-    The lock and the resumed-from record are per process; without this, one
-    test's "run" would look like the same job to the next test.
+    The resumed-from record is per process; without this, one test's "run"
+    would look like the same job to the next test. (Writer locks need nothing:
+    each belongs to the store that took it and is released with it.)
     """
     yield
     engine._RESUMED.clear()
