@@ -185,11 +185,11 @@ def _store_warnings(root: Path) -> str:
             records.append(record.getMessage())
 
     handler = Grab()
-    logging.getLogger("candle_ckpt.storage.store").addHandler(handler)
+    logging.getLogger("candle_ckpt.storage").addHandler(handler)
     try:
         CheckpointStore(root).link_epoch("last")
     finally:
-        logging.getLogger("candle_ckpt.storage.store").removeHandler(handler)
+        logging.getLogger("candle_ckpt.storage").removeHandler(handler)
     return "\n".join(records)
 
 
