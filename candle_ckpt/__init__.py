@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from candle_ckpt.config.candle_params import ModelType, ParamRequired, ParamType, param
-from candle_ckpt.config.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import (
     CheckpointError,
     CheckpointSaveError,

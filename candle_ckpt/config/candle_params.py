@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from enum import Enum, auto, unique
 from typing import Any
 
-from candle_ckpt.config.params import str2bool
+from candle_ckpt.config.cli_args import str2bool
 
 
 class ModelType(Enum):

@@ -92,6 +92,21 @@ def test_lower_layers_import_no_framework(layer: str) -> None:
     assert not wrong, wrong
 
 
+def test_config_imports_only_the_standard_library() -> None:
+    """config/ loads in milliseconds anywhere: it imports the standard library and itself, nothing else."""
+    wrong = [
+        f"{name} imports {target}"
+        for name, own, tree in _modules()
+        if own == "config"
+        for node in ast.walk(tree)
+        for target in _imported(node)
+        if target.split(".")[0] not in sys.stdlib_module_names
+        and not target.startswith("candle_ckpt.config")
+        and target != "__future__"
+    ]
+    assert not wrong, wrong
+
+
 def test_no_import_cycle_between_modules() -> None:
     """The module-level import graph of candle_ckpt has no cycle."""
     trees = {name: tree for name, _, tree in _modules()}

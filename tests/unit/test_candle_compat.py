@@ -195,7 +195,7 @@ def test_quiet_logger_drops_info_keeps_warnings() -> None:
 
 def test_ckpt_defs_leave_the_layout_to_the_api() -> None:
     """ckpt_layout's definition defaults to None, so a parser built from ckpt_defs keeps each API's layout."""
-    from candle_ckpt.config.params import ckpt_defs
+    from candle_ckpt.config.cli_args import ckpt_defs
 
     defaults = {d["name"]: d["default"] for d in ckpt_defs()}
     assert defaults["ckpt_layout"] is None
