@@ -9,6 +9,7 @@ from typing import NamedTuple, NoReturn
 from candle_ckpt import __version__
 from candle_ckpt.cli import commands
 from candle_ckpt.cli.common import PROG, CliError
+from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
 
 EXIT_HELP = "exit status: 0 ok, 1 corruption found, 2 error (usage, not a checkpoint directory, unknown epoch, ...)"
@@ -83,9 +84,10 @@ def _prune_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keep-mode",
-        choices=("linear", "exponential"),
+        choices=KEEP_MODES,
         default="linear",
-        help="'linear' keeps the newest N; 'exponential' keeps N exponentially spaced ones (default: linear)",
+        help="'linear' keeps the newest N; 'exponential' keeps N exponentially spaced ones; 'all' keeps every one "
+        "(default: linear)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan and remove nothing")
 

@@ -17,6 +17,10 @@ _NONE_STRINGS = frozenset({"none", ""})
 _MAX_REPR = 80
 
 
+#: The keep rules' names (``ckpt_keep_mode``, ``candle-ckpt prune --keep-mode``); core.keep maps each to its rule.
+KEEP_MODES: tuple[str, ...] = ("linear", "exponential", "all")
+
+
 @dataclass(frozen=True)
 class _Spec:
     """Description of one gParameters key.
@@ -125,8 +129,8 @@ _SPECS: tuple[_Spec, ...] = (
             "ckpt_keep_limit, 'exponential' keeps an exponentially thinned "
             "history, 'all' keeps every checkpoint."
         ),
-        allowed="linear, exponential, all",
-        choices=("linear", "exponential", "all"),
+        allowed=", ".join(KEEP_MODES),
+        choices=KEEP_MODES,
     ),
     _Spec(
         key="ckpt_keep_limit",

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "KeepPolicy", "keep_policy", "prune_plan"]
+from candle_ckpt.config.schema import KEEP_MODES
 
-_KEEP_MODES = ("linear", "exponential", "all")
+__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "KeepPolicy", "keep_policy", "prune_plan"]
 
 
 class KeepPolicy(Protocol):
@@ -125,6 +125,10 @@ class KeepAll(_Limited):
         return set(epochs)
 
 
+#: Each ``ckpt_keep_mode`` name (the schema's choices) and its rule.
+_RULES: dict[str, type[_Limited]] = {"linear": KeepLatest, "exponential": KeepExponential, "all": KeepAll}
+
+
 def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll:
     """Build a keep policy from CANDLE-style configuration.
 
@@ -140,13 +144,10 @@ def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll
         ValueError: If ``mode`` is unknown (names ``ckpt_keep_mode``) or
             ``limit`` < 1 (names ``ckpt_keep_limit``).
     """
-    if mode == "linear":
-        return KeepLatest(limit)
-    if mode == "exponential":
-        return KeepExponential(limit)
-    if mode == "all":
-        return KeepAll(limit)
-    raise ValueError(f"ckpt_keep_mode must be one of {', '.join(_KEEP_MODES)}; got {mode!r}")
+    rule = _RULES.get(mode) if isinstance(mode, str) else None
+    if rule is None:
+        raise ValueError(f"ckpt_keep_mode must be one of {', '.join(KEEP_MODES)}; got {mode!r}")
+    return rule(limit)
 
 
 def prune_plan(

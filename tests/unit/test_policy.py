@@ -417,3 +417,12 @@ def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[i
     assert set(keep) == policy.select(epochs, protected)
     assert set(keep).isdisjoint(delete)
     assert set(keep) | set(delete) == epochs
+
+
+def test_every_keep_mode_of_the_schema_has_a_rule() -> None:
+    """The schema's ckpt_keep_mode choices (also the CLI's --keep-mode) and the keep rules name the same modes."""
+    from candle_ckpt.config.schema import KEEP_MODES
+    from candle_ckpt.core.keep import _RULES, keep_policy
+
+    assert set(_RULES) == set(KEEP_MODES)
+    assert {type(keep_policy(mode, 3)).__name__ for mode in KEEP_MODES} == {"KeepLatest", "KeepExponential", "KeepAll"}
