@@ -62,7 +62,13 @@ def measure(state_mib: int, epochs: int, compute_s: float) -> dict:
             time.sleep(compute_s)
 
     with tempfile.TemporaryDirectory() as d:
-        params = {"ckpt_directory": d, "epochs": epochs, "ckpt_async": True, "ckpt_keep_limit": 2}
+        params = {
+            "ckpt_directory": d,
+            "epochs": epochs,
+            "ckpt_async": True,
+            "ckpt_keep_limit": 2,
+            "ckpt_save_best_metric": "loss",
+        }
         model.fit(x, x, epochs=epochs, verbose=0, callbacks=[Timed(params, logger=None, verbose=False)])
     mib = sum(a.nbytes for a in snap.arrays()) / 2**20
     return {
