@@ -121,6 +121,14 @@ def _host_view(value: Any) -> tuple[np.ndarray, Any]:
     TensorFlow, ``ReadVariableOp`` aliases the variable's buffer (an assign
     that follows copies on write), and ``np.asarray`` of a CPU tensor is a
     view: so this costs no copy on CPU, and one device-to-host copy on GPU.
+
+    On JAX, ``np.asarray`` of a CPU array is a read-only view of its buffer,
+    and on torch ``detach().numpy()`` of a CPU tensor shares its memory (an
+    optimizer step updates it in place). Keras's ``convert_to_numpy`` copies
+    on both; these views do not. A view must not outlive the train step (the
+    JAX trainer donates its state buffers; torch writes in place): the async
+    path copies it at once (:meth:`ModelState.snapshot`), the sync path writes
+    it before training resumes.
     """
     if isinstance(value, keras.Variable):
         inner = value.value
@@ -130,10 +138,31 @@ def _host_view(value: Any) -> tuple[np.ndarray, Any]:
             view = np.asarray(tensor)
             view.flags.writeable = False  # it may alias the live variable
             return view, tensor
+        view = _backend_view(inner)
+        if view is not None:
+            return view, inner
         return np.asarray(keras.ops.convert_to_numpy(inner)), None
     if isinstance(value, np.ndarray):
         return value, None
     return np.asarray(keras.ops.convert_to_numpy(value)), None
+
+
+def _backend_view(inner: Any) -> np.ndarray | None:
+    """A no-copy, read-only host view of a JAX or torch CPU value; None where one cannot be had."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        devices = getattr(inner, "devices", None)
+        if devices is None or any(d.platform != "cpu" for d in devices()) or str(inner.dtype) == "bfloat16":
+            return None
+        view = np.asarray(inner)
+    elif backend == "torch":
+        if inner.device.type != "cpu" or str(inner.dtype) == "torch.bfloat16":
+            return None
+        view = inner.detach().numpy()
+    else:
+        return None
+    view.flags.writeable = False  # it aliases the live variable
+    return view
 
 
 def _to_host(value: Any) -> np.ndarray:

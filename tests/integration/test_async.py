@@ -479,6 +479,7 @@ def test_async_snapshot_reuses_the_written_buffers_and_never_a_busy_one(tmp_path
     assert all(a.tobytes() == b.tobytes() for a, b in zip(third.arrays(), current, strict=True))
 
 
+@pytest.mark.tf_only  # TF read_value(); JAX and torch: test_backends.py::test_sync_snapshot_is_a_view_...
 def test_sync_snapshot_is_a_view_of_the_variables():
     """The sync path writes straight from the variables: its snapshot copies nothing."""
     model = build_model(7)

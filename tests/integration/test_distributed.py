@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.tf_only  # tf.distribute multi-worker training
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 JOB = HERE / "dist_job.py"

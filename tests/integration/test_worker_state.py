@@ -28,6 +28,8 @@ from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
+pytestmark = pytest.mark.tf_only  # tf.distribute multi-worker training and tf_keras models
+
 
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
