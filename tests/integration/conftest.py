@@ -18,7 +18,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
 
@@ -85,4 +84,3 @@ def _fresh_process_state() -> Iterator[None]:
     yield
     for path in list(store._LOCKS):
         store.release_lock(path)
-    engine._RESUMED.clear()

@@ -12,7 +12,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
 
@@ -22,7 +21,6 @@ def _fresh_process_state():
     yield
     for path in list(store._LOCKS):
         store.release_lock(path)
-    engine._RESUMED.clear()
 
 
 def build(seed: int, enc_width: int = 16) -> keras.Model:

@@ -22,7 +22,6 @@ import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 from candle_ckpt.storage.remote import CheckpointUploadError  # noqa: E402
 
@@ -33,7 +32,6 @@ def _fresh_process_state():
     yield
     for path in list(store._LOCKS):
         store.release_lock(path)
-    engine._RESUMED.clear()
 
 
 def _free_port() -> int:

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
-from candle_ckpt import JobRunner, NoValidCheckpoint, engine, store  # noqa: E402
+from candle_ckpt import JobRunner, NoValidCheckpoint, store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("runner_loops.py")
@@ -29,13 +29,11 @@ def _fresh_process_state():
     yield
     for path in list(store._LOCKS):
         store.release_lock(path)
-    engine._RESUMED.clear()
 
 
 def new_job(directory: str) -> None:
     """End this process's "run" on ``directory`` so the next runner acts as a restarted job."""
     store.release_lock(os.path.join(directory, "ckpts", "lock"))
-    engine._RESUMED.clear()
 
 
 def assert_same(a: dict, b: dict) -> None:

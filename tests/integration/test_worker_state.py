@@ -23,7 +23,6 @@ import candle_ckpt as candle  # noqa: E402
 import candle_ckpt.tf_keras.adapter as ck_tfk  # noqa: E402
 from candle_ckpt.core.fs import LocalFS  # noqa: E402
 from candle_ckpt.distributed.worker_state import WorkerTrainingState  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 from candle_ckpt.storage.store import CheckpointError  # noqa: E402
@@ -34,7 +33,6 @@ def _forget_run() -> None:
     """The same, in the middle of a test: the next object is a new run of the job."""
     for path in list(store._LOCKS):
         store.release_lock(path)
-    engine._RESUMED.clear()
 
 
 def _params(tmp_path: Path, epochs: int = 4) -> dict[str, Any]:
