@@ -103,9 +103,8 @@ class Pipeline:
 
             self.adapter.on_epoch_end = on_epoch_end
         elif self.kind == "generator":
-            gen = getattr(self.adapter, "generator", None)
             warn(
-                f"the training input is a Python generator ({getattr(gen, '__name__', type(gen).__name__)}): its "
+                "the training input (fit's x) is a Python generator: its "
                 "position cannot be saved, so a resumed run restarts it and will not be bit-identical to an "
                 "uninterrupted one; use a tf.data pipeline or a keras.utils.PyDataset (with get_state()/set_state() "
                 "if it keeps state) for an exact resume"
