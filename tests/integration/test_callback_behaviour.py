@@ -217,7 +217,7 @@ def test_weights_only_writes_no_keras_archive(tmp_path):
     _fit(job.build_model(), 3, [candle.CandleCheckpointCallback(params, verbose=False)])
     for epoch in (1, 2, 3):
         names = sorted(p.name for p in (_ckpts(params) / "epochs" / f"{epoch:03d}").iterdir())
-        assert names == ["ckpt-info.json", "model.weights.h5"]
+        assert names == ["ckpt-info.json", "model.weights.h5", "train.state.npz"]
 
 
 # -- save policy -------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def test_every_sidecar_has_candle_keys_sizes_and_crcs(tmp_path):
         assert set(side["logs"]) == {"loss"} and isinstance(side["logs"]["loss"], float)
         assert side["save_duration_s"] > 0 and side["save_mb_per_s"] > 0
         assert time.strptime(side["timestamp"], "%Y-%m-%dT%H:%M:%S%z")
-        assert sorted(side["files"]) == ["model.keras", "model.weights.h5"]
+        assert sorted(side["files"]) == ["model.keras", "model.weights.h5", "train.state.npz"]
         for name, entry in side["files"].items():
             data = (directory / name).read_bytes()
             assert entry == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
@@ -455,7 +455,7 @@ def test_values_given_as_strings_work(tmp_path):
     _new_run()
     found = candle.restart(dict(params, ckpt_restart_mode="required", ckpt_restart_epoch="6"), job.build_model())
     assert found["epoch"] == 6
-    assert sorted(found["files"]) == ["model.weights.h5"]
+    assert sorted(found["files"]) == ["model.weights.h5", "train.state.npz"]
 
 
 # -- the directory -----------------------------------------------------------------------------
