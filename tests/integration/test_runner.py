@@ -17,7 +17,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
-from candle_ckpt import JobRunner, NoValidCheckpoint, store  # noqa: E402
+from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
+from candle_ckpt.storage import store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("runner_loops.py")
