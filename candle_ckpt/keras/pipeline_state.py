@@ -102,7 +102,12 @@ class Pipeline:
                 end()
 
             self.adapter.on_epoch_end = on_epoch_end
-        elif self.kind == "generator":
+        elif self.kind not in ("arrays", "generator"):
+            warn(
+                f"the training input ({type(self.adapter).__name__}) is not one whose position candle_ckpt can "
+                "save; a resumed run starts it afresh and may not be bit-identical"
+            )
+        if self.kind == "generator":
             warn(
                 "the training input (fit's x) is a Python generator: its "
                 "position cannot be saved, so a resumed run restarts it and will not be bit-identical to an "
@@ -122,8 +127,15 @@ class Pipeline:
             doc["iterators"] = self.iterators
             current = getattr(self.it, "_current_iterator", None)
             if self.it.steps_per_epoch and current is not None:
-                doc["steps_seen"] = int(self.it._steps_seen)
-                arrays.update(_iterator_bytes(current))
+                try:
+                    arrays.update(_iterator_bytes(current))
+                    doc["steps_seen"] = int(self.it._steps_seen)
+                except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
+                    self.warn(
+                        f"the position of the tf.data iterator cannot be saved ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200]}); a resumed run starts the dataset from its beginning "
+                        "and will not be bit-identical"
+                    )
         elif self.kind == "pydataset":
             if has_protocol(self.dataset):
                 state = dict(self.dataset.get_state())
@@ -148,7 +160,14 @@ class Pipeline:
         dataset = self.it._get_iterator()
         if "steps_seen" in doc:
             current = iter(dataset)
-            _load_iterator(current, arrays)
+            try:
+                _load_iterator(current, arrays)
+            except Exception as err:  # another pipeline than the one saved
+                self.warn(
+                    f"restart: the saved tf.data iterator position does not fit this dataset ({type(err).__name__}); "
+                    "it starts from its beginning and the run will not be bit-identical"
+                )
+                return
             self.it._current_iterator = current
             self.it._steps_seen = doc["steps_seen"]
             self.iterators = int(doc["iterators"])

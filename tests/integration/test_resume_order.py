@@ -279,3 +279,20 @@ def test_tf_keras_restart_before_compile_resumes_bit_identical(tmp_path):
     ref = reference.get_weights() + [v.numpy() for v in reference.optimizer.variables]
     assert len(mine) == len(ref) and all(a.tobytes() == b.tobytes() for a, b in zip(mine, ref, strict=True))
     assert "applied the optimizer state of" in _log(params)
+
+
+def test_an_uncheckpointable_tf_data_iterator_is_named_and_saving_goes_on(tmp_path):
+    """A repeat()ed Dataset.from_generator cannot be checkpointed: one warning says the resumed run will start it
+    from its beginning, and every epoch is still saved."""
+    import tensorflow as tf
+
+    def rows():
+        yield from zip(X, Y)
+
+    spec = (tf.TensorSpec((8,), tf.float32), tf.TensorSpec((1,), tf.float32))
+    ds = tf.data.Dataset.from_generator(rows, output_signature=spec).repeat().batch(16)
+    params = _params(tmp_path)
+    ckpt = candle.CandleCheckpointCallback(params, logger=None)
+    _model().fit(ds, steps_per_epoch=3, epochs=2, verbose=0, callbacks=[ckpt])
+    assert ckpt.engine.store.epochs() == [1, 2]
+    assert _log(params).count("the position of the tf.data iterator cannot be saved") == 1
