@@ -287,7 +287,7 @@ def test_an_uncheckpointable_tf_data_iterator_is_named_and_saving_goes_on(tmp_pa
     import tensorflow as tf
 
     def rows():
-        yield from zip(X, Y)
+        yield from zip(X, Y, strict=True)
 
     spec = (tf.TensorSpec((8,), tf.float32), tf.TensorSpec((1,), tf.float32))
     ds = tf.data.Dataset.from_generator(rows, output_signature=spec).repeat().batch(16)
@@ -296,3 +296,54 @@ def test_an_uncheckpointable_tf_data_iterator_is_named_and_saving_goes_on(tmp_pa
     _model().fit(ds, steps_per_epoch=3, epochs=2, verbose=0, callbacks=[ckpt])
     assert ckpt.engine.store.epochs() == [1, 2]
     assert _log(params).count("the position of the tf.data iterator cannot be saved") == 1
+
+
+def test_every_global_rng_state_round_trips():
+    """Python's, NumPy's, TensorFlow's global generator and op-seed counter, and Keras's global SeedGenerator
+    continue after a restore with the numbers they would have drawn."""
+    import tensorflow as tf
+    from tensorflow.python.framework import random_seed
+
+    keras.utils.set_random_seed(7)
+    tf.random.get_global_generator().reset_from_seed(3)
+    keras.random.normal((2,))  # creates Keras's global SeedGenerator
+
+    def draw() -> list[bytes]:
+        return [
+            np.float64(random.random()).tobytes(),
+            np.random.random(3).tobytes(),
+            tf.random.get_global_generator().normal((3,)).numpy().tobytes(),
+            # The op seed the next unseeded random op gets (its kernel would be new in a fresh process).
+            np.asarray(random_seed.get_seed(None)).tobytes(),
+            np.asarray(keras.random.normal((3,))).tobytes(),
+        ]
+
+    doc, arrays = rng_state.capture()
+    assert {"python", "numpy", "tf_global", "tf_op_seed", "keras"} <= set(doc)
+    expected = draw()
+    assert draw() != expected
+    assert sorted(rng_state.restore(doc, arrays)) == ["keras", "numpy", "python", "tf_global", "tf_op_seed"]
+    assert draw() == expected
+
+
+def test_model_checkpoint_best_continues_after_a_resume(tmp_path):
+    """Keras's ModelCheckpoint(save_best_only=True) gets its best value back, so the resumed run does not save
+    a worse model as 'best'."""
+    params = _params(tmp_path)
+    path = str(tmp_path / "best.keras")
+    first = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True)
+    model = _model()
+    model.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[candle.CandleCheckpointCallback(params, logger=None), first])  # fmt: skip
+    _new_run(params)
+    model = _model()
+    found = candle.restart(params, model, logger=None)
+    second = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True)
+    seen: dict[str, float] = {}
+
+    class Peek(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            seen.setdefault("best", second.best)
+
+    _train(params, model, epochs=3, initial_epoch=found["epoch"], extra=[second, Peek()])
+    assert seen["best"] == first.best
