@@ -16,14 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
-from candle_ckpt.engine.engine import CheckpointSaveError
-from candle_ckpt.storage.store import (
+from candle_ckpt.core.errors import (
     CheckpointError,
-    CheckpointStore,
+    CheckpointSaveError,
+    CheckpointUploadError,
     CorruptCheckpoint,
     DirectoryLocked,
     NoValidCheckpoint,
 )
+from candle_ckpt.storage.store import CheckpointStore
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointSaveError",
     "CheckpointStore",
+    "CheckpointUploadError",
     "CkptConfig",
     "CorruptCheckpoint",
     "DirectoryLocked",

@@ -1,9 +1,9 @@
-"""The demo job: a small regression model on synthetic data, checkpointed into ./save.
+"""The demo job: a small regression model on synthetic data, checkpointed into ./candle_ckpt_demo.
 
 Run it, stop it (Ctrl-C, kill -9) and run it again: it resumes where it
 stopped, and after the last epoch a rerun has nothing left to do::
 
-    python -m candle_ckpt.cli.demo --epochs 20
+    python3 -m candle_ckpt.cli.demo --epochs 20     # or: candle-ckpt demo --epochs 20
 """
 
 from __future__ import annotations
@@ -12,19 +12,26 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from candle_ckpt.cli.console import import_keras_quietly, saved_so_far
+from candle_ckpt.cli.parser import DEMO_DIRECTORY
+
+PROG = "python3 -m candle_ckpt.cli.demo"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from candle_ckpt.config.params import ckpt_parser
 
-    parser = argparse.ArgumentParser(prog="candle_ckpt.cli.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20, help="total number of epochs of the job (default 20)")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic training samples (default 2048)")
     parser.add_argument("--sleep", type=float, default=0.2, help="extra seconds per epoch, to leave time for Ctrl-C")
     parser.add_argument("--seed", type=int, default=7, help="random seed for data and weights")
-    return ckpt_parser(parser)
+    ckpt_parser(parser)
+    # Its own directory: never ./save, where a user's own job (the Quickstart) keeps its checkpoints.
+    parser.set_defaults(ckpt_directory=DEMO_DIRECTORY)
+    return parser
 
 
 def make_data(samples: int, seed: int):
@@ -39,8 +46,7 @@ def make_data(samples: int, seed: int):
 
 
 def make_model(seed: int):
-    import keras
-
+    keras = import_keras_quietly()
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         [
@@ -54,25 +60,21 @@ def make_model(seed: int):
     return model
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo job; return the process exit code."""
-    args = build_parser().parse_args(argv)
-    import keras
-
+def _train(args: argparse.Namespace, where: str) -> int:
+    keras = import_keras_quietly()
     import candle_ckpt as candle
 
-    params = vars(args)
+    params: dict[str, Any] = vars(args)
     (x, y), (vx, vy) = make_data(args.samples, args.seed)
     model = make_model(args.seed)
     info = candle.restart(params, model)
     initial_epoch = info["epoch"] if info else 0
     if initial_epoch >= args.epochs:
-        print(f"demo: all {args.epochs} epochs are done (checkpoint {initial_epoch} in {args.ckpt_directory}).")
+        print(f"demo: all {args.epochs} epochs are done (checkpoint of epoch {initial_epoch} in {where}).")
+        print(f"demo: to train on, pass more epochs (--epochs {args.epochs + 10}); to start over, remove {where}")
         return 0
-    print(
-        f"demo: {'resuming after epoch ' + str(initial_epoch) if info else 'starting from scratch'}; "
-        f"training to epoch {args.epochs}; checkpoints in {os.path.abspath(args.ckpt_directory)}"
-    )
+    start = f"resuming after epoch {initial_epoch}" if info else "starting from scratch"
+    print(f"demo: {start}; training to epoch {args.epochs}; checkpoints in {where}", flush=True)
     ckpt = candle.CandleCheckpointCallback(params)
 
     class Pause(keras.callbacks.Callback):
@@ -91,7 +93,33 @@ def main(argv: list[str] | None = None) -> int:
         callbacks=[Pause(), ckpt],
     )
     ckpt.report_final()
+    print(f"demo: done; inspect the checkpoints with: candle-ckpt list {args.ckpt_directory}")
     return 0
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the demo job; return the process exit code.
+
+    Errors are one line naming the checkpoint directory; Ctrl-C ends it with
+    one line saying what was saved and how to resume.
+    """
+    args = build_parser(prog).parse_args(argv)
+    where = os.path.abspath(args.ckpt_directory)
+    from candle_ckpt.core.errors import CheckpointError
+
+    try:
+        return _train(args, where)
+    except KeyboardInterrupt:
+        print(f"\ndemo: interrupted; {saved_so_far(where)}; run the same command again to resume", file=sys.stderr)
+        return 130
+    except (CheckpointError, ValueError, TypeError, OSError) as err:
+        message = " ".join(f"{type(err).__name__}: {err}".split())
+        print(
+            f"demo: error with checkpoint directory {where}: {message}\n"
+            f"demo: use another directory (--ckpt_directory DIR) or start over (--ckpt_restart_mode off)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from candle_ckpt.core.errors import MissingDependency
 from candle_ckpt.core.sidecar import Sidecar
+
+INSTALL_HINT = "python3 -m pip install matplotlib (from a checkout: python3 -m pip install -e '.[plot]')"
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`MissingDependency` (one line, with the pip command) if matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingDependency(
+            f"'plot' needs matplotlib, which is not installed; install it with: {INSTALL_HINT}"
+        ) from None
 
 
 def metric_series(sides: Mapping[int, Sidecar]) -> dict[str, dict[int, float]]:

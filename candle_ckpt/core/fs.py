@@ -1,9 +1,10 @@
 """How bytes become durable: fsync, atomic rename, atomic link replace.
 
-Every file-system operation of the store goes through one :class:`LocalFS`
-object. Each operation first calls :meth:`LocalFS.hook` with its name and
-path, which is where tests inject faults at every step of the commit
-protocol and where the power-loss harness records the sequence.
+Every change the commit protocol makes on disk (create, write, fsync, rename,
+link, delete) goes through one :class:`LocalFS` object; reads do not. Each
+operation first calls :meth:`LocalFS.hook` with its name and path, which is
+where tests inject faults at every step of the commit protocol and where the
+power-loss harness records the sequence.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class LocalFS:
 
     def rmtree(self, path: str) -> None:
         self.hook("rmtree", path)
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path)  # errors are raised: each caller decides whether a leftover matters
 
     def symlink(self, target: str, path: str) -> None:
         self.hook("symlink", path)

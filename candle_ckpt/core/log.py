@@ -4,14 +4,20 @@ Lines are appended with a timestamp and flushed at once, so the log survives
 a kill. Console output goes through ``logging.getLogger("candle_ckpt")``; the
 console handler is added at most once, however many callbacks are created
 (CANDLE added one per callback).
+
+A console record always starts on a line of its own: while ``fit`` runs, the
+callback wraps ``sys.stdout`` in a :class:`LineTracker` (:func:`track_stdout`),
+and the console handler ends Keras's unterminated progress-bar line first.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
+from typing import Any, TextIO
 
 ROOT_LOGGER = "candle_ckpt"
 _HANDLER_MARK = "_candle_ckpt_console"
@@ -33,13 +39,79 @@ def get_logger(logger: str | logging.Logger | None = "DEFAULT", verbose: bool = 
     log = logging.getLogger(ROOT_LOGGER)
     if verbose:
         if not any(getattr(h, _HANDLER_MARK, False) for h in log.handlers):
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("%(asctime)s candle_ckpt %(levelname)s: %(message)s"))
+            handler = ConsoleHandler()
             setattr(handler, _HANDLER_MARK, True)
             log.addHandler(handler)
         if log.level == logging.NOTSET or log.level > logging.INFO:
             log.setLevel(logging.INFO)
     return log
+
+
+def human_bytes(n: float | None) -> str:
+    """``n`` bytes in a readable decimal unit: ``512 B``, ``42.7 kB``, ``1.3 MB``, ``2.0 GB``."""
+    if n is None:
+        return "?"
+    if n < 1000:
+        return f"{int(n)} B"
+    value, unit = n / 1000, "kB"
+    for bigger in ("MB", "GB", "TB"):
+        if value < 999.95:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.1f} {unit}"
+
+
+class LineTracker:
+    """A stand-in for ``sys.stdout`` that remembers whether its last line is unterminated."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.wrapped = stream
+        self.mid_line = False
+
+    def write(self, text: str) -> int:
+        written = self.wrapped.write(text)
+        if text:
+            self.mid_line = not text.endswith("\n")
+        return written
+
+    def end_line(self) -> None:
+        """Terminate an open line (a progress bar) so that what follows starts on its own."""
+        if self.mid_line:
+            self.write("\n")
+            self.wrapped.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+def track_stdout() -> LineTracker:
+    """Wrap ``sys.stdout`` in a :class:`LineTracker` (or return the one already there)."""
+    if not isinstance(sys.stdout, LineTracker):
+        sys.stdout = LineTracker(sys.stdout)
+    return sys.stdout
+
+
+def untrack_stdout(tracker: LineTracker | None) -> None:
+    """Put back what :func:`track_stdout` wrapped, unless someone replaced ``sys.stdout`` since."""
+    if tracker is not None and sys.stdout is tracker:
+        sys.stdout = tracker.wrapped
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """The console handler: a record never continues Keras's progress-bar line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(asctime)s candle_ckpt %(levelname)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        out = sys.stdout
+        if isinstance(out, LineTracker):
+            try:
+                out.end_line()
+            except (OSError, ValueError):  # a closed stdout must not lose the record
+                pass
+        super().emit(record)
 
 
 class OpsLog:

@@ -16,14 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from candle_ckpt.core.checksum import crc32, format_crc
+from candle_ckpt.core.errors import SidecarError
 from candle_ckpt.core.layout import is_safe_filename
 
 SCHEMA_VERSION = 1
 MAX_SIDECAR_BYTES = 1 << 20  # a sidecar is a few KiB; refuse anything absurd
-
-
-class SidecarError(ValueError):
-    """A sidecar that is missing, unreadable, malformed or unsafe."""
 
 
 @dataclass(frozen=True)

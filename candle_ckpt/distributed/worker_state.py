@@ -39,14 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
-
-logger = logging.getLogger("candle_ckpt.distributed.worker_state")
+from candle_ckpt.storage.store import CheckpointStore
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
@@ -221,7 +220,25 @@ class WorkerTrainingState:
     def delete_backup(self, *, remove_checkpoints: bool = False) -> None:
         """Clean up after training: this worker's temporary directory, and with
         ``remove_checkpoints=True`` (Keras's ``delete_checkpoint``) the chief
-        also deletes every committed checkpoint, so the next run starts fresh."""
+        also deletes every committed checkpoint, so the next run starts fresh.
+        Afterwards the writer lock is released (:meth:`open` takes it again)."""
+        try:
+            self._delete_backup(remove_checkpoints)
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+
+    def open(self) -> None:
+        """Take the directory's writer lock again (the chief), e.g. for a second ``fit``."""
+        if self.engine is not None:
+            self.engine.open()
+
+    def close(self) -> None:
+        """Release the writer lock once the write in flight is done (never raises)."""
+        if self.engine is not None:
+            self.engine.close()
+
+    def _delete_backup(self, remove_checkpoints: bool) -> None:
         self.finish()
         if self.temp_dir is not None and os.path.lexists(self.temp_dir):
             self.fs.rmtree(self.temp_dir)
@@ -263,7 +280,8 @@ class WorkerTrainingState:
         error: Exception | None = None
         if self.info.is_chief:
             try:
-                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs)
+                own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
+                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own)
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
             if self.engine is not None and cfg.upload_url:

@@ -16,15 +16,13 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.policy import BestState, is_improvement, keep_policy, resolve_mode, save_reason
+from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
+from candle_ckpt.core.keep import keep_policy
+from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.engine.writer import make_writer
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, FileSpec
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save failed; earlier checkpoints are intact (``ckpt_on_error=raise``)."""
+from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 
 class _SaveFailure(Exception):
@@ -47,6 +45,23 @@ class Capture:
     keras_version: str | None = None
     backend: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def missing_metric_message(cfg: CkptConfig, epoch: int, logs: Mapping[str, Any]) -> str:
+    """Why ``ckpt_save_best_metric`` is not in the logs, and the three ways out."""
+    metric = cfg.save_best_metric
+    present = ", ".join(sorted(logs)) or "none"
+    fixes = [
+        "pass validation data to fit (validation_data=... or validation_split=0.2)"
+        if metric.startswith("val_")
+        else f"log {metric!r} (compile the model with that metric)",
+        f"set ckpt_save_best_metric to a metric that is logged ({present})",
+        "or set ckpt_save_best=False to checkpoint without tracking the best epoch",
+    ]
+    return (
+        f"ckpt_save_best_metric {metric!r} is not in the training logs of epoch {epoch}; metrics present: "
+        f"{present}. To fix it: {'; '.join(fixes)} (checkpoint directory: {os.path.abspath(cfg.directory)})"
+    )
 
 
 class CheckpointEngine:
@@ -108,16 +123,12 @@ class CheckpointEngine:
         """Return (reason to save or None, best state if this epoch is saved)."""
         cfg = self.cfg
         improved, best = False, self.best
+        # Checked at every epoch end, skipped epochs included: a wrong metric fails at epoch 1, as in CANDLE.
+        if cfg.save_best and cfg.save_interval != 0 and cfg.save_best_metric not in logs:
+            raise ValueError(missing_metric_message(cfg, epoch, logs))
         if cfg.save_best and cfg.save_interval != 0 and epoch >= cfg.skip_epochs:
-            if cfg.save_best_metric not in logs:
-                present = ", ".join(sorted(logs)) or "none"
-                raise ValueError(
-                    f"ckpt_save_best_metric {cfg.save_best_metric!r} is not in the training logs; "
-                    f"metrics present: {present}"
-                )
             value = float(logs[cfg.save_best_metric])
-            if is_improvement(value, self.best.value, self.mode):
-                best, improved = BestState(cfg.save_best_metric, self.mode, value, epoch), True
+            best, improved = self.best.update(value, epoch)
         reason = save_reason(
             epoch,
             epochs=cfg.epochs if cfg.epochs is not None else -1,
@@ -256,7 +267,7 @@ class CheckpointEngine:
         self.records.append(rec)
         self._durable_best = best
         self.ops.info(
-            f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {side.total_bytes / 1e6:.1f} MB "
+            f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
         protected = [self.resumed.epoch] if self.resumed else []
@@ -307,8 +318,6 @@ class CheckpointEngine:
             msg = f"checkpoint upload failed: {err}"
             self.errors.append(msg)
             if self.cfg.on_error == "raise":
-                from candle_ckpt.storage.remote import CheckpointUploadError
-
                 self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
                 raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
             self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
@@ -320,7 +329,7 @@ class CheckpointEngine:
         self.errors.append(msg)
         if self.cfg.on_error == "raise":
             self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
-            raise CheckpointSaveError(msg + "; earlier checkpoints are intact") from err
+            raise CheckpointSaveError(msg + f"; earlier checkpoints in {self.store.layout.root} are intact") from err
         self.ops.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
 
     def finish(self, timeout: float | None = None) -> None:
@@ -330,6 +339,25 @@ class CheckpointEngine:
         if self.remote is not None:
             self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
             self._check_remote()
+
+    def open(self) -> None:
+        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held)."""
+        if self.scratch_dir is None:
+            self.store.open_for_write()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Release the writer lock once no write is in flight; never raises.
+
+        A failed write was logged where it failed and is raised by
+        :meth:`finish`; here it only must not keep the directory locked. A
+        write still running after the timeout keeps the lock: a writer exists.
+        """
+        if not self.writer.join(timeout):
+            self.ops.warning(f"{self.store.layout.root}: the writer lock stays held while the write in flight runs")
+            return
+        if self.remote is not None:
+            self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
+        self.store.close()
 
     def stats(self) -> dict[str, Any]:
         """Every save (bytes, durations, MB/s), the load of a resume, every upload, errors."""
@@ -353,7 +381,7 @@ class CheckpointEngine:
         secs = sum(r["save_s"] for r in recs)
         best = self.best
         self.ops.info(
-            f"report: {len(recs)} checkpoints, {total / 1e6:.1f} MB in {secs:.2f} s "
+            f"report: {len(recs)} checkpoints, {human_bytes(total)} in {secs:.2f} s "
             f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
             f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.errors)}"
         )

@@ -18,10 +18,11 @@ from typing import Any, NamedTuple, Protocol
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
+from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.engine import Capture
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, NoValidCheckpoint
+from candle_ckpt.storage.store import CheckpointStore
 
 
 class Chosen(NamedTuple):
@@ -104,6 +105,7 @@ def select_checkpoint(
     epoch: int | None = None,
     fs=None,
     mapped: bool = False,
+    store: CheckpointStore | None = None,
 ) -> Chosen | None:
     """Find the checkpoint to resume from: ``ckpt_restart_mode`` / ``ckpt_restart_epoch``.
 
@@ -119,6 +121,8 @@ def select_checkpoint(
         epoch: An exact epoch to restore (overrides ``cfg.restart_epoch``).
         fs: File-system operations for a pull from the remote store.
         mapped: Return kept files as read-only mmaps (see ``CheckpointStore.verify``).
+        store: The job's own store, when its writer already holds the lock (a
+            remote pull then commits through it); None: a store of its own.
 
     Returns:
         None when there is nothing to resume from (and the mode allows it).
@@ -128,7 +132,8 @@ def select_checkpoint(
     """
     if cfg.restart_mode == "off" and epoch is None:
         return None
-    store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
+    if store is None:
+        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
     where = store.layout.root
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
@@ -225,6 +230,6 @@ def log_resumed(ops: OpsLog, directory: str, side: Sidecar, record: dict[str, An
     path = L.Layout.at(directory).epoch_dir(side.epoch)
     ops.info(
         f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}, generation {side.generation}); "
-        f"{record['bytes'] / 1e6:.1f} MB read and verified in {record['verify_s']:.3f} s, "
+        f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "
         f"loaded in {record['load_s']:.3f} s ({record['mb_per_s']:.1f} MB/s)"
     )

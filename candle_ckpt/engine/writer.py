@@ -11,7 +11,7 @@ The async writer follows TensorFlow's AsyncCheckpointHelper, tightened:
   next ``check`` (the next save) or at ``close``, never swallowed; an error
   still pending at interpreter exit is reported through ``on_exit_error``;
 * ``join`` takes a timeout; an ``atexit`` hook joins too, bounded by the same
-  timeout, and logs when the wait runs out. With :func:`install_sigterm_exit`
+  timeout, and logs when the wait runs out. With :class:`SigtermExit`
   a SIGTERM becomes a ``SystemExit``, so the exit hook commits the last
   snapshot after SIGTERM as it does after Ctrl-C or a normal exit.
 """
@@ -19,6 +19,7 @@ The async writer follows TensorFlow's AsyncCheckpointHelper, tightened:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import signal
 import threading
@@ -91,7 +92,10 @@ class AsyncWriter:
         self._label = ""
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        self.exit_signal: int | None = None  # set by SigtermExit: the signal that ended the process
+        # Each writer registers its own exit hook, holding it only weakly.
+        self._exit_hook = functools.partial(_join_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     def _run(self, job: Job, done: threading.Event) -> None:
         try:
@@ -149,15 +153,17 @@ class AsyncWriter:
         return True
 
     def close(self, timeout: float | None = None) -> bool:
-        """Join the last job and re-raise its error, if any."""
+        """Join the last job and re-raise its error, if any; the exit hook is no longer needed."""
         done = self.join(timeout)
+        if done:
+            atexit.unregister(self._exit_hook)
         self.check()
         return done
 
     def join_at_exit(self) -> None:
         """The exit hook: commit the last snapshot (bounded), never swallow its error."""
         if self.in_flight():
-            why = f" after {signal.Signals(_EXIT_SIGNAL).name}" if _EXIT_SIGNAL is not None else ""
+            why = f" after {signal.Signals(self.exit_signal).name}" if self.exit_signal is not None else ""
             self._log(f"exit{why}: waiting up to {self.timeout:g} s for {self._label}", logging.INFO)
             if not self.join(self.timeout):
                 self._log(
@@ -175,16 +181,14 @@ class AsyncWriter:
             self.on_exit_error(err)
 
 
-_LIVE: weakref.WeakSet[AsyncWriter] = weakref.WeakSet()
-
-
-@atexit.register
-def _join_all_at_exit() -> None:
-    for writer in list(_LIVE):
-        try:
-            writer.join_at_exit()
-        except Exception:  # never let one writer's exit hook stop the others
-            logging.getLogger("candle_ckpt.engine.writer").exception("checkpoint writer failed at exit")
+def _join_at_exit(ref: weakref.ref[AsyncWriter]) -> None:
+    writer = ref()
+    if writer is None:
+        return
+    try:
+        writer.join_at_exit()
+    except Exception:  # never let one writer's exit hook stop the other exit hooks
+        logging.getLogger("candle_ckpt.engine.writer").exception("checkpoint writer failed at exit")
 
 
 def make_writer(
@@ -200,53 +204,38 @@ def make_writer(
 # A batch scheduler stops a job with SIGTERM, whose default action kills the
 # process at once: the write in flight would be lost. Turned into SystemExit,
 # it unwinds the training loop and runs the atexit join instead.
-_EXIT_SIGNAL: int | None = None
-
-
-def _sigterm_to_exit(signum: int, frame) -> None:
-    global _EXIT_SIGNAL
-    _EXIT_SIGNAL = signum
-    # A second SIGTERM (an impatient scheduler) kills at once, as it would have.
-    signal.signal(signum, signal.SIG_DFL)
-    raise SystemExit(128 + signum)
-
-
-def install_sigterm_exit() -> bool:
-    """Make SIGTERM raise SystemExit, if SIGTERM has its default action.
-
-    Only on the main thread (the only one that may set handlers) and only
-    when nobody else handles SIGTERM: a handler the user installed is kept.
-
-    Returns:
-        True if the handler was installed (undo with :func:`restore_sigterm`).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return False
-    signal.signal(signal.SIGTERM, _sigterm_to_exit)
-    return True
-
-
-def restore_sigterm() -> None:
-    """Put back SIGTERM's default action if our handler is still installed."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _sigterm_to_exit:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 class SigtermExit:
-    """:func:`install_sigterm_exit` for the length of one ``fit`` (both fit callbacks use it)."""
+    """Make SIGTERM raise SystemExit for the length of one ``fit`` (both fit callbacks use it).
+
+    Installed only when writes are asynchronous, only on the main thread (the
+    only one that may set handlers) and only when nobody else handles SIGTERM:
+    a handler the user installed is kept.
+    """
 
     def __init__(self) -> None:
         self._installed = False
+        self._writer: AsyncWriter | SyncWriter | None = None
 
-    def arm(self, is_async: bool) -> None:
-        """Install the handler when writes are asynchronous (sync writes need no exit hook)."""
-        if is_async and not self._installed:
-            self._installed = install_sigterm_exit()
+    def arm(self, writer: AsyncWriter | SyncWriter) -> None:
+        """Install the handler when ``writer`` is asynchronous (sync writes need no exit hook)."""
+        self._writer = writer
+        if not writer.is_async or self._installed:
+            return
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
 
     def disarm(self) -> None:
-        """Give SIGTERM its default action back, if we installed our handler."""
-        if self._installed:
-            restore_sigterm()
-            self._installed = False
+        """Give SIGTERM its default action back, if our handler is still installed."""
+        if self._installed and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == self._handle:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._installed = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if isinstance(self._writer, AsyncWriter):
+            self._writer.exit_signal = signum
+        # A second SIGTERM (an impatient scheduler) kills at once, as it would have.
+        signal.signal(signum, signal.SIG_DFL)
+        self._installed = False
+        raise SystemExit(128 + signum)

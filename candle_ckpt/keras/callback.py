@@ -15,9 +15,10 @@ import keras
 from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.layout import Layout
-from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.resume import Resumed, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import fit_hooks
@@ -50,6 +51,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     default action, it is turned into ``SystemExit`` so that the exit hook
     commits the last snapshot (waiting at most ``ckpt_async_timeout``).
 
+    The directory's writer lock is held only while ``fit`` runs: creating the
+    callback checks the directory (and that no other writer holds it) and
+    lets go; ``on_train_begin`` takes the lock, ``on_train_end`` releases it
+    after the last write, and a ``fit`` that raises releases it too (a watchdog
+    notices that ``fit`` has ended). So ``candle-ckpt rollback`` / ``prune`` work
+    in the same process once ``fit`` has returned.
+
     Exact resume, whatever the order of the calls: ``restart()`` may run
     before or after ``compile()`` and before or after this callback is
     created; what it restored reaches the callback through the model. The
@@ -69,11 +77,15 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        if kwargs.keys() - {"fs"}:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
+        # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
         self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
+        self._guard = FitGuard(self._fit_ended)
+        self._stdout: LineTracker | None = None
         self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
         self._restore: bytes | None = None  # train state waiting for the first epoch of a resumed fit
@@ -98,6 +110,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.adopt_resumed(resumed.sidecar, resumed.load)
 
     def on_train_begin(self, logs=None) -> None:
+        self.engine.open()  # the writer lock, for as long as this fit runs
+        self._guard.arm()
+        self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         where = Layout.at(self.cfg.directory).epoch_dir(self._resumed.sidecar.epoch) if self._resumed else ""
         arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
@@ -118,7 +133,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             )
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
-        self._sigterm.arm(self.engine.writer.is_async)
+        self._sigterm.arm(self.engine.writer)
 
     def _hook_fit(self) -> None:
         """Find the other callbacks and the input of this fit (see :mod:`candle_ckpt.keras.fit_hooks`)."""
@@ -173,11 +188,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         try:
             self.engine.save(epoch + 1, logs, capture)
         except BaseException:
-            # fit stops here without on_train_end: give SIGTERM its default back now.
+            # fit stops here without on_train_end: give SIGTERM its default back and the lock up now.
             self._sigterm.disarm()
+            self._guard.disarm()
+            self._fit_ended()
             raise
 
     def on_train_end(self, logs=None) -> None:
+        self._guard.disarm()
         if self._epochs_run == 0:
             epochs = (self.params or {}).get("epochs")
             self.ops.warning(
@@ -187,6 +205,18 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
             self._sigterm.disarm()
+            self._fit_ended()
+
+    def _fit_ended(self) -> None:
+        """Release what this fit held: the writer lock (after the last write) and stdout."""
+        untrack_stdout(self._stdout)
+        self._stdout = None
+        self.engine.close()
+
+    def close(self) -> None:
+        """Release the writer lock now (it is released at the end of every ``fit`` anyway)."""
+        self._guard.disarm()
+        self._fit_ended()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -7,11 +7,12 @@ import time
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer, write_keras_archive
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
-from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.storage.store import FileSpec
 
 
 def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None) -> Capture:

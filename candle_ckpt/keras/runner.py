@@ -48,11 +48,12 @@ import numpy as np
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.engine import Capture, CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
 from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name, build_in_scope
-from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.storage.store import FileSpec
 
 STATE_JSON = "loop_state.json"
 STATE_NPZ = "loop_state.npz"
@@ -376,15 +377,18 @@ class JobRunner:
                 self.engine.save(self.epoch, logs, lambda e=self.epoch: self._capture(e))
             done = True
         finally:
-            if done:
-                self.engine.finish()
-                if self.workers is not None:
-                    self.workers.delete_backup()  # a non-chief's scratch directory
-            else:  # keep the original error; still let the last write land
-                try:
+            try:
+                if done:
                     self.engine.finish()
-                except Exception as err:
-                    self.ops.warning(f"while stopping after an error: {err}")
+                    if self.workers is not None:
+                        self.workers.delete_backup()  # a non-chief's scratch directory
+                else:  # keep the original error; still let the last write land
+                    try:
+                        self.engine.finish()
+                    except Exception as err:
+                        self.ops.warning(f"while stopping after an error: {err}")
+            finally:
+                self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None:
             self.exit_fn()
         return dict(logs or {})

@@ -48,13 +48,11 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32_file, format_crc
-from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.keep import prune_plan
+from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec, parse_sidecar
-
-
-class CheckpointUploadError(CheckpointError):
-    """Copying a checkpoint to ``ckpt_upload_url`` failed (``ckpt_on_error=raise``)."""
+from candle_ckpt.storage.store import CheckpointStore, FileSpec, parse_sidecar
 
 
 def open_remote(cfg: CkptConfig):
@@ -134,37 +132,43 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: 
     if not ranked:
         ops.info(f"remote: no complete checkpoint at {cfg.upload_url}")
         return None
+    # The pull writes: it needs the lock, and gives it back unless the caller already held it.
+    opened_here = not store.is_open
     store.open_for_write()
-    for _, e in sorted(ranked, reverse=True):
-        tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
-        os.makedirs(tmp)
-        start = time.perf_counter()
-        try:
-            side = read_remote_sidecar(fs, root, e)
-            for name, entry in side.files.items():
-                local = os.path.join(tmp, name)
-                fs.get_file(_join(root, "epochs", L.epoch_name(e), name), local)
-                value, size = crc32_file(local)
-                if size != entry.size:
-                    raise CorruptCheckpoint(name, f"downloaded {size} bytes but the sidecar recorded {entry.size}")
-                if entry.crc32 is not None and format_crc(value) != entry.crc32:
-                    raise CorruptCheckpoint(name, f"downloaded CRC32 {format_crc(value)}, sidecar {entry.crc32}")
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            template = replace(
-                side, extra={**side.extra, "pulled_from": _join(cfg.upload_url, "epochs", L.epoch_name(e))}
+    try:
+        for _, e in sorted(ranked, reverse=True):
+            tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
+            os.makedirs(tmp)
+            start = time.perf_counter()
+            try:
+                side = read_remote_sidecar(fs, root, e)
+                for name, entry in side.files.items():
+                    local = os.path.join(tmp, name)
+                    fs.get_file(_join(root, "epochs", L.epoch_name(e), name), local)
+                    value, size = crc32_file(local)
+                    if size != entry.size:
+                        raise CorruptCheckpoint(name, f"downloaded {size} bytes but the sidecar recorded {entry.size}")
+                    if entry.crc32 is not None and format_crc(value) != entry.crc32:
+                        raise CorruptCheckpoint(name, f"downloaded CRC32 {format_crc(value)}, sidecar {entry.crc32}")
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                template = replace(
+                    side, extra={**side.extra, "pulled_from": _join(cfg.upload_url, "epochs", L.epoch_name(e))}
+                )
+                specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
+                store.commit(e, specs, template)
+            except (CheckpointError, OSError) as err:
+                ops.warning(f"remote: cannot use epoch {e} from {cfg.upload_url}: {err}")
+                continue
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            ops.info(
+                f"remote: pulled epoch {e} from {cfg.upload_url}: {human_bytes(side.total_bytes)} downloaded and "
+                f"verified in {elapsed:.3f} s ({side.total_bytes / elapsed / 1e6:.1f} MB/s)"
             )
-            specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
-            store.commit(e, specs, template)
-        except (CheckpointError, OSError) as err:
-            ops.warning(f"remote: cannot use epoch {e} from {cfg.upload_url}: {err}")
-            continue
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        ops.info(
-            f"remote: pulled epoch {e} from {cfg.upload_url}: {side.total_bytes / 1e6:.1f} MB downloaded and "
-            f"verified in {elapsed:.3f} s ({side.total_bytes / elapsed / 1e6:.1f} MB/s)"
-        )
-        return e
+            return e
+    finally:
+        if opened_here:
+            store.close()
     return None
 
 
@@ -270,20 +274,16 @@ class RemoteMirror:
         self.records.append(rec)
         self._uploaded[epoch] = side.generation
         self.ops.info(
-            f"remote: uploaded epoch {epoch} to {remote_dir}: {nbytes / 1e6:.1f} MB in {elapsed:.3f} s "
+            f"remote: uploaded epoch {epoch} to {remote_dir}: {human_bytes(nbytes)} in {elapsed:.3f} s "
             f"({rec['mb_per_s']:.1f} MB/s)"
         )
         self._prune(epoch)
 
     def _prune(self, uploaded: int) -> None:
         epochs = remote_epochs(self.fs, self.root)
-        protected = {
-            e for e in (self.store.link_epoch("best"), self.store.link_epoch("last"), uploaded) if e is not None
-        }
-        keep = set(self.select(epochs, protected)) | protected
-        for e in epochs:
-            if e in keep:
-                continue
+        links = (self.store.link_epoch("best"), self.store.link_epoch("last"))
+        _, doomed = prune_plan(epochs, self.select, [e for e in (*links, uploaded) if e is not None])
+        for e in doomed:
             remote_dir = _join(self.root, "epochs", L.epoch_name(e))
             if self.fs.exists(_join(remote_dir, L.SIDECAR)):  # invisible first, then gone
                 self._op("rm", _join(remote_dir, L.SIDECAR))

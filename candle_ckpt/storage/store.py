@@ -32,7 +32,6 @@ import logging
 import mmap
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -40,31 +39,18 @@ from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, crc32, format_crc, iter_file_chunks
+from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tests import them from here)
+    CheckpointError,
+    CorruptCheckpoint,
+    DirectoryLocked,
+    NoValidCheckpoint,
+    SidecarError,
+)
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.sidecar import Sidecar, SidecarError
+from candle_ckpt.core.keep import prune_plan
+from candle_ckpt.core.sidecar import Sidecar
 
 logger = logging.getLogger("candle_ckpt.storage.store")
-
-
-class CheckpointError(Exception):
-    """Base class of the errors this library raises about checkpoints."""
-
-
-class CorruptCheckpoint(CheckpointError):
-    """A checkpoint failed validation; ``path`` and ``reason`` say why."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class NoValidCheckpoint(CheckpointError):
-    """No checkpoint could be restored (``required`` mode or an explicit epoch)."""
-
-
-class DirectoryLocked(CheckpointError):
-    """Another live process is writing to this checkpoint directory."""
 
 
 @dataclass(frozen=True)
@@ -75,43 +61,75 @@ class FileSpec:
     write: Callable[[CrcFile], None]
 
 
-# -- the writer lock ------------------------------------------------------------
-# flock is tied to the open file: the kernel drops it when the holder dies, so a
-# lock left by a killed process never blocks the next run. The lock is shared by
-# every store of one process (callback + restart + runner on the same directory).
-_LOCKS: dict[str, int] = {}
-_LOCKS_GUARD = threading.Lock()
+class WriterLock:
+    """The writer lock of one checkpoint directory, owned by the object that took it.
 
+    ``flock`` is tied to the open file: the kernel drops it when the holder
+    dies, so a lock left by a killed process never blocks the next run. Each
+    :class:`WriterLock` opens the file itself, so two holders in one process
+    exclude each other exactly as two processes do.
+    """
 
-def _acquire_lock(path: str) -> bool:
-    """Take the writer lock; return True if this process took it just now."""
-    key = os.path.realpath(path)
-    with _LOCKS_GUARD:
-        if key in _LOCKS:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, wait_same_process_s: float = 2.0) -> bool:
+        """Take the lock; return True if it was taken now (False: already held here).
+
+        A holder in this same process gets ``wait_same_process_s`` seconds to
+        let go: a ``fit`` that has just raised releases its lock from a
+        watchdog thread (:mod:`candle_ckpt.keras.fit_guard`), a moment later.
+
+        Raises:
+            DirectoryLocked: another holder (this process or another) keeps it.
+        """
+        if self._fd is not None:
             return False
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
-            os.close(fd)
-            raise DirectoryLocked(
-                f"checkpoint directory {os.path.dirname(os.path.dirname(path))} is in use by another "
-                f"writer ({holder}); refusing a second concurrent writer. Use another ckpt_directory, "
-                "or stop the other job (a killed job's lock is released by the kernel)."
-            ) from None
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_same_process_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
+                if holder.startswith(f"pid {os.getpid()} ") and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                os.close(fd)
+                raise DirectoryLocked(self._refusal(holder)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
-        _LOCKS[key] = fd
+        self._fd = fd
         return True
 
+    def _refusal(self, holder: str) -> str:
+        directory = os.path.dirname(os.path.dirname(self.path))
+        if holder.startswith(f"pid {os.getpid()} "):
+            how = (
+                "another writer in this same process holds it (a callback inside fit, a JobRunner, or a "
+                "CheckpointStore opened for writing and not closed: call its close())"
+            )
+        else:
+            how = "stop the other job, or use another ckpt_directory (a killed job's lock is released by the kernel)"
+        return (
+            f"checkpoint directory {directory} is in use by another writer ({holder}); refusing a second "
+            f"concurrent writer: {how}"
+        )
 
-def release_lock(path: str) -> None:
-    """Release this process's writer lock on ``path`` (used by tests and close())."""
-    with _LOCKS_GUARD:
-        fd = _LOCKS.pop(os.path.realpath(path), None)
-    if fd is not None:
-        os.close(fd)
+    def __del__(self) -> None:  # a forgotten holder must not keep the directory locked
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the lock (no-op if not held)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class CheckpointStore:
@@ -132,6 +150,18 @@ class CheckpointStore:
         self.fs = fs or LocalFS()
         self.checksum = checksum
         self._generation: int | None = None
+        self._lock = WriterLock(self.layout.lock)
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def is_open(self) -> bool:
+        """True while this store holds the writer lock (between open_for_write and close)."""
+        return self._lock.held
 
     # -- writer side -------------------------------------------------------------
     def open_for_write(self) -> None:
@@ -152,10 +182,15 @@ class CheckpointStore:
             os.unlink(probe)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} is not writable: {err.strerror}") from None
-        if _acquire_lock(lay.lock):
+        if not self._lock.acquire():
+            return  # already open: nothing can have changed under our lock
+        try:
             self.clean_debris()
-        if self._generation is None:
-            self._generation = self._max_generation() + 1
+            # Another writer may have committed while this store was closed: continue after it.
+            self._generation = max(self._generation or 0, self._max_generation() + 1)
+        except BaseException:
+            self._lock.release()
+            raise
 
     def resync_generation(self) -> None:
         """Continue after commits made here by another store object of this
@@ -164,8 +199,11 @@ class CheckpointStore:
             self._generation = max(self._generation, self._max_generation() + 1)
 
     def close(self) -> None:
-        """Release the writer lock held by this process."""
-        release_lock(self.layout.lock)
+        """Release the writer lock this store holds (no-op if it holds none).
+
+        A closed store can still be read, and :meth:`open_for_write` opens it again.
+        """
+        self._lock.release()
 
     def clean_debris(self) -> list[str]:
         """Remove what a crashed writer left behind; return the names removed."""
@@ -173,10 +211,14 @@ class CheckpointStore:
         for name in sorted(os.listdir(self.layout.ckpts)):
             if self.layout.is_debris(name):
                 path = os.path.join(self.layout.ckpts, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    self.fs.rmtree(path)
-                else:
-                    self.fs.unlink(path)
+                try:
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        self.fs.rmtree(path)
+                    else:
+                        self.fs.unlink(path)
+                except OSError as err:  # debris is never read; a leftover costs disk space only
+                    logger.warning("could not remove leftover %s (restart ignores it): %s", path, err)
+                    continue
                 removed.append(name)
         if removed:
             self.fs.fsync_dir(self.layout.ckpts)
@@ -207,8 +249,8 @@ class CheckpointStore:
         Returns:
             The sidecar as written.
         """
-        if self._generation is None:
-            raise CheckpointError("open_for_write() must be called before commit()")
+        if not self._lock.held or self._generation is None:
+            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before commit()")
         lay, fs = self.layout, self.fs
         start = time.perf_counter()
         # A generation is never reused, even by a commit that fails half-way.
@@ -363,7 +405,10 @@ class CheckpointStore:
         trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
         self.fs.rename(lay.epoch_dir(epoch), trash)
         self.fs.fsync_dir(lay.epochs)
-        self.fs.rmtree(trash)
+        try:
+            self.fs.rmtree(trash)
+        except OSError as err:  # the epoch is already gone from epochs/; trash-* goes at the next start
+            logger.warning("could not remove %s now (it goes at the next start): %s", trash, err)
 
     def prune(self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()) -> list[int]:
         """Delete the checkpoints that ``select(epochs, protected)`` does not keep.
@@ -387,10 +432,8 @@ class CheckpointStore:
 
         ``best``, ``last`` and ``protected`` are always in ``keep``.
         """
-        epochs = self.epochs()
-        keep_always = {e for e in (self.link_epoch("best"), self.link_epoch("last"), *protected) if e is not None}
-        keep = set(select(epochs, keep_always)) | keep_always
-        return [e for e in epochs if e in keep], [e for e in epochs if e not in keep]
+        links = (self.link_epoch("best"), self.link_epoch("last"))
+        return prune_plan(self.epochs(), select, [e for e in (*links, *protected) if e is not None])
 
     # -- reader side -------------------------------------------------------------
     def exists(self) -> bool:

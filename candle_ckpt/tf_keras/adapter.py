@@ -35,12 +35,14 @@ import tf_keras
 from tf_keras.src.saving.legacy import hdf5_format
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.engine import Capture
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import OPTIMIZER, take
 from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
-from candle_ckpt.storage.store import FileSpec, NoValidCheckpoint
+from candle_ckpt.storage.store import FileSpec
 
 # Not "model.weights.h5": tf_keras's load_weights reads a name ending in
 # ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
@@ -203,6 +205,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
+        self._guard = FitGuard(self._fit_ended)
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -217,6 +220,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             )
 
     def on_train_begin(self, logs=None) -> None:
+        self.state.open()  # the writer lock (chief), held while this fit runs
+        self._guard.arm()  # a fit that raises releases it too
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
             self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
@@ -225,7 +230,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
             self.state.adapter.apply_optimizer_state(pending, f"{where}/{OPTIMIZER_FILE}")
             self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(pending[0])} variables)")
-        self._sigterm.arm(self.cfg.async_save)
+        self._sigterm.arm(self.state.engine.writer)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
@@ -233,13 +238,20 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.state.back_up(epoch + 1, logs or {})
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
+            self._guard.disarm()
+            self.state.close()
             raise
 
     def on_train_end(self, logs=None) -> None:
+        self._guard.disarm()
         try:
-            self.state.delete_backup()  # waits for the last write; removes a non-chief's scratch directory
+            self.state.delete_backup()  # waits for the last write, removes a non-chief's scratch, unlocks
         finally:
             self._sigterm.disarm()
+
+    def _fit_ended(self) -> None:
+        if self.state is not None:
+            self.state.close()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -25,19 +25,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core import layout as L  # noqa: E402
 from candle_ckpt.core.fs import LocalFS  # noqa: E402
 
 EPOCHS = 6
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(7)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -89,16 +83,16 @@ def main() -> None:
     if mode == "kill":
         fs = BlockingFS("fsync", 3, blocked)
         cb = CandleCheckpointCallback(params(ckpt, EPOCHS), verbose=False, fs=fs)
-        make_model().fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
+        build_model(7).fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
         raise AssertionError("the parent should have killed this process")
     if mode == "resume":
-        model = make_model()
+        model = build_model(7)
         info = restart(params(ckpt, EPOCHS, ckpt_restart_mode="required"), model, verbose=False)
         cb = CandleCheckpointCallback(params(ckpt, EPOCHS), verbose=False)
         model.fit(
             x, y, epochs=EPOCHS, initial_epoch=info["epoch"], batch_size=16, shuffle=False, verbose=0, callbacks=[cb]
         )
-        reference = make_model()
+        reference = build_model(7)
         reference.fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0)
         arrays = {f"resumed_{i}": a for i, a in enumerate(state(model))}
         arrays.update({f"reference_{i}": a for i, a in enumerate(state(reference))})
@@ -107,12 +101,12 @@ def main() -> None:
     if mode == "signal":
         fs = BlockingFS("fsync", 2, blocked, until=lambda: os.path.exists(os.path.join(root, "go")))
         cb = CandleCheckpointCallback(params(ckpt, 100), verbose=False, fs=fs)
-        make_model().fit(x, y, epochs=100, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
+        build_model(7).fit(x, y, epochs=100, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
         raise AssertionError("the parent should have stopped this process")
     if mode == "timeout":
         fs = BlockingFS("fsync", 2, blocked)
         cb = CandleCheckpointCallback(params(ckpt, 2, ckpt_async_timeout=0.5), verbose=False, fs=fs)
-        make_model().fit(x, y, epochs=2, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
+        build_model(7).fit(x, y, epochs=2, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
         print("fit returned", flush=True)
         return
     raise SystemExit(f"unknown mode {mode!r}")

@@ -87,9 +87,9 @@ def hold(directory: str) -> None:
     from candle_ckpt.engine.engine import CheckpointEngine
 
     cfg = CkptConfig.from_params(job_params(directory, 10))
-    CheckpointEngine(cfg, OpsLog(Layout.at(directory).log))
+    engine = CheckpointEngine(cfg, OpsLog(Layout.at(directory).log))  # holds the lock while it lives
     print("LOCKED", flush=True)
-    while True:
+    while engine.store.is_open:
         time.sleep(60)
 
 

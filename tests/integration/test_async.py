@@ -19,6 +19,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, CheckpointSaveError
 from candle_ckpt.core import layout as L
@@ -31,13 +32,6 @@ from candle_ckpt.storage.store import CheckpointStore
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_async_child.py")
 WAIT = 120  # seconds: only a bound on a test that hangs, never a measurement
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(7)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 X = np.random.RandomState(0).rand(32, 8).astype("float32")
@@ -164,7 +158,7 @@ def test_writer_error_is_raised_on_the_training_thread_at_the_next_save(tmp_path
     cb = CandleCheckpointCallback(params(tmp_path), verbose=False, fs=fs)
     recorder = EpochRecorder()
     with pytest.raises(CheckpointSaveError, match=r"epoch 1: checkpoint save failed: OSError: .*injected"):
-        fit(make_model(), cb, 3, recorder)
+        fit(build_model(7), cb, 3, recorder)
     assert recorder.ended == [0, 1]  # raised at the end of the second epoch, not later
     failing = [thread for op, path, thread in fs.log if op == "create" and path.endswith(L.WEIGHTS_FILE)]
     assert failing == ["candle_ckpt-writer"]  # the failure happened on the writer thread
@@ -179,7 +173,7 @@ def test_writer_error_of_the_last_epoch_is_raised_at_train_end(tmp_path):
     cb = CandleCheckpointCallback(params(tmp_path), verbose=False, fs=fs)
     recorder = EpochRecorder()
     with pytest.raises(CheckpointSaveError, match=r"epoch 3: checkpoint save failed: OSError: .*injected"):
-        fit(make_model(), cb, 3, recorder)
+        fit(build_model(7), cb, 3, recorder)
     assert recorder.ended == [0, 1, 2]
     assert CheckpointStore(tmp_path).epochs() == [1, 2]
     assert last_epoch(tmp_path) == 2
@@ -189,7 +183,7 @@ def test_writer_error_in_warn_mode_is_logged_and_training_continues(tmp_path):
     """With ckpt_on_error=warn, the failure is logged and later epochs are still committed."""
     fs = ScriptedFS({("create", 1): fail})
     cb = CandleCheckpointCallback(params(tmp_path, ckpt_on_error="warn"), verbose=False, fs=fs)
-    fit(make_model(), cb, 3)
+    fit(build_model(7), cb, 3)
     errors = cb.stats()["errors"]
     assert len(errors) == 1 and errors[0].startswith("epoch 1: checkpoint save failed: OSError")
     log = Path(L.Layout.at(str(tmp_path)).log).read_text()
@@ -208,7 +202,8 @@ def test_failed_best_is_not_kept_as_the_best_to_beat(tmp_path, async_save):
         verbose=False,
         fs=fs,
     )
-    state = ModelState(make_model())
+    cb.engine.open()  # outside fit, the test takes the writer lock itself (fit does it in on_train_begin)
+    state = ModelState(build_model(7))
     # loss 5 (best, saved), 1 (best, the save fails), 3 (beats the durable 5: saved as best), 4 (final)
     for epoch, loss in enumerate([5.0, 1.0, 3.0, 4.0], start=1):
         cb.engine.save(epoch, {"loss": loss}, lambda: capture_model(state, cb.cfg))
@@ -227,7 +222,8 @@ def test_writer_error_still_pending_at_exit_is_logged(tmp_path):
 
     fs = ScriptedFS({("create", 1): block_then_fail})
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1), verbose=False, fs=fs)
-    state = ModelState(make_model())
+    cb.engine.open()  # outside fit, the test takes the writer lock itself
+    state = ModelState(build_model(7))
     cb.engine.save(1, {"loss": 1.0}, lambda: capture_model(state, cb.cfg))
     assert entered.wait(WAIT)
     release.set()
@@ -250,7 +246,7 @@ def test_second_save_waits_for_the_write_in_flight(tmp_path, monkeypatch):
     real_capture = callback_mod.capture_model
     monkeypatch.setattr(callback_mod, "capture_model", lambda s, c: captures.append(1) or real_capture(s, c))
     waiting = watch_wait(cb)
-    model = make_model()
+    model = build_model(7)
     train = threading.Thread(target=fit, args=(model, cb, 2))
     train.start()
     assert entered.wait(WAIT) and waiting.wait(WAIT)
@@ -279,7 +275,7 @@ def test_snapshot_is_taken_before_the_next_optimizer_step(tmp_path):
     cb = CandleCheckpointCallback(params(tmp_path, epochs=2), verbose=False, fs=fs)
     waiting = watch_wait(cb)
     recorder = EpochRecorder(snapshot_at=0)
-    model = make_model()
+    model = build_model(7)
     train = threading.Thread(target=fit, args=(model, cb, 2, recorder))
     train.start()
     assert entered.wait(WAIT) and waiting.wait(WAIT)
@@ -310,7 +306,7 @@ def test_train_end_joins_the_writer(tmp_path):
         real_finish(timeout)
 
     cb.engine.finish = finish
-    fit(make_model(), cb, 3)
+    fit(build_model(7), cb, 3)
     assert not cb.engine.writer.in_flight()
     assert CheckpointStore(tmp_path).epochs() == [1, 2, 3]
     assert last_epoch(tmp_path) == 3
@@ -326,12 +322,12 @@ def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
             seen.append(signal.getsignal(signal.SIGTERM))
 
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1), verbose=False)
-    fit(make_model(), cb, 1, Probe())
+    fit(build_model(7), cb, 1, Probe())
     assert seen[0] is not signal.SIG_DFL and callable(seen[0])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     sync_cb = CandleCheckpointCallback(params(tmp_path / "sync", epochs=1, ckpt_async=False), verbose=False)
     seen.clear()
-    fit(make_model(), sync_cb, 1, Probe())
+    fit(build_model(7), sync_cb, 1, Probe())
     assert seen == [signal.SIG_DFL]
 
 
@@ -344,7 +340,7 @@ def test_user_sigterm_handler_is_left_alone(tmp_path):
     previous = signal.signal(signal.SIGTERM, mine)
     try:
         cb = CandleCheckpointCallback(params(tmp_path, epochs=1), verbose=False)
-        fit(make_model(), cb, 1)
+        fit(build_model(7), cb, 1)
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -439,7 +435,7 @@ def test_exit_join_that_runs_out_is_logged(tmp_path):
 # -- the host snapshot ---------------------------------------------------------------------
 def test_async_snapshot_reuses_the_written_buffers_and_never_a_busy_one(tmp_path):
     """A copied snapshot reuses the buffers of the previous one only after that one was written."""
-    model = make_model()
+    model = build_model(7)
     model.fit(X, Y, epochs=1, batch_size=8, verbose=0)  # builds the optimizer's variables
     state = ModelState(model)
     first = state.snapshot(copy=True)
@@ -459,7 +455,7 @@ def test_async_snapshot_reuses_the_written_buffers_and_never_a_busy_one(tmp_path
 
 def test_sync_snapshot_is_a_view_of_the_variables():
     """The sync path writes straight from the variables: its snapshot copies nothing."""
-    model = make_model()
+    model = build_model(7)
     view = ModelState(model).snapshot(copy=False)
     kernel = np.asarray(model.layers[0].kernel.value.read_value())
     assert any(np.shares_memory(a, kernel) for a in view.arrays())
@@ -471,7 +467,7 @@ def test_restart_loads_from_a_mapped_file_and_unmaps_it(tmp_path):
     from candle_ckpt import restart
 
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1, ckpt_async=False), verbose=False)
-    trained = make_model()
+    trained = build_model(7)
     fit(trained, cb, 1)
     store = CheckpointStore(tmp_path)
     _, kept = store.verify(1, keep=[L.WEIGHTS_FILE], mapped=True)
@@ -479,7 +475,7 @@ def test_restart_loads_from_a_mapped_file_and_unmaps_it(tmp_path):
 
     assert isinstance(kept[L.WEIGHTS_FILE], mmap.mmap)
     kept[L.WEIGHTS_FILE].close()
-    fresh = make_model()
+    fresh = build_model(7)
     info = restart(params(tmp_path, epochs=1, ckpt_restart_mode="required"), fresh, verbose=False)
     assert info["epoch"] == 1
     for a, b in zip(ModelState(trained).snapshot().arrays(), ModelState(fresh).snapshot().arrays(), strict=True):

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from candle_ckpt.core import layout as L  # noqa: E402
-from candle_ckpt.storage.store import CheckpointStore, release_lock  # noqa: E402
+from candle_ckpt.storage.store import CheckpointStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 6
@@ -178,8 +178,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
         verbose=0,
         callbacks=[ckpt, Record()],
     )
-    # The callback's process-wide writer lock would make this process look like a running job.
-    release_lock(str(directory / "ckpts" / "lock"))
+    # fit has returned: the callback has released the writer lock, so the CLI may write here.
     store = CheckpointStore(directory)
     best, last = store.link_epoch("best"), store.link_epoch("last")
     assert store.epochs() == list(range(1, EPOCHS + 1))
@@ -393,7 +392,7 @@ def test_rollback_to_corrupt_epoch_is_refused(trained: Trained, tmp_path: Path) 
 def test_writing_commands_refuse_while_a_job_holds_the_lock(
     trained: Trained, tmp_path: Path, command: list[str]
 ) -> None:
-    """With the writer lock held by a live process, rollback and prune exit 2 and change nothing."""
+    """With the writer lock held by a live process, rollback and prune exit 2, print nothing and change nothing."""
     d = copy_of(trained, tmp_path)
     store = CheckpointStore(d)
     store.open_for_write()  # this test process plays the running training job
@@ -403,6 +402,7 @@ def test_writing_commands_refuse_while_a_job_holds_the_lock(
     finally:
         store.close()
     assert_one_line_error(proc, 2, "in use by another writer", f"pid {os.getpid()}")
+    assert proc.stdout == ""  # refused before printing anything (no plan header)
     assert tree(d) == before
 
 
@@ -528,7 +528,7 @@ def test_plot_unknown_image_format_is_one_line_exit_2(trained: Trained, tmp_path
 def test_unknown_epoch_is_one_line_exit_2(trained: Trained, tmp_path: Path, command: list[str]) -> None:
     """Asking for an epoch that has no checkpoint fails with one line listing the epochs, exit 2."""
     proc = cli(*_args(command, trained.directory, tmp_path))
-    assert_one_line_error(proc, 2, "no checkpoint for epoch 99", "epochs on disk: 1, 2, 3, 4, 5, 6")
+    assert_one_line_error(proc, 2, "no checkpoint for epoch 99", "epochs on disk: 1-6")
 
 
 def test_corrupt_sidecar_is_one_line_exit_2(trained: Trained, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ weights (bit for bit) and the errors and ``ckpt.log`` lines.
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import os
 import queue
@@ -27,8 +26,8 @@ import pytest
 
 import candle_ckpt as candle
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.storage import store
 from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.testing.faultfs import FaultFS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -61,7 +60,6 @@ def fit(model, data, params: dict, *, initial_epoch: int = 0, fs: LocalFS | None
 
 def end_run(directory: str | os.PathLike[str]) -> None:
     """Forget this process's writer lock and restart() state, as if the job's process had exited."""
-    store.release_lock(os.path.join(directory, "ckpts", "lock"))
 
 
 def batched(data: tuple[np.ndarray, np.ndarray]):
@@ -114,20 +112,6 @@ def tree_bytes(path: Path) -> dict[str, bytes]:
 def copy_dir(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
-
-
-class FaultFS(LocalFS):
-    """LocalFS that records every operation and raises EIO at operation number ``fail_at`` (once)."""
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.fail_at = fail_at
-        self.ops: list[tuple[str, str]] = []
-
-    def hook(self, op: str, path: str) -> None:
-        k = len(self.ops)
-        self.ops.append((op, path))
-        if k == self.fail_at:
-            raise OSError(errno.EIO, f"injected EIO at op {k} ({op})", path)
 
 
 @pytest.fixture(scope="module")
@@ -282,9 +266,9 @@ def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
         run_params = params(d.parent, epochs=N + 1 if on_error == "raise" else N + 2, ckpt_on_error=on_error)
         # The model just keeps training (no restart() per fault, to keep the loop fast): the file
         # operations of a save do not depend on the weights, which the check on faulty.ops confirms.
-        faulty = FaultFS(k)
+        faulty = FaultFS(fail_at=k + 1)
         if on_error == "raise":
-            with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch {N + 1}: .*injected EIO at op {k} "):
+            with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch {N + 1}: .*injected EIO at step {k} in "):
                 fit(model, data, run_params, initial_epoch=N, fs=faulty)
         else:
             fit(model, data, run_params, initial_epoch=N, fs=faulty)  # training goes on
@@ -322,19 +306,10 @@ def test_writer_that_swallows_a_failed_write_cannot_commit(tmp_path):
             pass  # what a careless (or C-level) writer might do
         f.write(b"c" * 100)
 
-    class FailSecondWrite(LocalFS):
-        writes = 0
-
-        def hook(self, op: str, path: str) -> None:
-            if op == "write":
-                self.writes += 1
-                if self.writes == 2:
-                    raise OSError(errno.EIO, "injected EIO at the second write")
-
-    st = CheckpointStore(tmp_path / "save", fs=FailSecondWrite())
+    st = CheckpointStore(tmp_path / "save", fs=FaultFS(fail_at=2, kinds=("write",)))
     st.open_for_write()
     template = Sidecar(epoch=1, generation=0, model_file="model.weights.h5", files={})
-    with pytest.raises(OSError, match="injected EIO at the second write"):
+    with pytest.raises(OSError, match=r"injected EIO at step \d+ in write"):
         st.commit(1, [FileSpec("model.weights.h5", careless)], template)
     assert st.epochs() == [] and debris(tmp_path / "save") == []
 
@@ -602,10 +577,10 @@ def test_fault_while_replacing_an_epoch_keeps_the_old_one(six_epochs, tmp_path, 
         assert candle.restart(params(d.parent, ckpt_restart_epoch=3), model, logger=None)["epoch"] == 3
         cleanup_only = k == ops.index(("rmtree", ops[aside][1]))  # the commit is already durable then
         if cleanup_only:
-            fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(k))
+            fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(fail_at=k + 1))
         else:
-            with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch 4: .*injected EIO at op {k} "):
-                fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(k))
+            with pytest.raises(candle.CheckpointSaveError, match=rf"^epoch 4: .*injected EIO at step {k} in "):
+                fit(model, data, params(d.parent, epochs=4), initial_epoch=3, fs=FaultFS(fail_at=k + 1))
         end_run(d)
         candle.CandleCheckpointCallback(params(d.parent, epochs=4), logger=None)  # the next writer cleans up
         end_run(d)

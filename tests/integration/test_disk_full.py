@@ -13,15 +13,16 @@ import json
 import subprocess
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.engine.engine import CheckpointSaveError
+from candle_ckpt.core.errors import CheckpointSaveError
+from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.testing.faultfs import FaultFS
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
 PAGE = 4096  # tmpfs accounts space in pages
@@ -30,19 +31,11 @@ X = RNG.normal(size=(32, 8)).astype("float32")
 Y = RNG.normal(size=(32, 1)).astype("float32")
 
 
-class LastStepFS(LocalFS):
-    """Remembers the file-system steps started, to report where ENOSPC hit."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[str, str]] = []
-
-    def hook(self, op: str, path: str) -> None:
-        self.ops.append((op, os.path.basename(path)))
-
-    def failing_step(self) -> str:
-        """The last step before the cleanup of work/ began."""
-        end = self.ops.index(("rmtree", "work")) if ("rmtree", "work") in self.ops else len(self.ops)
-        return " ".join(self.ops[end - 1]) if end else "before any step"
+def failing_step(fs: FaultFS) -> str:
+    """The last file-system step before the cleanup of work/ began (where ENOSPC hit)."""
+    steps = [(op, os.path.basename(path)) for op, path in fs.ops]
+    end = steps.index(("rmtree", "work")) if ("rmtree", "work") in steps else len(steps)
+    return " ".join(steps[end - 1]) if end else "before any step"
 
 
 @pytest.fixture
@@ -57,13 +50,6 @@ def tmpfs(tmp_path: Path):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 def free_bytes(path: Path) -> int:
@@ -101,10 +87,10 @@ def test_full_disk_at_every_page_fails_cleanly_and_recovers(tmpfs: Path) -> None
     checkpoints stay intact, no epochs/NNN, work/ or trash is left, and after freeing space the next save succeeds."""
     root = tmpfs / "run"
     total_epochs = 200
-    fs = LastStepFS()
+    fs = FaultFS()
     cb = CandleCheckpointCallback(params(root, total_epochs, "warn"), logger=None, verbose=False, fs=fs)
     store = cb.engine.store
-    model = make_model()
+    model = build_model(1)
     fit = {"batch_size": 8, "shuffle": False, "verbose": 0, "callbacks": [cb]}
     model.fit(X, Y, epochs=1, **fit)
     save_bytes = sum(p.stat().st_size for p in Path(store.layout.epoch_dir(1)).iterdir())
@@ -122,7 +108,7 @@ def test_full_disk_at_every_page_fails_cleanly_and_recovers(tmpfs: Path) -> None
         if new_errors:
             assert "No space left on device" in new_errors[0], new_errors
             failed_at.append(free)
-            failed_files.add(fs.failing_step())
+            failed_files.add(failing_step(fs))
             assert epoch not in store.epochs(), f"free={free}: a partial epochs/{epoch:03d} is visible"
             assert read_link(store.layout.link("last")) == last_before
         assert sorted(n for n in os.listdir(store.layout.ckpts) if store.layout.is_debris(n)) == [], f"free={free}"
@@ -136,7 +122,7 @@ def test_full_disk_at_every_page_fails_cleanly_and_recovers(tmpfs: Path) -> None
         assert cb.stats()["errors"][errors_before:] == [], f"free={free}: the save after freeing space failed"
         assert read_link(store.layout.link("last")) == f"epochs/{epoch:03d}"
         store.verify(epoch)
-    release_lock(store.layout.lock)
+    store.close()
     figures = {
         "save_bytes": save_bytes,
         "free_space_points": len(range(0, save_bytes + 2 * PAGE, PAGE)),
@@ -151,7 +137,7 @@ def test_full_disk_with_on_error_raise_stops_training(tmpfs: Path) -> None:
     """With ckpt_on_error=raise a full disk stops model.fit with CheckpointSaveError naming ENOSPC."""
     root = tmpfs / "run"
     cb = CandleCheckpointCallback(params(root, 5, "raise"), logger=None, verbose=False)
-    model = make_model()
+    model = build_model(1)
     fit = {"batch_size": 8, "shuffle": False, "verbose": 0, "callbacks": [cb]}
     model.fit(X, Y, epochs=1, **fit)
     ballast = fill_to(tmpfs, 0)
@@ -163,7 +149,7 @@ def test_full_disk_with_on_error_raise_stops_training(tmpfs: Path) -> None:
     ballast.unlink()
     model.fit(X, Y, initial_epoch=2, epochs=3, **fit)
     assert cb.engine.store.epochs() == [1, 3]
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
 
 
 def _figure(key: str, value) -> None:

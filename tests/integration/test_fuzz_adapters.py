@@ -19,9 +19,9 @@ from pathlib import Path
 import keras
 from hypothesis import HealthCheck, given, settings
 
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import NoValidCheckpoint, release_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_fuzz_params import PARAMS, names_a_key  # noqa: E402
@@ -62,7 +62,7 @@ def test_callback_and_restart_fuzz_raise_only_documented_errors() -> None:
                     else:
                         outcome = "ok"
                         if name == "callback":
-                            release_lock(made.engine.store.layout.lock)
+                            made.engine.store.close()
                     outcomes[f"{name} {outcome}"] = outcomes.get(f"{name} {outcome}", 0) + 1
             finally:
                 os.chdir(old)

@@ -20,26 +20,21 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32, format_crc
+from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.sidecar import _canonical
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, NoValidCheckpoint, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
 Y = RNG.normal(size=(32, 1)).astype("float32")
 PACKAGE = Path(__file__).resolve().parents[2] / "candle_ckpt"
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 def weights_of(model: keras.Model) -> list[np.ndarray]:
@@ -52,7 +47,7 @@ def base(tmp_path_factory) -> tuple[Path, dict[int, list[np.ndarray]]]:
     root = tmp_path_factory.mktemp("base") / "job"
     params = {"ckpt_directory": str(root), "epochs": 3, "ckpt_save_best_metric": "loss"}
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
-    model = make_model()
+    model = build_model(1)
     seen = {}
 
     class Keep(keras.callbacks.Callback):
@@ -60,7 +55,7 @@ def base(tmp_path_factory) -> tuple[Path, dict[int, list[np.ndarray]]]:
             seen[epoch + 1] = weights_of(model)
 
     model.fit(X, Y, epochs=3, batch_size=8, shuffle=False, verbose=0, callbacks=[cb, Keep()])
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     return root, seen
 
 
@@ -98,7 +93,7 @@ def rewrite_sidecar(directory: Path, **changes) -> None:
 
 
 def do_restart(root: Path, **extra):
-    model = make_model()
+    model = build_model(1)
     got = restart({"ckpt_directory": str(root), **extra}, model, logger=None, verbose=False)
     return got, model
 
@@ -238,12 +233,12 @@ def test_training_on_a_hostile_directory_never_writes_or_deletes_outside(job) ->
     os.symlink(outside / "ckpt9", ckpts / "epochs" / "009")
     os.symlink(outside, ckpts / "trash-planted")  # debris cleaning must unlink it, not empty the target
     params = {"ckpt_directory": str(root), "epochs": 5, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 1}
-    model = make_model()
+    model = build_model(1)
     got = restart(params, model, logger=None, verbose=False)
     assert got["epoch"] == 3
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
     model.fit(X, Y, initial_epoch=3, epochs=5, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     assert read_link(str(ckpts / "last")) == "epochs/005"
     assert read_link(str(ckpts / "best")).startswith("epochs/")
     assert not (ckpts / "trash-planted").exists()

@@ -8,25 +8,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pathlib import Path
 
-import keras
 import numpy as np
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import NoSymlinkFS
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
 Y = RNG.normal(size=(32, 1)).astype("float32")
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 class StepsFS(NoSymlinkFS):
@@ -65,16 +58,16 @@ def test_restart_reads_either_form_and_forms_can_alternate(tmp_path: Path) -> No
     """Training that alternates between a file system without symlinks and one with them leaves last/best in the
     form of the latest save, and restart() resumes the latest epoch each time, bit for bit."""
     params = {"ckpt_directory": str(tmp_path), "epochs": 4, "ckpt_save_best_metric": "loss"}
-    model = make_model()
+    model = build_model(1)
     forms = []
     for epoch, fs in enumerate([NoSymlinkFS(), None, NoSymlinkFS(), None], start=1):
         cb = CandleCheckpointCallback(params, logger=None, verbose=False, fs=fs)
         model.fit(X, Y, initial_epoch=epoch - 1, epochs=epoch, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
-        release_lock(cb.engine.store.layout.lock)
+        cb.engine.store.close()
         last = tmp_path / "ckpts" / "last"
         forms.append("symlink" if last.is_symlink() else "pointer")
         assert read_link(str(last)) == f"epochs/{epoch:03d}"
-        fresh = make_model()
+        fresh = build_model(1)
         fresh.build((None, 8))
         got = restart(params, fresh, logger=None, verbose=False)
         assert got["epoch"] == epoch

@@ -20,25 +20,19 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
 from candle_ckpt.keras.state import ModelState
-from candle_ckpt.storage.store import CheckpointStore, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 8)).astype("float32")
 Y = RNG.normal(size=(32, 1)).astype("float32")
-
-
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
 
 
 def state_arrays(model: keras.Model) -> list[np.ndarray]:
@@ -73,20 +67,20 @@ def record_saves(root: Path, fs: RecordingFS, before: int, recorded: int, keep_l
         return side
 
     store.commit = commit
-    model = make_model()
+    model = build_model(1)
     if before:
         model.fit(X, Y, epochs=before, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
         fs.start()
     fit = {"batch_size": 8, "shuffle": False, "verbose": 0, "callbacks": [cb]}
     model.fit(X, Y, initial_epoch=before, epochs=before + recorded, **fit)
     fs.stop()
-    release_lock(store.layout.lock)
+    store.close()
     return committed
 
 
 def check_crash_states(tmp_path: Path, fs: RecordingFS, committed: dict[int, bytes], floor0: int) -> dict:
     """Run restart() on every distinct crash state; return the figures."""
-    model = make_model()
+    model = build_model(1)
     model.build((None, 8))
     reference = {}
     for epoch, weights in committed.items():

@@ -19,14 +19,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
+from conftest import build_model  # noqa: E402
 
+from candle_ckpt.core.errors import DirectoryLocked
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
-from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked, release_lock
+from candle_ckpt.storage.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "tests" / ".figures"
@@ -40,7 +41,7 @@ PRUNER = textwrap.dedent(
     """
     import os, sys
     from candle_ckpt.core.fs import LocalFS
-    from candle_ckpt.core.policy import KeepLatest
+    from candle_ckpt.core.keep import KeepLatest
     from candle_ckpt.storage.store import CheckpointStore
 
     class StepFS(LocalFS):
@@ -66,22 +67,15 @@ PRUNER = textwrap.dedent(
 )
 
 
-def make_model() -> keras.Model:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    return model
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     """Epochs 1..8 from a real fit; best moved to 2 so that best, last and the resumed-from epoch all differ."""
     root = tmp_path_factory.mktemp("prune") / "job"
     params = {"ckpt_directory": str(root), "epochs": EPOCHS, "ckpt_save_best_metric": "loss"}
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
-    make_model().fit(X, Y, epochs=EPOCHS, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
+    build_model(1).fit(X, Y, epochs=EPOCHS, batch_size=8, shuffle=False, verbose=0, callbacks=[cb])
     cb.engine.store.set_link("best", BEST)
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
     return root
 
 
@@ -124,7 +118,7 @@ def test_kill_at_every_step_of_pruning_never_loses_best_last_or_resumed(base: Pa
     steps = kill_pruner_at(full, None)
     assert CheckpointStore(full).epochs() == [BEST, RESUMED, LAST]
     assert len(steps) >= 30, steps
-    model = make_model()
+    model = build_model(1)
     half_deleted_seen = 0
     for k in range(1, len(steps) + 1):
         root = tmp_path / f"kill{k}"
@@ -153,7 +147,8 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from candle_ckpt.storage.store import CheckpointStore
-    CheckpointStore(sys.argv[1]).open_for_write()
+    store = CheckpointStore(sys.argv[1])  # the lock lives as long as this store object
+    store.open_for_write()
     print("locked", flush=True)
     time.sleep(120)
     """
@@ -162,7 +157,8 @@ HOLDER = textwrap.dedent(
 SECOND = textwrap.dedent(
     """
     import sys
-    from candle_ckpt.storage.store import CheckpointStore, DirectoryLocked
+    from candle_ckpt.storage.store import CheckpointStore
+    from candle_ckpt.core.errors import DirectoryLocked
     try:
         CheckpointStore(sys.argv[1]).open_for_write()
     except DirectoryLocked as err:
@@ -195,9 +191,9 @@ def test_second_writer_is_refused_and_a_killed_writers_lock_is_not_stale(tmp_pat
     assert (third.returncode, third.stdout.strip()) == (0, "acquired"), third.stderr
     params = {"ckpt_directory": str(root), "epochs": 1, "ckpt_save_best_metric": "loss"}
     cb = CandleCheckpointCallback(params, logger=None, verbose=False)
-    make_model().fit(X, Y, epochs=1, batch_size=8, verbose=0, callbacks=[cb])
+    build_model(1).fit(X, Y, epochs=1, batch_size=8, verbose=0, callbacks=[cb])
     assert cb.engine.store.epochs() == [1]
-    release_lock(cb.engine.store.layout.lock)
+    cb.engine.store.close()
 
 
 def _figure(key: str, value) -> None:

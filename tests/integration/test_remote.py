@@ -22,16 +22,14 @@ import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
+from candle_ckpt.core.errors import CheckpointUploadError  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
-from candle_ckpt.storage.remote import CheckpointUploadError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Each test is a new "job": release writer locks and forget restart() state afterwards."""
     yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
 
 
 def _free_port() -> int:
@@ -150,7 +148,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
         from candle_ckpt.core.log import OpsLog
 
         assert pull_newest(cfg, peek, OpsLog(str(tmp_path / "peek.log"))) == 1  # epoch 2 is not complete yet
-        store.release_lock(peek.layout.lock)
+        peek.close()
         release.set()
         t.join(120)
     finally:

@@ -1,8 +1,8 @@
 """Issue 11 in one process: call order, all-or-nothing restores, callback state, loud exceptions.
 
-A "new run" of a job inside this process is marked by releasing the
-directory's writer lock and building a new model (what ``restart()``
-restored travels on the model object, so a new model starts clean).
+A "new run" of a job inside this process is a new model (what ``restart()``
+restored travels on the model object, so a new model starts clean) and a new
+callback (the directory's writer lock is held only while ``fit`` runs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pytest  # noqa: E402
 import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.keras import fit_hooks, rng_state  # noqa: E402
 from candle_ckpt.keras.preflight import ModelMismatch  # noqa: E402
-from candle_ckpt.storage import store  # noqa: E402
 
 X = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
 Y = X.sum(axis=1, keepdims=True).astype("float32")
@@ -44,11 +43,6 @@ def _model(width: int = 16, dropouts: int = 0, compiled: bool = True) -> keras.M
     if compiled:
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     return model
-
-
-def _new_run(params: dict[str, Any]) -> None:
-    """End this process's "run" of the job: drop its writer lock, as a new process would start."""
-    store.release_lock(os.path.join(params["ckpt_directory"], "ckpts", "lock"))
 
 
 def _train(params: dict[str, Any], model: keras.Model, epochs: int, initial_epoch: int = 0, extra=()) -> None:
@@ -78,7 +72,6 @@ def test_a_mismatched_model_is_left_untouched_and_told_what_differs(tmp_path, wi
     first differing variables, and changes no variable of the model."""
     params = _params(tmp_path)
     _train(params, _model(width=32, dropouts=1), epochs=2)
-    _new_run(params)
     model = _model(width=width, dropouts=dropouts)
     before = _values(model)
     with pytest.raises(ModelMismatch, match=r"(?s)checkpoint .*epochs/002 \(epoch 2\) does not match the model") as e:
@@ -99,7 +92,6 @@ def test_restart_before_compile_applies_the_optimizer_state_when_fit_starts(tmp_
     _train(ref_params, reference, epochs=4)
     params = _params(tmp_path)
     _train(params, _model(), epochs=2)
-    _new_run(params)
     model = _model(compiled=False)
     found = candle.restart(params, model, logger=None)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
@@ -116,7 +108,6 @@ def test_optimizer_state_never_applied_is_reported_loudly(tmp_path, capfd):
     never applied (when the model is collected, or at exit)."""
     params = _params(tmp_path)
     _train(params, _model(), epochs=1)
-    _new_run(params)
     model = _model(compiled=False)
     candle.restart(params, model, logger=None)
     del model
@@ -130,7 +121,6 @@ def test_callback_created_before_restart_continues_best_tracking(tmp_path):
     best continues from the checkpoint and the checkpoint resumed from is not pruned."""
     params = _params(tmp_path, ckpt_keep_limit=1)
     _train(params, _model(), epochs=2)
-    _new_run(params)
     model = _model()
     ckpt = candle.CandleCheckpointCallback(params, logger=None)
     found = candle.restart(params, model, logger=None)
@@ -144,7 +134,6 @@ def test_initial_epoch_at_or_beyond_epochs_is_reported(tmp_path):
     """restart() restores epoch 3 but fit(epochs=2): a warning names both numbers and that no epoch ran."""
     params = _params(tmp_path)
     _train(params, _model(), epochs=3)
-    _new_run(params)
     model = _model()
     found = candle.restart(params, model, logger=None)
     _train(params, model, epochs=2, initial_epoch=found["epoch"])
@@ -185,7 +174,6 @@ def test_get_state_set_state_protocol_round_trips_before_the_first_epoch(tmp_pat
     params = _params(tmp_path)
     model, ckpt, counter = _model(), candle.CandleCheckpointCallback(params, logger=None), Counter()
     model.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[ckpt, counter])
-    _new_run(params)
     model, counter = _model(), Counter()
     found = candle.restart(params, model, logger=None)
     _train(params, model, epochs=4, initial_epoch=found["epoch"], extra=[counter])
@@ -266,7 +254,6 @@ def test_tf_keras_restart_before_compile_resumes_bit_identical(tmp_path):
     _tfk_fit(_params(tmp_path / "ref"), reference, epochs=4)
     params = _params(tmp_path)
     _tfk_fit(params, _tfk_model(), epochs=2)
-    _new_run(params)
     model = _tfk_model(compiled=False)
     found = candle.restart(params, model, logger=None)
     assert found["epoch"] == 2
@@ -335,7 +322,6 @@ def test_model_checkpoint_best_continues_after_a_resume(tmp_path):
     model = _model()
     model.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0,
               callbacks=[candle.CandleCheckpointCallback(params, logger=None), first])  # fmt: skip
-    _new_run(params)
     model = _model()
     found = candle.restart(params, model, logger=None)
     second = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True)

@@ -21,18 +21,16 @@ from conftest import build_model, make_data  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 import candle_ckpt.tf_keras.adapter as ck_tfk  # noqa: E402
+from candle_ckpt.adapters import WorkerTrainingState  # noqa: E402
+from candle_ckpt.core.errors import CheckpointError  # noqa: E402
 from candle_ckpt.core.fs import LocalFS  # noqa: E402
-from candle_ckpt.distributed.worker_state import WorkerTrainingState  # noqa: E402
 from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
-from candle_ckpt.storage.store import CheckpointError  # noqa: E402
 
 
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
     """The same, in the middle of a test: the next object is a new run of the job."""
-    for path in list(store._LOCKS):
-        store.release_lock(path)
 
 
 def _params(tmp_path: Path, epochs: int = 4) -> dict[str, Any]:
@@ -155,6 +153,7 @@ def test_worker_state_single_worker_backup_restore_and_initial_epoch(tmp_path: P
         hist = model.fit(x, y, batch_size=16, epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0)
         assert state.back_up(epoch + 1, {"loss": hist.history["loss"][-1]})
     state.finish()
+    state.close()  # the job ends: its writer lock goes with it
     _forget_run()
 
     fresh = _k3_model()

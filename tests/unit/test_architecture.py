@@ -132,3 +132,25 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: pathlib.Path, monkeypatch: pyte
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "candle_ckpt")
     with pytest.raises(AssertionError, match="candle_ckpt.core.a"):
         test_no_import_cycle_between_modules()
+
+
+# Exceptions that are not checkpoint errors, each with its reason.
+OWN_EXCEPTIONS = {
+    "candle_ckpt.cli.common.CliError": "a usage error of the command line, turned into exit status 2",
+    "candle_ckpt.testing.crashsim.OutsideRoot": "an AssertionError of the crash simulator",
+}
+
+
+def test_exceptions_have_one_home() -> None:
+    """Every public exception class is defined in core/errors.py (or is listed with its reason)."""
+    elsewhere = []
+    for name, _, tree in _modules():
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
+            if any(b.endswith(("Error", "Exception", "Checkpoint", "Locked")) for b in bases):
+                qual = f"{name}.{node.name}"
+                if name != "candle_ckpt.core.errors" and qual not in OWN_EXCEPTIONS:
+                    elsewhere.append(qual)
+    assert not elsewhere, elsewhere

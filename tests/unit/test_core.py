@@ -19,21 +19,13 @@ from hypothesis import strategies as st
 from candle_ckpt.core import fs as durable
 from candle_ckpt.core import layout
 from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.policy import KeepLatest
-from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar, SidecarError
-from candle_ckpt.storage import store
-from candle_ckpt.storage.store import CheckpointError, CheckpointStore, CorruptCheckpoint, FileSpec
+from candle_ckpt.core.keep import KeepLatest
+from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar
+from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _release_locks():
-    """Drop this process's writer locks after each test, as a process exit would."""
-    yield
-    for path in list(store._LOCKS):
-        store.release_lock(path)
 
 
 def _crc(data: bytes) -> str:
@@ -469,3 +461,37 @@ def test_an_oversized_pointer_file_is_ignored(tmp_path):
     with pytest.raises(ValueError, match=r"larger than 256 bytes"):
         read_link(str(best))
     assert s.link_epoch("best") is None
+
+
+def test_a_leftover_that_cannot_be_removed_is_logged_and_the_store_opens(tmp_path, caplog):
+    """Debris that rmtree cannot remove is reported by path; opening the store for writing still succeeds."""
+    from candle_ckpt.testing.faultfs import FaultFS
+
+    s = CheckpointStore(str(tmp_path / "save"))
+    s.open_for_write()
+    _commit(s, 1, b"one")
+    s.close()
+    (Path(s.layout.ckpts) / "trash-001-dead").mkdir()
+    again = CheckpointStore(str(tmp_path / "save"), fs=FaultFS(fail_at=1, kinds=("rmtree",)))
+    with caplog.at_level("WARNING", logger="candle_ckpt"):
+        again.open_for_write()
+    assert "could not remove leftover" in caplog.text and "trash-001-dead" in caplog.text
+    assert (Path(s.layout.ckpts) / "trash-001-dead").is_dir()
+    assert again.epochs() == [1]
+
+
+def test_delete_whose_rmtree_fails_still_removes_the_epoch(tmp_path, caplog):
+    """If the trash of a deleted epoch cannot be removed, the epoch is gone anyway and the leftover is logged."""
+    from candle_ckpt.testing.faultfs import FaultFS
+
+    fs = FaultFS()
+    s = CheckpointStore(str(tmp_path / "save"), fs=fs)
+    s.open_for_write()
+    _commit(s, 1, b"one")
+    _commit(s, 2, b"two")
+    fs.arm(("rmtree",), 1)
+    with caplog.at_level("WARNING", logger="candle_ckpt"):
+        s.delete(1)
+    assert s.epochs() == [2]
+    assert "goes at the next start" in caplog.text
+    assert [p.name for p in Path(s.layout.ckpts).glob("trash-*")]

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from candle_ckpt.config.params import CKPT_KEYS, CkptConfig
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.storage.store import release_lock
 
 WORDS = ["off", "auto", "required", "min", "max", "linear", "exponential", "raise", "warn", "true", "no", "1", "-1"]
 VALUES = st.one_of(
@@ -82,7 +81,7 @@ def test_writer_construction_fuzz_raises_only_keyed_errors() -> None:
                 assert "ckpt_directory" in str(err), f"OSError without the key: {err}"
                 outcomes["OSError"] += 1
             else:
-                release_lock(engine.store.layout.lock)
+                engine.store.close()
                 assert os.path.isdir(os.path.join(tmp, cfg.directory, "ckpts", "epochs"))
                 outcomes["built"] += 1
             finally:

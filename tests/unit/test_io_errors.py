@@ -7,7 +7,6 @@ Core only: the files written are plain bytes, no keras.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -15,36 +14,14 @@ from pathlib import Path
 import pytest
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.errors import CheckpointSaveError
+from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.engine import Capture, CheckpointEngine, CheckpointSaveError
-from candle_ckpt.storage.store import FileSpec, release_lock
+from candle_ckpt.engine.engine import Capture, CheckpointEngine
+from candle_ckpt.storage.store import FileSpec
+from candle_ckpt.testing.faultfs import FaultFS
 
 FIGURES = Path(__file__).resolve().parents[1] / ".figures"
-
-
-class FaultFS(LocalFS):
-    """Records every operation; raises EIO at the ``fail_at``-th operation whose name is in ``kinds``."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[str, str]] = []
-        self.fail_at: int | None = None
-        self.kinds: tuple[str, ...] = ()
-        self.seen = 0
-        self.failed: tuple[str, str] | None = None
-        self.failed_index: int | None = None
-
-    def arm(self, kinds: tuple[str, ...], fail_at: int) -> None:
-        self.kinds, self.fail_at, self.seen, self.failed = kinds, fail_at, 0, None
-        self.ops = []
-
-    def hook(self, op: str, path: str) -> None:
-        self.ops.append((op, path))
-        if self.fail_at is not None and self.failed is None and op in self.kinds:
-            self.seen += 1
-            if self.seen == self.fail_at:
-                self.failed, self.failed_index = (op, path), len(self.ops) - 1
-                raise OSError(errno.EIO, f"injected EIO in {op}", path)
 
 
 def payload(epoch: int) -> bytes:
@@ -75,7 +52,7 @@ def count_ops(tmp_path: Path, kinds: tuple[str, ...]) -> int:
     engine.save(1, {"loss": 1.0}, lambda: capture(1))
     fs.arm(kinds, 10**9)
     engine.save(2, {"loss": 0.5}, lambda: capture(2))
-    release_lock(engine.store.layout.lock)
+    engine.store.close()
     return fs.seen
 
 
@@ -123,7 +100,7 @@ def test_eio_from_any_fsync_fails_the_save_and_is_never_trusted(tmp_path: Path) 
         assert read_link(str(root / "ckpts" / "last")) == "epochs/003"
         _, kept = engine.store.verify(3, keep=["model.weights.h5"])
         assert kept["model.weights.h5"] == payload(3)
-        release_lock(engine.store.layout.lock)
+        engine.store.close()
     _figure("fsync_fault_points", total)
 
 
@@ -134,7 +111,7 @@ def test_eio_from_any_other_step_fails_the_save_cleanly(tmp_path: Path) -> None:
     assert total >= 10, f"a save made only {total} such operations"
     for k in range(1, total + 1):
         _, engine = run_fault(tmp_path / f"op{k}", kinds, k)
-        release_lock(engine.store.layout.lock)
+        engine.store.close()
     _figure("other_fault_points", total)
 
 
@@ -147,14 +124,15 @@ def test_eio_with_on_error_warn_continues_and_logs(tmp_path: Path) -> None:
     fs.arm(("fsync",), 1)
     assert engine.save(2, {"loss": 0.5}, lambda: capture(2)) is False
     assert engine.stats()["errors"] == [
-        f"epoch 2: checkpoint save failed: OSError: [Errno 5] injected EIO in fsync: '{fs.failed[1]}'"
+        f"epoch 2: checkpoint save failed: OSError: [Errno 5] injected EIO at step {fs.failed_index} in fsync: "
+        f"'{fs.failed[1]}'"
     ]
     assert "ckpt_on_error=warn: training continues" in (tmp_path / "ckpt.log").read_text()
     assert read_link(str(tmp_path / "ckpts" / "last")) == "epochs/001"
     fs.arm((), 0)
     assert engine.save(3, {"loss": 0.4}, lambda: capture(3)) is True
     assert engine.store.epochs() == [1, 3]
-    release_lock(engine.store.layout.lock)
+    engine.store.close()
 
 
 def _figure(key: str, value: int) -> None:

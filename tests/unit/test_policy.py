@@ -8,16 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.core.policy import (
-    BestState,
-    KeepExponential,
-    KeepLatest,
-    is_improvement,
-    keep_policy,
-    prune_plan,
-    resolve_mode,
-    save_reason,
-)
+from candle_ckpt.core.keep import KeepExponential, KeepLatest, keep_policy, prune_plan
+from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
 
 # ---------------------------------------------------------------------------
 # resolve_mode
@@ -209,52 +201,6 @@ def test_best_state_rejects_bad_mode() -> None:
         BestState("val_loss", "auto")
 
 
-@pytest.mark.parametrize(
-    "state",
-    [
-        BestState("val_loss", "min"),
-        BestState("val_accuracy", "max", 0.875, 12),
-        BestState("loss", "min", -2.0, 0),
-    ],
-)
-def test_best_state_round_trip(state: BestState) -> None:
-    """from_dict(to_dict()) reproduces the state exactly."""
-    assert BestState.from_dict(state.to_dict()) == state
-
-
-def test_best_state_from_dict_accepts_int_value_and_ignores_extra_keys() -> None:
-    """from_dict converts an int value to float and ignores unknown keys."""
-    state = BestState.from_dict({"metric": "m", "mode": "max", "value": 1, "epoch": 3, "future": True})
-    assert state == BestState("m", "max", 1.0, 3)
-    assert isinstance(state.value, float)
-
-
-@pytest.mark.parametrize(
-    ("data", "match"),
-    [
-        ([("metric", "m")], "mapping"),
-        ({"mode": "min"}, "missing 'metric'"),
-        ({"metric": "m"}, "missing 'mode'"),
-        ({"metric": 3, "mode": "min"}, "'metric'"),
-        ({"metric": "", "mode": "min"}, "'metric'"),
-        ({"metric": "m", "mode": "auto"}, "'mode'"),
-        ({"metric": "m", "mode": "min", "value": "0.1", "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": True, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": math.nan, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": math.inf, "epoch": 1}, "'value'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": 1.0}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": True}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1, "epoch": -1}, "'epoch'"),
-        ({"metric": "m", "mode": "min", "value": 0.1}, "both set or both None"),
-        ({"metric": "m", "mode": "min", "epoch": 2}, "both set or both None"),
-    ],
-)
-def test_best_state_from_dict_rejects_malformed(data: object, match: str) -> None:
-    """from_dict raises ValueError on malformed input."""
-    with pytest.raises(ValueError, match=match):
-        BestState.from_dict(data)  # type: ignore[arg-type]
-
-
 # ---------------------------------------------------------------------------
 # save_reason
 # ---------------------------------------------------------------------------
@@ -394,14 +340,14 @@ def test_keep_exponential_sparse_input() -> None:
 
 def test_prune_plan() -> None:
     """prune_plan returns sorted, disjoint keep and delete lists covering the input."""
-    keep, delete = prune_plan([5, 1, 3, 2, 4, 4], KeepLatest(2), protected=[1, 42])
+    keep, delete = prune_plan([5, 1, 3, 2, 4, 4], KeepLatest(2).select, protected=[1, 42])
     assert keep == [1, 4, 5]
     assert delete == [2, 3]
 
 
 def test_prune_plan_empty() -> None:
     """prune_plan on no epochs keeps and deletes nothing."""
-    assert prune_plan([], KeepExponential(3)) == ([], [])
+    assert prune_plan([], KeepExponential(3).select) == ([], [])
 
 
 # ---------------------------------------------------------------------------
@@ -465,7 +411,7 @@ def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[i
     """prune_plan splits the input into sorted keep/delete lists matching select."""
     epochs, limit, protected = case
     policy = _POLICIES[mode](limit)
-    keep, delete = prune_plan(list(epochs), policy, protected)
+    keep, delete = prune_plan(list(epochs), policy.select, protected)
     assert keep == sorted(keep)
     assert delete == sorted(delete)
     assert set(keep) == policy.select(epochs, protected)

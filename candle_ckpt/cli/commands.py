@@ -1,0 +1,296 @@
+"""The ``candle-ckpt`` commands: list, verify, info, rollback, prune and plot.
+
+Every command goes through :class:`~candle_ckpt.storage.store.CheckpointStore` (layout,
+sidecars, CRC checks, links, locking) and the keep policies of
+:mod:`candle_ckpt.core.policy`, so the tool and the training callback cannot disagree
+about what a checkpoint is. Each returns the exit code or raises :class:`CliError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from candle_ckpt.cli.common import (
+    EXIT_CORRUPT,
+    EXIT_OK,
+    PROG,
+    CliError,
+    epoch_ranges,
+    fmt_bytes,
+    fmt_time,
+    fmt_value,
+    marks_of,
+    monitored,
+    open_store,
+    oplog,
+    problem,
+    progress_factory,
+    read_links,
+    read_sidecar,
+    resolve_epoch,
+    verify_with_bar,
+)
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.keep import keep_policy
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.storage.store import CheckpointStore
+
+# -- list -----------------------------------------------------------------------------------
+
+
+def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) -> list[dict[str, Any]]:
+    bar_factory = progress_factory() if verify else None
+    rows = []
+    for epoch in store.epochs():
+        row: dict[str, Any] = {
+            "epoch": epoch,
+            "path": store.layout.epoch_dir(epoch),
+            "best": links["best"] == epoch,
+            "last": links["last"] == epoch,
+            "verified": verify,
+            "valid": False,
+            "problem": None,
+            "timestamp": None,
+            "bytes": None,
+            "metric": None,
+            "metric_value": None,
+            "reason": None,
+            "generation": None,
+        }
+        rows.append(row)
+        try:
+            side = store.read_sidecar(epoch)
+        except CheckpointError as err:
+            row["problem"] = problem(err)
+            continue
+        metric, value = monitored(side)
+        row.update(
+            timestamp=side.timestamp,
+            bytes=side.total_bytes,
+            metric=metric,
+            metric_value=value,
+            reason=side.reason,
+            generation=side.generation,
+        )
+        if verify:
+            try:
+                verify_with_bar(store, epoch, bar_factory)
+            except CheckpointError as err:
+                row["problem"] = problem(err)
+                continue
+        row["valid"] = True
+    return rows
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    pointers = read_links(store)
+    rows = _rows(store, pointers, args.verify)
+    failed = args.verify and any(not r["valid"] for r in rows)
+    if args.json:
+        out = {"directory": store.layout.root, "best": pointers["best"], "last": pointers["last"], "checkpoints": rows}
+        print(json.dumps(out, indent=2, default=str))
+        return EXIT_CORRUPT if failed else EXIT_OK
+    if not rows:
+        print(f"no checkpoints in {store.layout.root}")
+        return EXIT_OK
+    table = [("EPOCH", "SAVED", "SIZE", "METRIC", "REASON", "MARK", "CRC" if args.verify else "SIDECAR")]
+    for r in rows:
+        metric = f"{r['metric']}={fmt_value(r['metric_value'])}" if r["metric"] else "-"
+        table.append(
+            (
+                L.epoch_name(r["epoch"]),
+                fmt_time(r["timestamp"]),
+                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
+                metric,
+                r["reason"] or "-",
+                ",".join(n for n in L.LINK_NAMES if r[n]) or "-",
+                "ok" if r["valid"] else f"INVALID: {r['problem']}",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    total = sum(r.get("bytes") or 0 for r in rows)
+    where = ", ".join(f"{n} -> {L.epoch_name(e) if e is not None else 'none'}" for n, e in pointers.items())
+    print(f"{len(rows)} checkpoints, {fmt_bytes(total)}; {where}")
+    if not args.verify:
+        print("(read from the sidecars only; add --verify to check every file's CRC32)")
+    return EXIT_CORRUPT if failed else EXIT_OK
+
+
+# -- verify ---------------------------------------------------------------------------------
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    epochs = [resolve_epoch(store, args.epoch)] if args.epoch is not None else store.epochs()
+    if not epochs:
+        print(f"no checkpoints in {store.layout.root}")
+        return EXIT_OK
+    bar_factory = progress_factory()
+    failures = []
+    for epoch in epochs:
+        try:
+            side = verify_with_bar(store, epoch, bar_factory)
+        except CheckpointError as err:
+            where = f"{err.path}: {err.reason}" if isinstance(err, CorruptCheckpoint) else str(err)
+            failures.append(f"epoch {epoch}: {where}")
+            print(f"epoch {L.epoch_name(epoch)}: FAILED  {where}", flush=True)
+            continue
+        unchecked = [n for n, e in side.files.items() if e.crc32 is None]
+        how = "sizes only (saved with ckpt_checksum off)" if unchecked else "CRC32 ok"
+        print(f"epoch {L.epoch_name(epoch)}: ok  {len(side.files)} files, {fmt_bytes(side.total_bytes)}, {how}")
+    if failures:
+        print(f"{len(failures)} of {len(epochs)} checkpoints FAILED verification")
+        raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
+    print(f"all {len(epochs)} checkpoints verified" if len(epochs) > 1 else "checkpoint verified")
+    return EXIT_OK
+
+
+# -- info -----------------------------------------------------------------------------------
+
+
+def _pretty(side: Sidecar, width: int = 18) -> list[str]:
+    lines = []
+    for f in dataclasses.fields(side):
+        value = getattr(side, f.name)
+        if f.name == "files":
+            lines.append("files")
+            for name, entry in sorted(value.items()):
+                crc = entry.crc32 or "(no CRC)"
+                lines.append(f"  {name.ljust(width - 2)} {fmt_bytes(entry.size):>10}  crc32 {crc}")
+        elif isinstance(value, dict):
+            lines.append(f.name if value else f"{f.name.ljust(width)} (empty)")
+            for key in sorted(value):
+                lines.append(f"  {str(key).ljust(width - 2)} {fmt_value(value[key])}")
+        else:
+            lines.append(f"{f.name.ljust(width)} {fmt_value(value)}")
+    lines.append(f"{'checksum'.ljust(width)} {fmt_value(side.checksum)}")
+    lines.append(f"{'total size'.ljust(width)} {fmt_bytes(side.total_bytes)}")
+    return lines
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    epoch = resolve_epoch(store, args.epoch)
+    side = read_sidecar(store, epoch)
+    if args.json:
+        print(json.dumps(side.to_dict(), indent=2, sort_keys=True, default=str))
+        return EXIT_OK
+    tags = marks_of(epoch, read_links(store))
+    print(f"checkpoint {store.layout.epoch_dir(epoch)}" + (f"  [{', '.join(tags)}]" if tags else ""))
+    for line in _pretty(side):
+        print(f"  {line}")
+    return EXIT_OK
+
+
+# -- rollback -------------------------------------------------------------------------------
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    epoch = resolve_epoch(store, args.epoch)
+    # Lock first: no job may commit or prune between the check and the re-pointing.
+    store.open_for_write()
+    try:
+        before = store.link_epoch("last")
+        try:
+            store.verify(epoch)
+        except CheckpointError as err:
+            raise CliError(f"refusing to roll back to epoch {epoch}: {err}", code=EXIT_CORRUPT) from None
+        store.set_link("last", epoch)
+    finally:
+        store.close()
+    was = L.link_target(before) if before is not None else "nothing"
+    oplog(store).info(f"rollback: 'last' re-pointed from {was} to {L.link_target(epoch)} by {PROG}")
+    print(f"last -> {L.link_target(epoch)} (was {was}); checkpoint verified")
+    print(f"the next restart() resumes after epoch {epoch}")
+    return EXIT_OK
+
+
+# -- prune ----------------------------------------------------------------------------------
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    policy = keep_policy(args.keep_mode, args.keep_limit)
+    if not args.dry_run:
+        store.open_for_write()  # refuses while a job writes to the directory, before printing anything
+    try:
+        return _prune(store, policy, args)
+    finally:
+        store.close()
+
+
+def _prune(store: CheckpointStore, policy: Any, args: argparse.Namespace) -> int:
+    pointers = read_links(store)
+    sizes = {}
+    for epoch in store.epochs():
+        try:
+            sizes[epoch] = store.read_sidecar(epoch).total_bytes
+        except CheckpointError:
+            sizes[epoch] = None
+
+    def describe(epoch: int) -> str:
+        tags = marks_of(epoch, pointers)
+        return f"{L.link_target(epoch)}  {fmt_bytes(sizes.get(epoch))}" + (f"  ({', '.join(tags)})" if tags else "")
+
+    print(f"keep_mode {args.keep_mode}, keep_limit {args.keep_limit} ({policy!r}); best and last are always kept")
+    keep, doomed = store.prune_plan(policy.select)
+    if not args.dry_run:
+        doomed = store.prune(policy.select)
+    for epoch in keep:
+        print(f"keep          {describe(epoch)}")
+    verb = "would remove" if args.dry_run else "removed"
+    for epoch in doomed:
+        print(f"{verb.ljust(13)} {describe(epoch)}")
+    freed = sum(sizes.get(e) or 0 for e in doomed)
+    if args.dry_run:
+        print(f"dry run: would remove {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)})")
+    else:
+        print(f"pruned {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)} freed)")
+        if doomed:
+            oplog(store).info(
+                f"pruned epochs {epoch_ranges(doomed)} by {PROG} "
+                f"(keep_mode {args.keep_mode}, keep_limit {args.keep_limit})"
+            )
+    return EXIT_OK
+
+
+# -- plot -----------------------------------------------------------------------------------
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from candle_ckpt.cli.plotting import plot_history, require_matplotlib
+    from candle_ckpt.core.errors import MissingDependency
+
+    try:
+        require_matplotlib()  # one line naming the pip command, before any work
+    except MissingDependency as err:
+        raise CliError(str(err)) from None
+    store = open_store(args.dir)
+    sides: dict[int, Sidecar] = {}
+    for epoch in store.epochs():
+        try:
+            sides[epoch] = store.read_sidecar(epoch)
+        except CorruptCheckpoint as err:
+            print(f"{PROG} plot: warning: skipping epoch {epoch}: {err.path}: {err.reason}", file=sys.stderr)
+    out = os.path.abspath(args.output)
+    if not os.path.isdir(os.path.dirname(out)):
+        raise CliError(f"-o {args.output}: directory {os.path.dirname(out)} does not exist")
+    pointers = read_links(store)
+    try:
+        n = plot_history(
+            sides, best=pointers["best"], last=pointers["last"], title=store.layout.root, path=out, dpi=args.dpi
+        )
+    except ValueError as err:
+        raise CliError(f"cannot plot {store.layout.root}: {err}") from None
+    print(f"wrote {out}: {n} metrics over {len(sides)} checkpoints")
+    return EXIT_OK

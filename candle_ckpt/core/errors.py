@@ -1,0 +1,44 @@
+"""Every exception candle_ckpt raises about checkpoints, in one place.
+
+Users catch :class:`CheckpointError` for all of them; the subclasses say what
+went wrong. Each is re-exported where it is raised and from ``candle_ckpt``.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of the errors this library raises about checkpoints."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint failed validation; ``path`` and ``reason`` say why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class NoValidCheckpoint(CheckpointError):
+    """No checkpoint could be restored (``required`` mode or an explicit epoch)."""
+
+
+class DirectoryLocked(CheckpointError):
+    """Another live process is writing to this checkpoint directory."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed; earlier checkpoints are intact (``ckpt_on_error=raise``)."""
+
+
+class CheckpointUploadError(CheckpointError):
+    """Copying a checkpoint to ``ckpt_upload_url`` failed (``ckpt_on_error=raise``)."""
+
+
+class SidecarError(ValueError):
+    """A sidecar that is missing, unreadable, malformed or unsafe."""
+
+
+class MissingDependency(ImportError):
+    """An optional dependency is not installed; the message names the pip command that installs it."""
