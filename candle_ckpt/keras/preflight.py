@@ -20,8 +20,8 @@ import h5py
 import keras
 import numpy as np
 
+from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.keras.state import Entry, _BufferFile, build_optimizer, make_plan
-from candle_ckpt.storage.store import CheckpointError
 
 # How many differing variables an error names (the rest are counted).
 SHOWN = 3
@@ -29,10 +29,6 @@ WHAT_TO_DO = (
     "The model was not changed. Build the model this checkpoint was saved from, point ckpt_directory "
     "at this model's own checkpoints, or set ckpt_restart_mode=off to start from scratch."
 )
-
-
-class ModelMismatch(CheckpointError, ValueError):
-    """A checkpoint does not fit the model; nothing was assigned."""
 
 
 @dataclass(frozen=True)

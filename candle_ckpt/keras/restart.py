@@ -47,7 +47,7 @@ def restart(
 
     Every file's CRC is verified, and every variable's shape, dtype and count
     compared with the model, before anything is loaded into it: on a
-    mismatch the model is untouched and :class:`~candle_ckpt.keras.preflight.ModelMismatch`
+    mismatch the model is untouched and :class:`~candle_ckpt.core.errors.ModelMismatch`
     names the first differing variables.
 
     It may be called before ``compile()``: the optimizer state is then kept

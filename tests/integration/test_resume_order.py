@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
+from candle_ckpt.core.errors import ModelMismatch  # noqa: E402
 from candle_ckpt.keras import fit_hooks, rng_state  # noqa: E402
-from candle_ckpt.keras.preflight import ModelMismatch  # noqa: E402
 
 X = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
 Y = X.sum(axis=1, keepdims=True).astype("float32")
