@@ -192,22 +192,34 @@ class CrcFile:
             bisect.insort(self._starts, s)
             self._extents[s] = (e, c)
 
-    def crc32(self) -> int:
-        """Return the CRC-32 of the file as it stands, re-reading only unknown extents."""
-        total, pos = 0, 0
+    def crc32(self, start: int = 0, end: int | None = None) -> int:
+        """Return the CRC-32 of the file as it stands, re-reading only unknown extents.
+
+        Args:
+            start: First byte of the range to checksum (default: the whole file).
+            end: End of the range, exclusive (default and upper bound: the size).
+                A ``.keras`` archive needs the CRC of its weights member, which
+                is a range of the file.
+        """
+        end = self._size if end is None else min(end, self._size)
+        if start >= end:
+            return 0  # the CRC-32 of no bytes
+        total, pos = 0, start
         for s in self._starts:
             e, c = self._extents[s]
-            if s >= self._size:
+            if e <= start:
+                continue
+            if s >= end:
                 break
-            e = min(e, self._size)
-            if s > pos:  # a hole reads back as zeros
-                total = crc32_combine(total, crc32(bytes(s - pos)), s - pos)
-            if c is None or e != self._extents[s][0]:
-                c = crc32(os.pread(self._fd, e - s, s))
-            total = crc32_combine(total, c, e - s)
-            pos = e
-        if pos < self._size:
-            total = crc32_combine(total, crc32(bytes(self._size - pos)), self._size - pos)
+            lo, hi = max(s, start), min(e, end)
+            if lo > pos:  # a hole reads back as zeros
+                total = crc32_combine(total, crc32(bytes(lo - pos)), lo - pos)
+            if c is None or (lo, hi) != (s, e):
+                c = crc32(os.pread(self._fd, hi - lo, lo))
+            total = crc32_combine(total, c, hi - lo)
+            pos = hi
+        if pos < end:
+            total = crc32_combine(total, crc32(bytes(end - pos)), end - pos)
         return total
 
     @property

@@ -21,7 +21,7 @@ from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
-from candle_ckpt.engine.writer import make_writer
+from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 
@@ -91,6 +91,10 @@ class CheckpointEngine:
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        # (epoch, bytes, perf_counter) of the last write handed to the writer, and
+        # whether "the writer cannot keep up" has been said (once per engine).
+        self._submitted: tuple[int, int, float] | None = None
+        self._slow_said = False
         self.start_time = time.time()
         # Hook: called with each committed sidecar, on the writer's thread, after
         # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
@@ -171,7 +175,7 @@ class CheckpointEngine:
         if (reason or decided) is None and not self._beats_durable_best_only(logs):
             return False
         try:
-            self.writer.wait()
+            self._wait_for_writer(epoch)
         except TimeoutError as err:  # the previous write hangs: skip this save, memory stays bounded
             self._failed(epoch, err)
             return False
@@ -202,6 +206,7 @@ class CheckpointEngine:
                 extra={**cap.extra, **self._io_stats()},
             )
             self.best = best
+            self._submitted = (epoch, cap.nbytes, time.perf_counter())
             self.writer.submit(
                 lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
             )
@@ -212,6 +217,14 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         return True
+
+    def _wait_for_writer(self, epoch: int) -> None:
+        """Wait for the write in flight; the first time training has to wait for it, say so (once)."""
+        busy, start = self.writer.in_flight(), time.perf_counter()
+        self.writer.wait()
+        if busy and not self._slow_said and self._submitted is not None:
+            self._slow_said = True
+            self.ops.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
 
     def _beats_durable_best_only(self, logs: Mapping[str, Any]) -> bool:
         """True if this epoch is no new best only because of a best still being written.

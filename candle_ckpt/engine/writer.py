@@ -191,6 +191,43 @@ def _join_at_exit(ref: weakref.ref[AsyncWriter]) -> None:
         logging.getLogger("candle_ckpt.engine.writer").exception("checkpoint writer failed at exit")
 
 
+def slow_writer_message(
+    epoch: int, written_epoch: int, nbytes: int, submitted: float, wait_start: float, wait_end: float
+) -> str:
+    """What to log when an epoch end finds the async writer still busy.
+
+    Args:
+        epoch: The epoch that had to wait.
+        written_epoch: The epoch whose write was still running.
+        nbytes: The size of that write's state.
+        submitted: When that write was handed to the writer (``perf_counter``).
+        wait_start: When this epoch end started waiting for it.
+        wait_end: When the write was done.
+
+    Returns:
+        The waited time, the speed the write reached, the speed needed to keep
+        up with this save interval, and what to do about it.
+    """
+    window = max(wait_start - submitted, 1e-9)  # the time the writer had before it was waited for
+    took = max(wait_end - submitted, 1e-9)
+    waited = wait_end - wait_start
+    return (
+        f"epoch {epoch}: training waited {waited:.2f} s for the checkpoint write of epoch {written_epoch}, "
+        f"which was still running: it wrote {_amount(nbytes)}B in {took:.2f} s ({_amount(nbytes / took)}B/s), "
+        f"and keeping up with one save every {window:.2f} s of training needs {_amount(nbytes / window)}B/s. "
+        "Save less often (ckpt_save_interval), save less (ckpt_save_weights_only) or use faster storage "
+        "(said once per run)"
+    )
+
+
+def _amount(n: float) -> str:
+    """``n`` with a decimal prefix and three significant digits: "805 M", "1.23 G", "512 k"."""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {prefix}"
+    return f"{n:.3g} "
+
+
 def make_writer(
     async_save: bool,
     timeout: float,

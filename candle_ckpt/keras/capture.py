@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.engine import Capture
+from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
-from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer, write_keras_archive
+from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
 from candle_ckpt.storage.store import FileSpec
 
@@ -21,23 +24,28 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
     Async saves copy the state (training goes on during the write); sync
     saves write straight from the variables, which no step can change before
     the write is done, so they copy nothing.
+
+    The state is written once: ``model.keras`` (a full model, loadable with
+    ``keras.models.load_model``, whose weights member ``restart()`` reads in
+    place) or, with ``ckpt_save_weights_only``, ``model.weights.h5``.
     """
     start = time.perf_counter()
     snap = state.snapshot(copy=cfg.async_save)
-    files = [FileSpec(L.WEIGHTS_FILE, snap.write_h5)]
-    if snap.extra:
-        files.append(FileSpec(L.EXTRA_FILE, snap.write_extra))
-    if not cfg.save_weights_only:
+    if cfg.save_weights_only:
+        model_file, write = L.WEIGHTS_FILE, snap.write_h5
+    else:
         config_json, metadata_json = state.full_model_parts()
 
-        def write_archive(f) -> None:
-            weights = os.path.join(os.path.dirname(f.path), L.WEIGHTS_FILE)
-            write_keras_archive(f, config_json, metadata_json, weights)
+        def write(f) -> None:
+            write_keras_archive(f, snap.write_h5, config_json, metadata_json)
 
-        files.append(FileSpec(L.MODEL_FILE, write_archive))
+        model_file = L.MODEL_FILE
+    files = [FileSpec(model_file, write)]
+    if snap.extra:
+        files.append(FileSpec(L.EXTRA_FILE, snap.write_extra))
     return Capture(
         files=files,
-        model_file=L.WEIGHTS_FILE,
+        model_file=model_file,
         nbytes=snap.nbytes,
         snapshot_s=time.perf_counter() - start,
         keras_version=KERAS_VERSION,
@@ -50,7 +58,7 @@ class KerasModelAdapter:
     """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.engine.resume.Adapter`):
     used by ``restart()`` and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`."""
 
-    keep_files = (L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE)
+    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE)
 
     def __init__(self, model) -> None:
         self.state = ModelState(model)
@@ -63,26 +71,30 @@ class KerasModelAdapter:
     def restore(self, chosen, ops, where: str) -> None:
         """Load a verified checkpoint (a :class:`~candle_ckpt.engine.resume.Chosen`) into the model.
 
+        The weights come from the sidecar's ``model_file``: ``model.keras``
+        (its weights member, read in place) or ``model.weights.h5``.
+
         Raises:
-            NoValidCheckpoint: the checkpoint has no Keras 3 weights file.
+            NoValidCheckpoint: the checkpoint has no Keras 3 weights.
         """
         side, kept = chosen.sidecar, chosen.kept
         if side.model_file not in kept:
-            raise NoValidCheckpoint(f"checkpoint {where} has no {L.WEIGHTS_FILE}")
+            raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
         model = self.state.model
         build_optimizer(model)  # raises if the model is not built
         extra = kept.get(L.EXTRA_FILE)
         extra_vars = self.state.extra_variables()
-        # All or nothing: every shape, dtype and count is checked before the first assignment.
-        check_model(model, kept[side.model_file], extra, extra_vars, where, side.epoch)
         self.pending = {}
-        if getattr(model, "optimizer", None) is None:
-            # restart() before compile(): the optimizer does not exist yet. Its state
-            # is kept and applied when it does (the callback, at the latest when fit starts).
-            arrays = read_optimizer_state(kept[side.model_file])
-            if arrays is not None:
-                self.pending["optimizer"] = arrays
-        self.state.restore(kept[side.model_file])
+        with weights_view(kept[side.model_file], side.model_file, where) as weights:
+            # All or nothing: every shape, dtype and count is checked before the first assignment.
+            check_model(model, weights, extra, extra_vars, where, side.epoch)
+            if getattr(model, "optimizer", None) is None:
+                # restart() before compile(): the optimizer does not exist yet. Its state
+                # is kept and applied when it does (the callback, at the latest when fit starts).
+                arrays = read_optimizer_state(weights)
+                if arrays is not None:
+                    self.pending["optimizer"] = arrays
+            self.state.restore(weights)
         if extra is not None:
             self.state.restore_extra(bytes(extra))
         elif extra_vars:
@@ -92,3 +104,24 @@ class KerasModelAdapter:
             )
         if TRAIN_STATE_FILE in kept:
             self.pending["train_state"] = bytes(kept[TRAIN_STATE_FILE])
+
+
+@contextlib.contextmanager
+def weights_view(data: Any, name: str, where: str) -> Iterator[Any]:
+    """The ``.weights.h5`` bytes of a kept checkpoint file, without a copy.
+
+    ``data`` itself for a ``.weights.h5``; for a ``.keras`` archive, a view of
+    its stored weights member, released on exit (so the mmap can be closed).
+
+    Raises:
+        NoValidCheckpoint: the archive holds no stored weights member.
+    """
+    if not name.endswith(".keras"):
+        yield data
+        return
+    try:
+        start, size = weights_member_range(data, name)
+    except ValueError as err:
+        raise NoValidCheckpoint(f"checkpoint {where}: {err}") from None
+    with memoryview(data) as whole, whole[start : start + size] as member:
+        yield member

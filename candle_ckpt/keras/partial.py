@@ -2,7 +2,8 @@
 
 For evaluation, transfer learning or a warm start: the checkpoint's files are
 CRC-verified first (the bytes read for the check are the bytes loaded), then
-the named layers are read from the ``.weights.h5`` with h5py. The model's layers
+the named layers are read from the ``.weights.h5`` (or the weights member of
+``model.keras``) with h5py. The model's layers
 are found through its save plan (:func:`~candle_ckpt.keras.state.make_plan`,
 so nested models work) and matched to the checkpoint's H5 groups by the
 ``name`` attribute Keras stores on each group (by H5 path for files without
@@ -25,6 +26,7 @@ import numpy as np
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.keras.capture import weights_view
 from candle_ckpt.keras.state import make_plan
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -125,7 +127,8 @@ def load_weights(
 
     start = time.perf_counter()
     assignments: list[tuple[Any, np.ndarray]] = []
-    with h5py.File(io.BytesIO(kept[name]), "r") as h5:
+    where = store.layout.epoch_dir(epoch)
+    with weights_view(kept[name], name, where) as weights, h5py.File(io.BytesIO(weights), "r") as h5:
         saved_names = {str(g.attrs.get("name")): p for p, g in _groups(h5)}
         for layer_name in wanted:
             for path, variables in available[layer_name]:

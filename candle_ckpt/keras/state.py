@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -444,14 +443,6 @@ def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
         store.close()
     if failed:
         saving_lib._raise_loading_failure(errors)
-
-
-def write_keras_archive(f: CrcFile, config_json: str, metadata_json: str, weights_path: str) -> None:
-    """Write a ``.keras`` zip (config, metadata, weights) that ``load_model`` reads."""
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("metadata.json", metadata_json)
-        zf.writestr("config.json", config_json)
-        zf.write(weights_path, "model.weights.h5")
 
 
 def backend_name() -> str:

@@ -45,14 +45,15 @@ def state(model: keras.Model) -> list[np.ndarray]:
 
 
 class BlockingFS(LocalFS):
-    """Blocks the writer thread at ``op`` of the weights file of the ``nth`` commit."""
+    """Blocks the writer thread at ``op`` of the state file of the ``nth`` commit."""
 
     def __init__(self, op: str, nth: int, marker: str, until=None) -> None:
         self.op, self.nth, self.marker, self.until = op, nth, marker, until
         self.commits = 0
 
     def hook(self, op: str, path: str) -> None:
-        if not path.endswith(os.path.join("work", L.WEIGHTS_FILE)):
+        # The state file of a checkpoint: model.keras at the defaults used here.
+        if not any(path.endswith(os.path.join("work", name)) for name in (L.MODEL_FILE, L.WEIGHTS_FILE)):
             return
         if op == "create":
             self.commits += 1

@@ -8,6 +8,7 @@ In-process tests drive a real ``model.fit`` and steer the writer thread with a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,6 +312,31 @@ def test_train_end_joins_the_writer(tmp_path):
     assert CheckpointStore(tmp_path).epochs() == [1, 2, 3]
     assert last_epoch(tmp_path) == 3
     assert [r["epoch"] for r in cb.stats()["saves"]] == [1, 2, 3]
+
+
+def test_a_writer_that_cannot_keep_up_is_reported_once(tmp_path):
+    """When epoch ends find the writer busy, ckpt.log says once how long training waited and the speed needed."""
+    fs = ScriptedFS({("fsync", n): lambda: time.sleep(0.6) for n in (1, 2, 3)})
+    cb = CandleCheckpointCallback(params(tmp_path, 4), verbose=False, fs=fs)
+    fit(build_model(7), cb, 4)
+    waits = cb.stats()["writer_wait_s"]
+    assert sum(w > 0.1 for w in waits) >= 2  # later epoch ends found the previous write still running
+    log = Path(L.Layout.at(str(tmp_path)).log).read_text()
+    slow = [line for line in log.splitlines() if "training waited" in line]
+    assert len(slow) == 1, log
+    found = re.search(
+        r"WARNING epoch (\d): training waited ([\d.]+) s for the checkpoint write of epoch (\d), which was still "
+        r"running: it wrote ([\d.]+) kB in ([\d.]+) s \([\d.]+ kB/s\), and keeping up with one save every "
+        r"([\d.]+) s of training needs ([\d.]+) kB/s\.",
+        slow[0],
+    )
+    assert found, slow[0]
+    epoch, waited, written, kb, took, every, needed = (float(g) for g in found.groups())
+    assert written == epoch - 1 and waited > 0 and took >= 0.6  # the write took at least the injected sleep
+    assert abs(took - (every + waited)) < 0.02
+    # `every` is printed to 0.01 s, so the speed it implies is only known within that rounding.
+    low, high = kb / (every + 0.005), kb / max(every - 0.005, 1e-9)
+    assert 0.98 * low - 0.01 <= needed <= 1.02 * high + 0.01, (needed, low, high)
 
 
 def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):

@@ -173,7 +173,7 @@ def test_stock_load_weights_skips_the_optimizer_but_restart_restores_it(tmp_path
     params = _params(tmp_path)
     trained = job.build_model()
     _fit(trained, 3, [candle.CandleCheckpointCallback(params, verbose=False)])
-    weights_file = _ckpts(params) / "last" / "model.weights.h5"
+    weights_file = _ckpts(params) / "last" / "model.keras"  # load_weights reads a .keras too
 
     stock = job.build_model()
     with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
@@ -190,15 +190,16 @@ def test_stock_load_weights_skips_the_optimizer_but_restart_restores_it(tmp_path
 
 
 def test_checkpoint_files_load_with_stock_keras(tmp_path):
-    """ckpts/last/model.weights.h5 loads with model.load_weights and model.keras with keras.models.load_model."""
+    """ckpts/last/model.keras, the one state file, loads with model.load_weights and keras.models.load_model."""
     params = _params(tmp_path, ckpt_save_weights_only=False)
     trained = job.build_model()
     _fit(trained, 3, [candle.CandleCheckpointCallback(params, verbose=False)])
     last = _ckpts(params) / "last"
+    assert sorted(p.name for p in last.iterdir()) == ["ckpt-info.json", "model.keras"]  # the state written once
 
     fresh = job.build_model(seed=99)
     with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):  # the trap, see above
-        fresh.load_weights(last / "model.weights.h5")
+        fresh.load_weights(last / "model.keras")
     for got, want in zip(fresh.get_weights(), trained.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -297,18 +298,18 @@ def test_every_sidecar_has_candle_keys_sizes_and_crcs(tmp_path):
         assert set(CANDLE_KEYS) <= set(side)
         assert side["epoch"] == epoch
         assert side["metadata"] == "run-42"
-        assert side["model_file"] == "model.weights.h5"
+        assert side["model_file"] == "model.keras"
         assert side["schema_version"] == 1
         assert side["keras_version"] == keras.__version__
         assert side["backend"] == keras.backend.backend()
         assert set(side["logs"]) == {"loss"} and isinstance(side["logs"]["loss"], float)
         assert side["save_duration_s"] > 0 and side["save_mb_per_s"] > 0
         assert time.strptime(side["timestamp"], "%Y-%m-%dT%H:%M:%S%z")
-        assert sorted(side["files"]) == ["model.keras", "model.weights.h5", "train.state.npz"]
+        assert sorted(side["files"]) == ["model.keras", "train.state.npz"]
         for name, entry in side["files"].items():
             data = (directory / name).read_bytes()
             assert entry == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
-        assert side["checksum"] == f"{zlib.crc32((directory / 'model.weights.h5').read_bytes()):08x}"
+        assert side["checksum"] == f"{zlib.crc32((directory / 'model.keras').read_bytes()):08x}"
 
 
 def test_metadata_falls_back_to_candles_metadata_key(tmp_path):

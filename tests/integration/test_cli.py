@@ -226,7 +226,7 @@ def test_list_json_matches_the_sidecars(trained: Trained) -> None:
 def test_list_reads_sidecars_and_verify_flags_the_flipped_byte(trained: Trained, tmp_path: Path) -> None:
     """Without --verify a damaged weights file still lists as ok (sidecars only); --verify flags it, exit 1."""
     d = copy_of(trained, tmp_path)
-    flip_byte(d / "ckpts" / "epochs" / "004" / L.WEIGHTS_FILE)
+    flip_byte(d / "ckpts" / "epochs" / "004" / L.MODEL_FILE)
     plain = json.loads(cli("list", d, "--json").stdout)
     assert all(r["valid"] for r in plain["checkpoints"])
     proc = cli("list", d, "--verify", "--json")
@@ -234,11 +234,11 @@ def test_list_reads_sidecars_and_verify_flags_the_flipped_byte(trained: Trained,
     rows = {r["epoch"]: r for r in json.loads(proc.stdout)["checkpoints"]}
     assert all(r["verified"] for r in rows.values())
     assert [e for e, r in rows.items() if not r["valid"]] == [4]
-    assert rows[4]["problem"].startswith(f"{L.WEIGHTS_FILE}: CRC32 is ")
+    assert rows[4]["problem"].startswith(f"{L.MODEL_FILE}: CRC32 is ")
     table = cli("list", d, "--verify")
     assert table.returncode == 1
     line4 = next(line for line in table.stdout.splitlines() if line.startswith("004"))
-    assert f"INVALID: {L.WEIGHTS_FILE}: CRC32 is" in line4
+    assert f"INVALID: {L.MODEL_FILE}: CRC32 is" in line4
 
 
 def test_list_ignores_a_last_link_that_leaves_the_directory(trained: Trained, tmp_path: Path) -> None:
@@ -281,9 +281,9 @@ def test_verify_clean_directory_exits_0(trained: Trained) -> None:
 def test_verify_flipped_byte_exits_1_naming_file_and_reason(trained: Trained, tmp_path: Path) -> None:
     """After one flipped byte `verify` exits 1, names the damaged file and says the CRC differs."""
     d = copy_of(trained, tmp_path)
-    bad = d / "ckpts" / "epochs" / "003" / L.WEIGHTS_FILE
+    bad = d / "ckpts" / "epochs" / "003" / L.MODEL_FILE
     flip_byte(bad)
-    recorded = CheckpointStore(d).read_sidecar(3).files[L.WEIGHTS_FILE].crc32
+    recorded = CheckpointStore(d).read_sidecar(3).files[L.MODEL_FILE].crc32
     proc = cli("verify", d)
     assert proc.returncode == 1
     assert f"epoch 003: FAILED  {bad}: CRC32 is " in proc.stdout
@@ -381,7 +381,7 @@ def test_rollback_then_restart_resumes_there(trained: Trained, tmp_path: Path) -
 def test_rollback_to_corrupt_epoch_is_refused(trained: Trained, tmp_path: Path) -> None:
     """`rollback` to a checkpoint that fails its CRC exits 1 with one line, and `last` stays put."""
     d = copy_of(trained, tmp_path)
-    bad = d / "ckpts" / "epochs" / "002" / L.WEIGHTS_FILE
+    bad = d / "ckpts" / "epochs" / "002" / L.MODEL_FILE
     flip_byte(bad)
     proc = cli("rollback", d, 2)
     assert_one_line_error(proc, 1, "refusing to roll back to epoch 2", str(bad), "CRC32")

@@ -86,7 +86,9 @@ def stock_state(weights_file: str | os.PathLike[str], make_model: Callable) -> l
     return state_bytes(model)
 
 
-def epoch_file(directory: str | os.PathLike[str], epoch: int, name: str = "model.weights.h5") -> Path:
+def epoch_file(directory: str | os.PathLike[str], epoch: int, name: str = "model.keras") -> Path:
+    """A checkpoint's file; by default its state file (``model.keras`` at the defaults, which stock
+    ``model.load_weights`` also reads)."""
     return Path(directory) / "ckpts" / "epochs" / f"{epoch:03d}" / name
 
 
@@ -165,9 +167,9 @@ def _retarget_last(d: Path) -> None:
 
 CORRUPTIONS = {
     # name: (damage, epoch restart must fall back to, what ckpt.log must say)
-    "flip-byte": (_flip_byte, 2, r"skipping epoch 3: .*003/model\.weights\.h5: CRC32 is [0-9a-f]{8} but"),
-    "truncate": (_truncate, 2, r"skipping epoch 3: .*003/model\.weights\.h5: size is \d+ bytes but"),
-    "delete-weights": (_delete_weights, 2, r"skipping epoch 3: .*003/model\.weights\.h5: file is missing"),
+    "flip-byte": (_flip_byte, 2, r"skipping epoch 3: .*003/model\.keras: CRC32 is [0-9a-f]{8} but"),
+    "truncate": (_truncate, 2, r"skipping epoch 3: .*003/model\.keras: size is \d+ bytes but"),
+    "delete-weights": (_delete_weights, 2, r"skipping epoch 3: .*003/model\.keras: file is missing"),
     "invalid-json-sidecar": (_break_sidecar, 2, r"skipping epoch 3: .*003/ckpt-info\.json: not valid JSON"),
     "delete-sidecar": (_delete_sidecar, 2, r"skipping epoch 3: .*003/ckpt-info\.json: sidecar is missing"),
     "dangling-last": (_dangle_last, 2, r"skipping epoch 3: 'last' points to a checkpoint that does not exist"),

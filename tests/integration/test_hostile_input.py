@@ -67,7 +67,7 @@ def job(base, tmp_path: Path):
     outside = tmp_path / "outside"
     outside.mkdir()
     epoch1 = root / "ckpts" / "epochs" / "001"
-    (outside / "x").write_bytes((epoch1 / L.WEIGHTS_FILE).read_bytes())  # loadable weights of epoch 1
+    (outside / "x").write_bytes((epoch1 / L.MODEL_FILE).read_bytes())  # loadable state of epoch 1
     shutil.copytree(epoch1, outside / "ckpt")  # a valid checkpoint of epoch 1
     shutil.copytree(epoch1, outside / "ckpt9")
     rewrite_sidecar(outside / "ckpt9", epoch=9, generation=99)  # would win if it were ever listed
@@ -101,7 +101,7 @@ def do_restart(root: Path, **extra):
 def set_model_file(root: Path, name: str) -> None:
     epoch3 = root / "ckpts" / "epochs" / "003"
     body = json.loads((epoch3 / L.SIDECAR).read_text())
-    entry = body["files"].pop(L.WEIGHTS_FILE)
+    entry = body["files"].pop(body["model_file"])
     rewrite_sidecar(epoch3, model_file=name, files={**body["files"], name: entry})
 
 
@@ -246,23 +246,23 @@ def test_training_on_a_hostile_directory_never_writes_or_deletes_outside(job) ->
     assert (outside / "ckpt9").is_dir() and (outside / "x").is_file()
 
 
-def test_restart_loads_only_weights_h5_never_a_keras_archive(job, monkeypatch) -> None:
-    """restart() reads only model.weights.h5; loading any .keras archive during it would fail the test."""
+def test_restart_reads_only_the_weights_never_a_model_config(job, monkeypatch) -> None:
+    """restart() reads the weights member of model.keras but never builds a model from its config.json."""
     root, _, _ = job
 
     def refuse(*args, **kwargs):
-        raise AssertionError("restart() must not load a .keras archive")
-
-    import zipfile
+        raise AssertionError("restart() must not deserialize a model from a checkpoint")
 
     import keras.src.saving.saving_lib as saving_lib
 
     monkeypatch.setattr(keras.saving, "load_model", refuse)
     monkeypatch.setattr(keras.models, "load_model", refuse)
     monkeypatch.setattr(saving_lib, "load_model", refuse)
-    monkeypatch.setattr(zipfile, "ZipFile", refuse)
+    monkeypatch.setattr(saving_lib, "_model_from_config", refuse)
+    monkeypatch.setattr(keras.saving, "deserialize_keras_object", refuse)
+    monkeypatch.setattr(keras.models, "model_from_json", refuse)
     got, _ = do_restart(root)
-    assert got["epoch"] == 3
+    assert got["epoch"] == 3 and got["model_file"] == L.MODEL_FILE
 
 
 def test_every_load_model_call_in_the_package_uses_safe_mode() -> None:

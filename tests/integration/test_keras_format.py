@@ -1,4 +1,4 @@
-"""Tripwires on the Keras internals that ``candle_ckpt.keras.state`` relies on.
+"""Tripwires on the Keras internals that ``candle_ckpt.keras.state`` and ``.archive`` rely on.
 
 If a Keras upgrade changes how ``save_weights`` lays out a ``.weights.h5``, or
 renames the private ``saving_lib`` functions we call, these tests fail loudly
@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
 import inspect  # noqa: E402
+import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -21,6 +22,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from keras.src.saving import saving_lib  # noqa: E402
 
+from candle_ckpt.core.checksum import CrcFile  # noqa: E402
+from candle_ckpt.keras.archive import weights_member_range, write_keras_archive  # noqa: E402
 from candle_ckpt.keras.state import ModelState, load_weights_bytes, make_plan  # noqa: E402
 
 
@@ -168,3 +171,69 @@ def test_saving_lib_still_has_what_we_call():
     assert _parameters(saving_lib.safe_get_h5_dataset) == ["group", "name"]
     config_json, metadata_json = saving_lib._serialize_model_as_json(_rich_model())
     assert isinstance(config_json, str) and isinstance(metadata_json, str)
+
+
+# -- the one-write model.keras archive (candle_ckpt.keras.archive) ----------------------------------------------
+def _write_archive(model: keras.Model, path: Path) -> None:
+    """A model.keras written as a default checkpoint writes it: h5py writing the weights member in place."""
+    state = ModelState(model)
+    config_json, metadata_json = state.full_model_parts()
+    f = CrcFile(str(path))
+    write_keras_archive(f, state.snapshot(copy=False).write_h5, config_json, metadata_json)
+    f.close()
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_archive_loads_with_stock_load_model_and_holds_save_weights_bytes(tmp_path, dtype):
+    """Our model.keras passes zip CRC checks, loads with keras.models.load_model, and its stored weights
+    member has exactly the groups, attrs and values of model.save_weights."""
+    model = _rich_model(dtype)
+    path = tmp_path / "model.keras"
+    _write_archive(model, path)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None  # every member's CRC-32 is right
+        assert sorted(zf.namelist()) == ["config.json", "metadata.json", "model.weights.h5"]
+        assert zf.getinfo("model.weights.h5").compress_type == zipfile.ZIP_STORED
+    loaded = keras.models.load_model(path)
+    pairs = zip(
+        [*loaded.variables, *loaded.optimizer.variables], [*model.variables, *model.optimizer.variables], strict=True
+    )
+    for got, want in pairs:
+        np.testing.assert_array_equal(np.asarray(got.numpy(), "float32"), np.asarray(want.numpy(), "float32"))
+    data = path.read_bytes()
+    start, size = weights_member_range(data)
+    member, theirs = tmp_path / "member.weights.h5", tmp_path / "theirs.weights.h5"
+    member.write_bytes(data[start : start + size])
+    model.save_weights(theirs)
+    assert _h5_tree(member) == _h5_tree(theirs)
+
+
+def test_weights_member_range_reads_keras_own_archives_too(tmp_path):
+    """A .keras written by stock model.save (members stored) is read in place the same way."""
+    model = _rich_model()
+    path = tmp_path / "stock.keras"
+    model.save(path)
+    data = path.read_bytes()
+    start, size = weights_member_range(data)
+    other = _rich_model()
+    for v in [*other.variables, *other.optimizer.variables]:
+        v.assign(keras.ops.zeros_like(v))
+    load_weights_bytes(other, data[start : start + size])
+    for got, want in zip(other.variables, model.variables, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_weights_member_range_refuses_what_it_cannot_read_in_place(tmp_path):
+    """Not a zip, no weights member, or a compressed one: a ValueError naming the file and the problem."""
+    with pytest.raises(ValueError, match=r"x\.keras: not a \.keras archive with a model\.weights\.h5 member"):
+        weights_member_range(b"not a zip at all", "x.keras")
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("config.json", "{}")
+    with pytest.raises(ValueError, match=r"model\.keras: not a \.keras archive with a model\.weights\.h5 member"):
+        weights_member_range(other.read_bytes())
+    deflated = tmp_path / "deflated.keras"
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("model.weights.h5", b"\0" * 1000)
+    with pytest.raises(ValueError, match=r"model\.weights\.h5 is compressed; candle_ckpt writes \(and reads\) it"):
+        weights_member_range(deflated.read_bytes())

@@ -116,13 +116,13 @@ def test_shape_mismatch_names_layer_and_shapes(trained) -> None:
 def test_crc_failure_loads_nothing(trained) -> None:
     """A flipped byte in the weights file raises CorruptCheckpoint (CRC32) before anything is loaded."""
     _, d = trained
-    path = d / "ckpts" / "epochs" / "002" / "model.weights.h5"
+    path = d / "ckpts" / "epochs" / "002" / "model.keras"
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     path.write_bytes(bytes(raw))
     fresh = build(5)
     before = [v.numpy() for v in fresh.weights]
-    with pytest.raises(CorruptCheckpoint, match=r"model.weights.h5: CRC32 is [0-9a-f]{8} but the sidecar recorded"):
+    with pytest.raises(CorruptCheckpoint, match=r"model\.keras: CRC32 is [0-9a-f]{8} but the sidecar recorded"):
         load_weights(fresh, d / "ckpts" / "epochs" / "002", layers=["enc"])
     assert same([v.numpy() for v in fresh.weights], before)
 

@@ -23,6 +23,7 @@ import pytest
 from conftest import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
+from candle_ckpt.keras.archive import weights_member_range
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
 from candle_ckpt.keras.state import ModelState
@@ -63,7 +64,7 @@ def record_saves(root: Path, fs: RecordingFS, before: int, recorded: int, keep_l
     def commit(epoch, *args, **kwargs):
         side = real_commit(epoch, *args, **kwargs)
         fs.mark(f"committed {epoch}")
-        committed[epoch] = Path(store.layout.epoch_dir(epoch), L.WEIGHTS_FILE).read_bytes()
+        committed[epoch] = Path(store.layout.epoch_dir(epoch), L.MODEL_FILE).read_bytes()
         return side
 
     store.commit = commit
@@ -83,8 +84,9 @@ def check_crash_states(tmp_path: Path, fs: RecordingFS, committed: dict[int, byt
     model = build_model(1)
     model.build((None, 8))
     reference = {}
-    for epoch, weights in committed.items():
-        ModelState(model).restore(weights)
+    for epoch, archive in committed.items():
+        start, size = weights_member_range(archive)  # the weights member of model.keras
+        ModelState(model).restore(archive[start : start + size])
         reference[epoch] = state_arrays(model)
     distinct: dict[str, tuple[dict, int, str]] = {}
     points = fs.crash_states()

@@ -241,10 +241,7 @@ def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
     state = WorkerTrainingState(_params(tmp_path), _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
     assert not state.is_chief
     assert state.back_up(1, {"loss": 1.0})
-    assert created == [
-        "save/ckpts/.tmp-worker-1/model.weights.h5",
-        "save/ckpts/.tmp-worker-1/model.keras",
-    ]
+    assert created == ["save/ckpts/.tmp-worker-1/model.keras"]
     leftovers = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")]
     assert leftovers in ([], ["save"], ["save", "save/ckpts"])
     assert not (tmp_path / "save" / "ckpt.log").exists()
@@ -275,10 +272,7 @@ def test_non_chief_async_backup_writes_its_scratch_copy_on_the_writer_thread(
     assert scratch.is_dir()  # back_up has returned and the write is still in flight
     release.set()
     state.finish()
-    assert seen == [
-        ("create", "model.weights.h5", "candle_ckpt-writer"),
-        ("create", "model.keras", "candle_ckpt-writer"),
-    ]
+    assert seen == [("create", "model.keras", "candle_ckpt-writer")]
     assert not scratch.exists()
     assert not (tmp_path / "save" / "ckpts" / "epochs").exists()
     assert not (tmp_path / "save" / "ckpt.log").exists()

@@ -89,6 +89,27 @@ def test_crcfile_knows_the_crc_of_what_it_wrote(ops):
         assert value == zlib.crc32(data)
 
 
+@settings(max_examples=100, deadline=None)
+@given(ops=_OPS, start=st.integers(0, 450), length=st.integers(0, 450))
+def test_crcfile_knows_the_crc_of_any_range(ops, start, length):
+    """CrcFile.crc32(start, end) equals zlib.crc32 of that slice of the file, after any mix of writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "f.bin")
+        f = CrcFile(path)
+        for op in ops:
+            if op[0] == "write":
+                f.seek(op[1])
+                f.write(op[2])
+            elif op[0] == "append":
+                f.seek(max(op[1], -f.size), os.SEEK_END)
+                f.write(op[2])
+            elif op[0] == "truncate":
+                f.truncate(op[1])
+        value = f.crc32(start, start + length)
+        f.close()
+        assert value == zlib.crc32(Path(path).read_bytes()[start : start + length])
+
+
 def test_crcfile_reads_back_what_it_wrote(tmp_path):
     """CrcFile is readable and seekable like a file (h5py reads back what it wrote)."""
     with CrcFile(tmp_path / "f") as f:
@@ -495,3 +516,16 @@ def test_delete_whose_rmtree_fails_still_removes_the_epoch(tmp_path, caplog):
     assert s.epochs() == [2]
     assert "goes at the next start" in caplog.text
     assert [p.name for p in Path(s.layout.ckpts).glob("trash-*")]
+
+
+def test_slow_writer_message_states_the_wait_and_the_speeds() -> None:
+    """The "writer cannot keep up" line gives the wait, the speed reached and the speed needed for the interval."""
+    from candle_ckpt.engine.writer import slow_writer_message
+
+    msg = slow_writer_message(3, 2, 100_000_000, submitted=10.0, wait_start=10.5, wait_end=12.0)
+    assert msg.startswith("epoch 3: training waited 1.50 s for the checkpoint write of epoch 2, which was still")
+    assert "it wrote 100 MB in 2.00 s (50 MB/s)" in msg
+    assert "keeping up with one save every 0.50 s of training needs 200 MB/s" in msg
+    tiny = slow_writer_message(3, 2, 2_500, submitted=0.0, wait_start=1.0, wait_end=2.0)
+    assert "it wrote 2.5 kB in 2.00 s (1.25 kB/s)" in tiny
+    assert "ckpt_save_interval" in msg and "ckpt_save_weights_only" in msg
