@@ -195,7 +195,8 @@ def test_checkpoint_files_load_with_stock_keras(tmp_path):
     trained = job.build_model()
     _fit(trained, 3, [candle.CandleCheckpointCallback(params, verbose=False)])
     last = _ckpts(params) / "last"
-    assert sorted(p.name for p in last.iterdir()) == ["ckpt-info.json", "model.keras"]  # the state written once
+    names = sorted(p.name for p in last.iterdir())
+    assert names == ["ckpt-info.json", "model.keras", "train.state.npz"]  # the model state written once (+ issue 11)
 
     fresh = job.build_model(seed=99)
     with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):  # the trap, see above
