@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from candle_ckpt.config.params import CkptConfig, ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.config.candle_params import ModelType, ParamRequired, ParamType, param
+from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import (
     CheckpointError,
     CheckpointSaveError,
@@ -34,10 +36,28 @@ _LAZY = {
     "JobRunner": "candle_ckpt.keras.runner",
     "load_weights": "candle_ckpt.keras.partial",
     "WorkerTrainingState": "candle_ckpt.adapters",
+    "CandleCkptKeras": "candle_ckpt.keras.candle_api",
+    "CandleCkpt": "candle_ckpt.keras.candle_api",
+    "MultiGPUCheckpoint": "candle_ckpt.keras.candle_api",
 }
 
-__all__ = [
+#: The names a CANDLE script takes from ``candle`` for checkpointing (see docs/migrating.rst).
+CANDLE_NAMES = (
     "CandleCheckpointCallback",
+    "CandleCkpt",
+    "CandleCkptKeras",
+    "ModelType",
+    "MultiGPUCheckpoint",
+    "ParamRequired",
+    "ParamType",
+    "restart",
+)
+
+__all__ = [
+    "CANDLE_NAMES",
+    "CandleCheckpointCallback",
+    "CandleCkpt",
+    "CandleCkptKeras",
     "CheckpointError",
     "CheckpointSaveError",
     "CheckpointStore",
@@ -46,11 +66,16 @@ __all__ = [
     "CorruptCheckpoint",
     "DirectoryLocked",
     "JobRunner",
+    "ModelType",
+    "MultiGPUCheckpoint",
     "NoValidCheckpoint",
+    "ParamRequired",
+    "ParamType",
     "WorkerTrainingState",
     "ckpt_defs",
     "ckpt_parser",
     "load_weights",
+    "param",
     "restart",
     "str2bool",
 ]

@@ -30,6 +30,10 @@ class CliError(Exception):
 def open_store(directory: str) -> CheckpointStore:
     """Return the store of ``directory``, or fail if it is not a checkpoint directory."""
     store = CheckpointStore(directory)
+    flat = CheckpointStore(directory, flat=True)
+    parent = os.path.dirname(flat.layout.root)
+    if not store.exists() and flat.exists() and not (L.Layout.at(parent).ckpts == flat.layout.root):
+        store = flat  # the flat layout (candle_lib develop): epochs/ right here (a ".../ckpts" gets the hint below)
     root = store.layout.root
     if not os.path.isdir(root):
         raise CliError(f"{directory}: no such directory")

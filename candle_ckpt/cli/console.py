@@ -32,7 +32,7 @@ def import_keras_quietly() -> ModuleType:
         os.dup2(hidden.fileno(), 2)
         try:
             import keras
-        except BaseException:
+        except Exception:  # show why the import failed (Ctrl-C during it needs no TF noise)
             os.dup2(saved, 2)
             hidden.seek(0)
             sys.stderr.write(hidden.read().decode("utf-8", "replace"))

@@ -21,7 +21,7 @@ PROG = "python3 -m candle_ckpt.cli.demo"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    from candle_ckpt.config.params import ckpt_parser
+    from candle_ckpt.config.cli_args import ckpt_parser
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20, help="total number of epochs of the job (default 20)")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-__all__ = ["KeepExponential", "KeepLatest", "KeepPolicy", "keep_policy", "prune_plan"]
+__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "KeepPolicy", "keep_policy", "prune_plan"]
 
-_KEEP_MODES = ("linear", "exponential")
+_KEEP_MODES = ("linear", "exponential", "all")
 
 
 class KeepPolicy(Protocol):
@@ -117,12 +117,20 @@ class KeepExponential(_Limited):
         return keep | (present & set(protected))
 
 
-def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential:
+class KeepAll(_Limited):
+    """Keep every epoch (CANDLE's ``ckpt_keep_mode=all``): ``limit`` is recorded, not applied."""
+
+    def select(self, epochs: Iterable[int], protected: Iterable[int] = ()) -> set[int]:
+        """Return every epoch of the input."""
+        return set(epochs)
+
+
+def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll:
     """Build a keep policy from CANDLE-style configuration.
 
     Args:
-        mode: ``"linear"`` (:class:`KeepLatest`) or ``"exponential"``
-            (:class:`KeepExponential`).
+        mode: ``"linear"`` (:class:`KeepLatest`), ``"exponential"``
+            (:class:`KeepExponential`) or ``"all"`` (:class:`KeepAll`).
         limit: Policy limit, >= 1.
 
     Returns:
@@ -136,6 +144,8 @@ def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential:
         return KeepLatest(limit)
     if mode == "exponential":
         return KeepExponential(limit)
+    if mode == "all":
+        return KeepAll(limit)
     raise ValueError(f"ckpt_keep_mode must be one of {', '.join(_KEEP_MODES)}; got {mode!r}")
 
 

@@ -11,6 +11,11 @@
             best -> epochs/NNN    relative symlink (or a pointer file)
             last -> epochs/NNN
             trash-*/              directories being deleted (cleaned at start)
+
+That is the ``nested`` layout (Benchmarks master's ``CandleCheckpointCallback``).
+The ``flat`` layout (candle_lib develop's ``CandleCkptKeras``) has no ``ckpts/``
+level: ``lock``, ``work/``, ``epochs/``, ``best`` and ``last`` sit in
+``<ckpt_directory>`` itself, beside ``ckpt.log``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,38 @@ def parse_link_target(target: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def resolve_link_target(target: str, ckpts_dirs: tuple[str, ...]) -> tuple[int | None, str]:
+    """Return ``(epoch, "")`` for a ``best``/``last`` target that leads to ``epochs/NNN``, else ``(None, why)``.
+
+    Our links are relative (``epochs/NNN``). CANDLE wrote absolute ones (the
+    resolved path of ``ckpts/epochs/NNN``), and users may link relatively. An
+    absolute or relative target is followed only if, spelled out, it is
+    ``<ckpts>/epochs/NNN`` for one of ``ckpts_dirs`` (the directory as given
+    and its real path); anything else is refused with the reason.
+
+    Args:
+        target: The link's text.
+        ckpts_dirs: Absolute, normalised spellings of the directory holding ``epochs/``.
+    """
+    epoch = parse_link_target(target)
+    if epoch is not None:
+        return epoch, ""
+    text = target.strip()
+    base = ckpts_dirs[0]
+    full = os.path.normpath(text if os.path.isabs(text) else os.path.join(base, text))
+    parent, name = os.path.split(full)
+    number = parse_epoch(name)
+    for ckpts in ckpts_dirs:
+        if parent == os.path.join(ckpts, "epochs") and number is not None:
+            return number, ""
+    if any(full == c or full.startswith(c + os.sep) for c in ckpts_dirs):
+        return None, f"it points to {target!r}, inside {base} but not to an epochs/NNN checkpoint"
+    return None, (
+        f"it points to {target!r}, which is outside {base}; a link is followed only to "
+        f"{os.path.join(base, 'epochs', 'NNN')}"
+    )
+
+
 def link_target(epoch: int) -> str:
     """Return the relative target stored in a ``best``/``last`` link."""
     return f"epochs/{epoch_name(epoch)}"
@@ -64,19 +101,33 @@ def is_safe_filename(name: str) -> bool:
     return bool(_SAFE_FILE_RE.match(name)) and name not in (".", "..")
 
 
+LAYOUTS = ("nested", "flat")
+
+
 @dataclass(frozen=True)
 class Layout:
-    """The paths of one checkpoint directory."""
+    """The paths of one checkpoint directory (``flat``: no ``ckpts/`` level)."""
 
     root: str
+    flat: bool = False
 
     @classmethod
-    def at(cls, directory: str | os.PathLike[str]) -> Layout:
-        return cls(os.path.abspath(os.fspath(directory)))
+    def at(cls, directory: str | os.PathLike[str], *, flat: bool = False) -> Layout:
+        return cls(os.path.abspath(os.fspath(directory)), flat)
 
     @property
     def ckpts(self) -> str:
-        return os.path.join(self.root, "ckpts")
+        """The directory holding ``epochs/``, ``best``, ``last``, ``work/`` and ``lock``."""
+        return self.root if self.flat else os.path.join(self.root, "ckpts")
+
+    @property
+    def other(self) -> Layout:
+        """The same root in the other layout (to detect a directory written the other way)."""
+        return Layout(self.root, not self.flat)
+
+    @property
+    def name(self) -> str:
+        return "flat" if self.flat else "nested"
 
     @property
     def work(self) -> str:

@@ -20,6 +20,7 @@ import time
 from typing import Any, TextIO
 
 ROOT_LOGGER = "candle_ckpt"
+QUIET_LOGGER = "candle_ckpt.quiet"  # verbose=False: warnings only on the console
 _HANDLER_MARK = "_candle_ckpt_console"
 
 
@@ -27,8 +28,12 @@ def get_logger(logger: str | logging.Logger | None = "DEFAULT", verbose: bool = 
     """Resolve CANDLE's ``logger`` argument.
 
     ``"DEFAULT"`` gives the ``candle_ckpt`` logger, with one console handler
-    when ``verbose``; a :class:`logging.Logger` is used as is; None disables
-    console logging (``ckpt.log`` is still written).
+    when ``verbose``; with ``verbose=False`` it gives its child
+    ``candle_ckpt.quiet``, set to WARNING, so that object's progress lines stay
+    off the console even when another object (``restart()`` defaults to
+    ``verbose=True``) added the handler, while its warnings still show. A
+    :class:`logging.Logger` is used as is; None disables console logging.
+    ``ckpt.log`` always gets every INFO line, whatever ``verbose`` says (as in CANDLE).
     """
     if logger is None:
         return None
@@ -36,14 +41,18 @@ def get_logger(logger: str | logging.Logger | None = "DEFAULT", verbose: bool = 
         return logger
     if logger != "DEFAULT":
         raise TypeError(f"logger must be 'DEFAULT', a logging.Logger or None; got {logger!r}")
+    if not verbose:
+        quiet = logging.getLogger(QUIET_LOGGER)
+        if quiet.level == logging.NOTSET:  # a level the user chose is kept
+            quiet.setLevel(logging.WARNING)
+        return quiet
     log = logging.getLogger(ROOT_LOGGER)
-    if verbose:
-        if not any(getattr(h, _HANDLER_MARK, False) for h in log.handlers):
-            handler = ConsoleHandler()
-            setattr(handler, _HANDLER_MARK, True)
-            log.addHandler(handler)
-        if log.level == logging.NOTSET or log.level > logging.INFO:
-            log.setLevel(logging.INFO)
+    if not any(getattr(h, _HANDLER_MARK, False) for h in log.handlers):
+        handler = ConsoleHandler()
+        setattr(handler, _HANDLER_MARK, True)
+        log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
     return log
 
 

@@ -171,7 +171,7 @@ class WorkerTrainingState:
         ):
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
         self.timeout_s = float(collective_timeout_s)
-        self.layout = Layout.at(self.cfg.directory)
+        self.layout = Layout.at(self.cfg.directory, flat=self.cfg.layout == "flat")
         self.ops = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
         self.fs = fs or LocalFS()
         # Non-chief scratch space: a ".tmp-*" name is debris to the store and never read by a restart.
@@ -243,7 +243,11 @@ class WorkerTrainingState:
         if self.temp_dir is not None and os.path.lexists(self.temp_dir):
             self.fs.rmtree(self.temp_dir)
         if remove_checkpoints and self.info.is_chief:
-            store = self.engine.store if self.engine is not None else CheckpointStore(self.cfg.directory)
+            store = (
+                self.engine.store
+                if self.engine is not None
+                else CheckpointStore(self.cfg.directory, flat=self.cfg.layout == "flat")
+            )
             for name in ("last", "best"):
                 if os.path.lexists(self.layout.link(name)):
                     self.fs.unlink(self.layout.link(name))
@@ -311,7 +315,7 @@ class WorkerTrainingState:
         failure: CheckpointError | None = None
         if chosen is None:
             try:
-                store = CheckpointStore(cfg.directory, checksum=cfg.checksum)
+                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
                 chosen = verify_exact(store, chosen_epoch, generation, keep)
             except CheckpointError as err:
                 failure = err

@@ -74,14 +74,15 @@ class CheckpointEngine:
 
     def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None) -> None:
         self.cfg = cfg
-        self.ops = ops
-        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
+        # Checkpointing off (ckpt_save_interval=0) writes nothing at all: not even ckpt.log.
+        self.ops = ops if cfg.save_interval != 0 or scratch_dir is not None else OpsLog(None, ops.logger)
+        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and
         # removes it; it never opens, commits to, prunes or uploads the store.
         self.scratch_dir = scratch_dir
-        if scratch_dir is None:
+        if scratch_dir is None and cfg.save_interval != 0:  # 0: checkpointing off, nothing is written at all
             self.store.open_for_write()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
@@ -120,6 +121,11 @@ class CheckpointEngine:
                 value = resumed.best_metric_last
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.best = BestState(cfg.save_best_metric, self.mode, float(value), resumed.best_epoch)
+        if cfg.best_metric_last is not None and math.isfinite(cfg.best_metric_last):
+            # CANDLE's ckpt_best_metric_last: the value to beat. Its epoch is known only
+            # when it is the value of the checkpoint restart() loaded.
+            epoch = self.best.epoch if self.best.value == cfg.best_metric_last else None
+            self.best = BestState(cfg.save_best_metric, self.mode, cfg.best_metric_last, epoch)
         self._durable_best = self.best  # the best as of the last commit that succeeded
 
     # -- decisions ---------------------------------------------------------------
@@ -354,8 +360,12 @@ class CheckpointEngine:
             self._check_remote()
 
     def open(self) -> None:
-        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held)."""
-        if self.scratch_dir is None:
+        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held).
+
+        A non-chief worker (``scratch_dir``) never writes the store, and with
+        checkpointing off (``ckpt_save_interval=0``) nothing is written at all.
+        """
+        if self.scratch_dir is None and self.cfg.save_interval != 0:
             self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:

@@ -21,10 +21,14 @@ from types import FrameType
 _CALLBACK_LIST_FILES = ("callback_list.py", "callbacks.py")
 
 
-def _fit_frame(start: FrameType | None) -> FrameType | None:
-    """The first frame at or above ``start`` that is not a framework's callback dispatcher."""
+def _fit_frame(start: FrameType | None, owner: object = None) -> FrameType | None:
+    """The first frame at or above ``start`` that is neither a framework's callback dispatcher
+    nor a method of ``owner`` (a subclass's hook calling ``super()`` is still the callback)."""
     frame = start
-    while frame is not None and os.path.basename(frame.f_code.co_filename) in _CALLBACK_LIST_FILES:
+    while frame is not None and (
+        os.path.basename(frame.f_code.co_filename) in _CALLBACK_LIST_FILES
+        or (owner is not None and frame.f_locals.get("self") is owner)
+    ):
         frame = frame.f_back
     return frame
 
@@ -49,13 +53,15 @@ class FitGuard:
     def __init__(self, on_exit: Callable[[], None], poll_s: float = 0.05) -> None:
         self.on_exit = on_exit
         self.poll_s = poll_s
+        # The callback whose hooks arm this guard (on_exit's object): its own frames are not the fit.
+        self._owner = getattr(on_exit, "__self__", None)
         self._stop: threading.Event | None = None
 
     def arm(self, hook_frame: FrameType | None = None) -> None:
         """Start watching the ``fit`` that called the hook running now (called from the hook)."""
         self.disarm()
         hook = hook_frame or sys._getframe(1)
-        target = _fit_frame(hook.f_back)
+        target = _fit_frame(hook.f_back, self._owner)
         if target is None:
             return
         stop = self._stop = threading.Event()

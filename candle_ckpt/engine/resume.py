@@ -129,11 +129,13 @@ def select_checkpoint(
 
     Raises:
         NoValidCheckpoint: ``required`` mode or an exact epoch, and no valid checkpoint.
+        ValueError: ``ckpt_directory`` holds checkpoints in the other layout only.
     """
     if cfg.restart_mode == "off" and epoch is None:
         return None
     if store is None:
-        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum)
+        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
+    store.check_layout()  # checkpoints in the other layout: say so rather than start from scratch
     where = store.layout.root
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
@@ -201,7 +203,7 @@ def load_chosen(
     Unmaps the kept files afterwards and returns the load statistics; the
     caller hands them on in a :class:`Resumed` (see :func:`attach_resumed`).
     """
-    where = L.Layout.at(cfg.directory).epoch_dir(chosen.epoch)
+    where = L.Layout.at(cfg.directory, flat=cfg.layout == "flat").epoch_dir(chosen.epoch)
     start = time.perf_counter()
     try:
         adapter.restore(chosen, ops, where)
@@ -210,7 +212,7 @@ def load_chosen(
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
     record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
-    log_resumed(ops, cfg.directory, chosen.sidecar, record, who)
+    log_resumed(ops, cfg.directory, chosen.sidecar, record, who, flat=cfg.layout == "flat")
     return record
 
 
@@ -226,8 +228,10 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
     }
 
 
-def log_resumed(ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
-    path = L.Layout.at(directory).epoch_dir(side.epoch)
+def log_resumed(
+    ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any], who: str = "", *, flat: bool = False
+) -> None:
+    path = L.Layout.at(directory, flat=flat).epoch_dir(side.epoch)
     ops.info(
         f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}, generation {side.generation}); "
         f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "

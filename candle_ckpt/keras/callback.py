@@ -22,6 +22,7 @@ from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.resume import Resumed, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import fit_hooks
+from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state
@@ -114,6 +115,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._guard.arm()
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
+        apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
         where = Layout.at(self.cfg.directory).epoch_dir(self._resumed.sidecar.epoch) if self._resumed else ""
         arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
         if arrays is not None:  # restart() ran before compile(): the optimizer exists now
@@ -188,10 +190,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         try:
             self.engine.save(epoch + 1, logs, capture)
         except BaseException:
-            # fit stops here without on_train_end: give SIGTERM its default back and the lock up now.
+            # fit stops here without on_train_end: give SIGTERM its default back, and the lock up now
+            # unless a write is in flight; then the guard waits for it on its own thread (this one
+            # must unwind, so that a SIGTERM's exit hook can commit that write).
             self._sigterm.disarm()
-            self._guard.disarm()
-            self._fit_ended()
+            if not self.engine.writer.in_flight():
+                self._guard.disarm()
+                self._fit_ended()
             raise
 
     def on_train_end(self, logs=None) -> None:

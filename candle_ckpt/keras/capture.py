@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
+from candle_ckpt.keras.argcheck import require_model
+from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
@@ -61,6 +65,7 @@ class KerasModelAdapter:
     keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE)
 
     def __init__(self, model) -> None:
+        require_model(model, "model")
         self.state = ModelState(model)
         # State restore() could not apply yet (see candle_ckpt.engine.resume.Resumed.pending).
         self.pending: dict = {}
@@ -78,6 +83,11 @@ class KerasModelAdapter:
             NoValidCheckpoint: the checkpoint has no Keras 3 weights.
         """
         side, kept = chosen.sidecar, chosen.kept
+        if isinstance(side, CandleSidecar):  # written by ECP-CANDLE itself: its model.h5
+            pending = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            if pending is not None:  # not compiled yet: the callback applies it when fit begins
+                keep_pending(self.state.model, pending, where)
+            return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
         model = self.state.model

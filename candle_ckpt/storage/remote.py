@@ -52,7 +52,8 @@ from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.store import CheckpointStore, FileSpec, parse_sidecar
+from candle_ckpt.storage.reader import parse_sidecar
+from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 
 def open_remote(cfg: CkptConfig):

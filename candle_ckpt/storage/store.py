@@ -1,4 +1,4 @@
-"""The checkpoint store: commit, list, verify, prune, lock, find the newest valid one.
+"""The checkpoint store: the write side (commit, links, delete, prune) over :class:`CheckpointReader`.
 
 The commit protocol (every step goes through :class:`~candle_ckpt.core.fs.LocalFS`):
 
@@ -27,18 +27,15 @@ anything is loaded.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import mmap
 import os
-import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.checksum import CrcFile, crc32, format_crc, iter_file_chunks
+from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tests import them from here)
     CheckpointError,
     CorruptCheckpoint,
@@ -49,6 +46,8 @@ from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tes
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.storage.lock import WriterLock
+from candle_ckpt.storage.reader import CheckpointReader
 
 logger = logging.getLogger("candle_ckpt.storage.store")
 
@@ -61,78 +60,7 @@ class FileSpec:
     write: Callable[[CrcFile], None]
 
 
-class WriterLock:
-    """The writer lock of one checkpoint directory, owned by the object that took it.
-
-    ``flock`` is tied to the open file: the kernel drops it when the holder
-    dies, so a lock left by a killed process never blocks the next run. Each
-    :class:`WriterLock` opens the file itself, so two holders in one process
-    exclude each other exactly as two processes do.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self, wait_same_process_s: float = 2.0) -> bool:
-        """Take the lock; return True if it was taken now (False: already held here).
-
-        A holder in this same process gets ``wait_same_process_s`` seconds to
-        let go: a ``fit`` that has just raised releases its lock from a
-        watchdog thread (:mod:`candle_ckpt.keras.fit_guard`), a moment later.
-
-        Raises:
-            DirectoryLocked: another holder (this process or another) keeps it.
-        """
-        if self._fd is not None:
-            return False
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait_same_process_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
-                if holder.startswith(f"pid {os.getpid()} ") and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    continue
-                os.close(fd)
-                raise DirectoryLocked(self._refusal(holder)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
-        self._fd = fd
-        return True
-
-    def _refusal(self, holder: str) -> str:
-        directory = os.path.dirname(os.path.dirname(self.path))
-        if holder.startswith(f"pid {os.getpid()} "):
-            how = (
-                "another writer in this same process holds it (a callback inside fit, a JobRunner, or a "
-                "CheckpointStore opened for writing and not closed: call its close())"
-            )
-        else:
-            how = "stop the other job, or use another ckpt_directory (a killed job's lock is released by the kernel)"
-        return (
-            f"checkpoint directory {directory} is in use by another writer ({holder}); refusing a second "
-            f"concurrent writer: {how}"
-        )
-
-    def __del__(self) -> None:  # a forgotten holder must not keep the directory locked
-        self.release()
-
-    def release(self) -> None:
-        """Let go of the lock (no-op if not held)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-
-class CheckpointStore:
+class CheckpointStore(CheckpointReader):
     """One checkpoint directory.
 
     Reading (listing, verifying, finding a restart point) needs no lock.
@@ -143,12 +71,18 @@ class CheckpointStore:
         directory: ``ckpt_directory``; the store lives in ``<directory>/ckpts``.
         fs: The file-system operations (tests inject faults here).
         checksum: Compute and check CRC32s (``ckpt_checksum``).
+        flat: The ``flat`` layout (no ``ckpts/`` level; ``ckpt_layout``).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, fs: LocalFS | None = None, checksum: bool = True) -> None:
-        self.layout = L.Layout.at(directory)
-        self.fs = fs or LocalFS()
-        self.checksum = checksum
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fs: LocalFS | None = None,
+        checksum: bool = True,
+        flat: bool = False,
+    ) -> None:
+        super().__init__(directory, fs=fs, checksum=checksum, flat=flat)
         self._generation: int | None = None
         self._lock = WriterLock(self.layout.lock)
 
@@ -165,8 +99,30 @@ class CheckpointStore:
 
     # -- writer side -------------------------------------------------------------
     def open_for_write(self) -> None:
-        """Create the layout, check it is writable, lock it and clean debris."""
+        """Lock the directory for writing and clean a crashed writer's debris (no-op if open).
+
+        The first time, the layout is created and checked for writability, so a
+        bad ``ckpt_directory`` fails now and not at epoch 50. Opening again after
+        :meth:`close` (a second ``fit``) does not repeat the write probe: a disk
+        that filled up meanwhile fails the next save, as ``ckpt_on_error`` says.
+        """
+        if self._lock.held:
+            return
+        if self._generation is None or not os.path.isdir(self.layout.epochs):
+            self._prepare()
+        self._lock.acquire()
+        try:
+            self.clean_debris()
+            # Another writer may have committed while this store was closed: continue after it.
+            self._generation = max(self._generation or 0, self._max_generation() + 1)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _prepare(self) -> None:
+        """Create the layout and check that this process can write into it."""
         lay = self.layout
+        self.check_layout()
         try:
             # Through the fs and durable: without an fsync of their parents a power cut
             # after the first commit returned could lose ckpts/ or epochs/ themselves.
@@ -182,15 +138,6 @@ class CheckpointStore:
             os.unlink(probe)
         except OSError as err:
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} is not writable: {err.strerror}") from None
-        if not self._lock.acquire():
-            return  # already open: nothing can have changed under our lock
-        try:
-            self.clean_debris()
-            # Another writer may have committed while this store was closed: continue after it.
-            self._generation = max(self._generation or 0, self._max_generation() + 1)
-        except BaseException:
-            self._lock.release()
-            raise
 
     def resync_generation(self) -> None:
         """Continue after commits made here by another store object of this
@@ -434,196 +381,3 @@ class CheckpointStore:
         """
         links = (self.link_epoch("best"), self.link_epoch("last"))
         return prune_plan(self.epochs(), select, [e for e in (*links, *protected) if e is not None])
-
-    # -- reader side -------------------------------------------------------------
-    def exists(self) -> bool:
-        return os.path.isdir(self.layout.epochs)
-
-    def epochs(self) -> list[int]:
-        """Committed epoch numbers, ascending.
-
-        Names that are not numbers are ignored, and so is anything that is not
-        a real directory: a symlink named like an epoch could lead outside.
-        """
-        try:
-            names = os.listdir(self.layout.epochs)
-        except FileNotFoundError:
-            return []
-        found = []
-        for name in names:
-            epoch = L.parse_epoch(name)
-            if epoch is None or L.epoch_name(epoch) != name:
-                continue
-            path = os.path.join(self.layout.epochs, name)
-            if os.path.islink(path) or not os.path.isdir(path):
-                logger.warning("ignoring %s: not a directory (a symlink is never followed)", path)
-                continue
-            found.append(epoch)
-        return sorted(found)
-
-    def link_epoch(self, name: str) -> int | None:
-        """The epoch ``best``/``last`` points to, or None if absent or unsafe."""
-        try:
-            target = read_link(self.layout.link(name))
-        except (OSError, ValueError) as err:
-            logger.warning("ignoring %s: %s", self.layout.link(name), err)
-            return None
-        if target is None:
-            return None
-        epoch = L.parse_link_target(target)
-        if epoch is None:
-            logger.warning("ignoring %s: it points to %r, outside ckpts/epochs/", self.layout.link(name), target)
-        return epoch
-
-    def read_sidecar(self, epoch: int) -> Sidecar:
-        """Read and validate ``epochs/NNN/ckpt-info.json``."""
-        path = os.path.join(self.layout.epoch_dir(epoch), L.SIDECAR)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(L_MAX_READ)
-        except FileNotFoundError:
-            raise CorruptCheckpoint(path, "sidecar is missing") from None
-        except OSError as err:
-            raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
-        return parse_sidecar(raw, path, epoch)
-
-    def verify(
-        self,
-        epoch: int,
-        *,
-        keep: Iterable[str] = (),
-        mapped: bool = False,
-        progress: Callable[[int], None] | None = None,
-    ) -> tuple[Sidecar, dict[str, bytes | mmap.mmap]]:
-        """Check the sidecar and the size and CRC of every file of ``epoch``.
-
-        Args:
-            epoch: The checkpoint to check.
-            keep: Names of files whose verified bytes are returned, so the
-                caller can load them without reading the file a second time.
-            mapped: Return the kept files as read-only ``mmap`` objects
-                instead of ``bytes``: the CRC then reads the page cache in
-                place and the loader copies each byte once, straight into its
-                arrays, as a plain file read would (a restart of a large
-                checkpoint saves one full copy). Checkpoint files are never
-                modified after their commit, so the mapping stays valid even
-                if the checkpoint is pruned meanwhile.
-            progress: Called with the number of bytes just checked, chunk by
-                chunk (the CLI's progress bar); it must not raise.
-
-        Returns:
-            ``(sidecar, {name: bytes or mmap})`` for the names in ``keep``.
-
-        Raises:
-            CorruptCheckpoint: naming the file and what is wrong with it.
-        """
-        side = self.read_sidecar(epoch)
-        wanted = set(keep)
-        kept: dict[str, bytes | mmap.mmap] = {}
-        directory = self.layout.epoch_dir(epoch)
-        for name, entry in side.files.items():
-            path = os.path.join(directory, name)
-            if os.path.islink(path) or not os.path.isfile(path):
-                raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
-            size = os.path.getsize(path)
-            if size != entry.size:
-                raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
-            check = self.checksum and entry.crc32 is not None
-            if name in wanted:
-                data = _map_file(path, size) if mapped else _read_file(path, size)
-                if len(data) != entry.size:  # changed since the size check
-                    raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
-                kept[name] = data
-                value = crc32(data) if check else None
-                if progress is not None:
-                    progress(len(data))
-            elif check:
-                value = 0
-                for block in iter_file_chunks(path):
-                    value = crc32(block, value)
-                    if progress is not None:
-                        progress(len(block))
-            else:
-                continue
-            if check and format_crc(value) != entry.crc32:
-                raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
-        return side, kept
-
-    def candidates(self) -> Iterator[int]:
-        """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
-        last = self.link_epoch("last")
-        if last is not None:
-            path = self.layout.epoch_dir(last)
-            if os.path.isdir(path) and not os.path.islink(path):
-                yield last  # the usual case: no listing, so a restart costs the same with 10 or 10,000 kept
-        on_disk = self.epochs()
-        ranked = []
-        for epoch in on_disk:
-            if epoch == last:
-                continue
-            try:
-                ranked.append((self.read_sidecar(epoch).generation, epoch))
-            except CheckpointError:
-                ranked.append((-1, epoch))  # unreadable: tried last, and fails verify with its reason
-        for _, epoch in sorted(ranked, reverse=True):
-            yield epoch
-
-    def find_valid(
-        self,
-        *,
-        keep: Iterable[str] = (),
-        on_problem: Callable[[int, str], None] | None = None,
-        mapped: bool = False,
-    ):
-        """Return ``(epoch, sidecar, kept_bytes)`` of the newest valid checkpoint, or None.
-
-        Every rejected candidate is reported through ``on_problem(epoch, reason)``.
-        """
-        keep = tuple(keep)
-        last = self.link_epoch("last")
-        if last is not None and not os.path.isdir(self.layout.epoch_dir(last)) and on_problem:
-            on_problem(last, "'last' points to a checkpoint that does not exist")
-        for epoch in self.candidates():
-            try:
-                side, kept = self.verify(epoch, keep=keep, mapped=mapped)
-            except CheckpointError as err:
-                if on_problem:
-                    on_problem(epoch, str(err))
-                continue
-            return epoch, side, kept
-        return None
-
-
-def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
-    """Validate the sidecar bytes read from ``path`` (local or remote) for ``epochs/NNN``.
-
-    Raises:
-        CorruptCheckpoint: if they are not a valid sidecar of that epoch.
-    """
-    try:
-        side = Sidecar.from_json(raw, source=path)
-    except SidecarError as err:
-        raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-    if side.epoch != epoch:
-        raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
-    return side
-
-
-def _read_file(path: str, size: int) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        return f.read(size + 1)  # one more: a file that grew since the size check is caught
-
-
-def _map_file(path: str, size: int) -> mmap.mmap | bytes:
-    """Map ``path`` read-only, its pages populated up front (Linux) so the CRC pass does not fault."""
-    if size == 0:
-        return b""
-    with open(path, "rb", buffering=0) as f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            return _read_file(path, size)  # the caller reports the size mismatch
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
-
-
-L_MAX_READ = 1 << 21  # never read more than this of a sidecar (it is refused above 1 MiB)

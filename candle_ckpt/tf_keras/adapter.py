@@ -238,8 +238,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.state.back_up(epoch + 1, logs or {})
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
-            self._guard.disarm()
-            self.state.close()
+            engine = self.state.engine
+            if engine is None or not engine.writer.in_flight():  # else the guard waits for it, off this thread
+                self._guard.disarm()
+                self.state.close()
             raise
 
     def on_train_end(self, logs=None) -> None:

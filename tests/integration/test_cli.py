@@ -251,7 +251,8 @@ def test_list_ignores_a_last_link_that_leaves_the_directory(trained: Trained, tm
     out = json.loads(proc.stdout)
     assert out["last"] is None and not any(r["last"] for r in out["checkpoints"])
     assert proc.stderr.strip().splitlines() == [
-        f"candle-ckpt: WARNING: ignoring {d / 'ckpts' / 'last'}: it points to '../../outside', outside ckpts/epochs/"
+        f"candle-ckpt: WARNING: ignoring {d / 'ckpts' / 'last'}: it points to '../../outside', which is outside "
+        f"{d / 'ckpts'}; a link is followed only to {d / 'ckpts' / 'epochs' / 'NNN'}"
     ]
 
 

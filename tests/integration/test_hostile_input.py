@@ -171,7 +171,7 @@ def test_links_pointing_outside_are_never_followed(job, base, link: str, form: s
     for a, b in zip(weights_of(model), base[1][3], strict=True):
         np.testing.assert_array_equal(a, b)
     if link == "last":
-        assert "outside ckpts/epochs/" in _store_warnings(root)
+        assert "which is outside" in _store_warnings(root)
     assert tree_digest(outside) == digest
 
 
@@ -185,11 +185,11 @@ def _store_warnings(root: Path) -> str:
             records.append(record.getMessage())
 
     handler = Grab()
-    logging.getLogger("candle_ckpt.storage.store").addHandler(handler)
+    logging.getLogger("candle_ckpt.storage").addHandler(handler)
     try:
         CheckpointStore(root).link_epoch("last")
     finally:
-        logging.getLogger("candle_ckpt.storage.store").removeHandler(handler)
+        logging.getLogger("candle_ckpt.storage").removeHandler(handler)
     return "\n".join(records)
 
 
@@ -201,7 +201,7 @@ def test_pointer_file_pointing_outside_is_never_followed(job) -> None:
     last.write_text(str(outside / "ckpt") + "\n")
     got, _ = do_restart(root)
     assert got["epoch"] == 3
-    assert "outside ckpts/epochs/" in _store_warnings(root)
+    assert "which is outside" in _store_warnings(root)
 
 
 def test_epoch_names_that_are_not_numbers_and_epoch_symlinks_are_ignored(job) -> None:

@@ -163,3 +163,19 @@ def test_a_running_fit_refuses_a_second_writer_of_this_process(tmp_path: Path) -
     fit(build_model(), cb, 1, extra=[Second()])
     assert len(refused) == 1 and params["ckpt_directory"] in refused[0]
     assert np.isfinite(cb.stats()["saves"][0]["bytes"])
+
+
+def test_a_subclass_whose_hook_calls_super_holds_the_lock_for_the_whole_fit(tmp_path: Path) -> None:
+    """A callback subclass overriding on_train_begin (as CandleCkptKeras does) keeps the lock until fit ends."""
+
+    class Mine(candle.CandleCheckpointCallback):
+        def on_train_begin(self, logs=None) -> None:
+            super().on_train_begin(logs)
+
+    params = make_params(tmp_path, epochs=3)
+    d = params["ckpt_directory"]
+    probe = Probe(d)
+    fit(build_model(), Mine(params, logger=None), 3, extra=[probe])
+    assert probe.free_during_fit == [False] * 3
+    assert CheckpointStore(d).epochs() == [1, 2, 3]
+    assert lock_is_free(d)

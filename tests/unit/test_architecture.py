@@ -92,6 +92,21 @@ def test_lower_layers_import_no_framework(layer: str) -> None:
     assert not wrong, wrong
 
 
+def test_config_imports_only_the_standard_library() -> None:
+    """config/ loads in milliseconds anywhere: it imports the standard library and itself, nothing else."""
+    wrong = [
+        f"{name} imports {target}"
+        for name, own, tree in _modules()
+        if own == "config"
+        for node in ast.walk(tree)
+        for target in _imported(node)
+        if target.split(".")[0] not in sys.stdlib_module_names
+        and not target.startswith("candle_ckpt.config")
+        and target != "__future__"
+    ]
+    assert not wrong, wrong
+
+
 def test_no_import_cycle_between_modules() -> None:
     """The module-level import graph of candle_ckpt has no cycle."""
     trees = {name: tree for name, _, tree in _modules()}
@@ -141,6 +156,9 @@ OWN_EXCEPTIONS = {
 }
 
 
+OUR_ERRORS = {"CorruptCheckpoint", "NoValidCheckpoint", "DirectoryLocked", "MissingDependency"}
+
+
 def test_exceptions_have_one_home() -> None:
     """Every public exception class is defined in core/errors.py (or is listed with its reason)."""
     elsewhere = []
@@ -149,7 +167,7 @@ def test_exceptions_have_one_home() -> None:
             if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
                 continue
             bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
-            if any(b.endswith(("Error", "Exception", "Checkpoint", "Locked")) for b in bases):
+            if any(b.endswith(("Error", "Exception")) or b in OUR_ERRORS for b in bases):
                 qual = f"{name}.{node.name}"
                 if name != "candle_ckpt.core.errors" and qual not in OWN_EXCEPTIONS:
                     elsewhere.append(qual)

@@ -16,7 +16,8 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.config.params import CKPT_KEYS, CkptConfig
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.config.schema import CKPT_KEYS
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.engine import CheckpointEngine
 

@@ -1,0 +1,148 @@
+"""Command-line support: CANDLE-style benchmark definitions (:func:`ckpt_defs`), an
+argparse helper (:func:`ckpt_parser`), :func:`str2bool` and the parameter table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from candle_ckpt.config.coerce import _describe, _is_none_like, _plain_text
+from candle_ckpt.config.schema import _BOOL_ALLOWED, _FALSE_STRINGS, _SPECS, _TRUE_STRINGS, _Spec
+
+
+def str2bool(value: str | bool) -> bool:
+    """Convert a command-line string to a boolean (CANDLE's argparse helper).
+
+    Args:
+        value: A bool (returned unchanged) or a string such as ``"true"``,
+            ``"no"`` or ``"1"`` (case-insensitive, surrounding whitespace
+            ignored).
+
+    Returns:
+        The boolean value.
+
+    Raises:
+        argparse.ArgumentTypeError: The value is not a recognised boolean.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = str.lower(str.strip(_plain_text(value)))
+        if text in _TRUE_STRINGS:
+            return True
+        if text in _FALSE_STRINGS:
+            return False
+    raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {_describe(value)}")
+
+
+_DEF_TYPES: dict[str, Callable[[str], Any]] = {
+    "bool": str2bool,
+    "int": int,
+    "float": float,
+    "metric": float,
+    "choice": str,
+    "str": str,
+    "path": str,
+    "text": str,
+    "url": str,
+    "json": str,
+}
+
+
+def _definition(spec: _Spec) -> dict[str, Any]:
+    """Return the CANDLE benchmark definition dict for ``spec``."""
+    definition: dict[str, Any] = {
+        "name": spec.key,
+        "type": _DEF_TYPES[spec.kind],
+        "default": spec.default,
+        "help": spec.help,
+    }
+    if spec.choices:
+        definition["choices"] = list(spec.choices)
+    return definition
+
+
+def ckpt_defs(defs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Return benchmark definitions extended with the ``ckpt_*`` parameters.
+
+    The definitions follow CANDLE's ``additional_definitions`` style, e.g.
+    ``{"name": "ckpt_keep_mode", "type": str, "default": "linear",
+    "choices": ["linear", "exponential"], "help": "..."}``.  Booleans use
+    :func:`str2bool` as their type.
+
+    Args:
+        defs: Existing definitions, or None for none.  Not modified.
+
+    Returns:
+        A new list: ``defs`` followed by one fresh dict for every
+        ``ckpt_*`` key whose name is not already defined in ``defs``.
+    """
+    result = list(defs) if defs is not None else []
+    present = {d["name"] for d in result if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
+    result.extend(_definition(spec) for spec in _SPECS if spec.cli and spec.key not in present)
+    return result
+
+
+def _normalise_choice(text: str) -> str:
+    """Argparse type for choice options: strip and lower-case."""
+    return text.strip().lower()
+
+
+def _optional_int(text: str) -> int | None:
+    """Argparse type for optional integers: ``None``/``none``/empty is None."""
+    if _is_none_like(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {_describe(text)}") from None
+
+
+def _has_option(parser: argparse.ArgumentParser, name: str) -> bool:
+    """Return True if ``parser`` already has ``--name`` or a ``name`` dest."""
+    if f"--{name}" in parser._option_string_actions:
+        return True
+    return any(action.dest == name for action in parser._actions)
+
+
+def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add one ``--ckpt_*`` option per :func:`ckpt_defs` definition.
+
+    Boolean options accept an optional value: ``--ckpt_save_best`` alone
+    means True, ``--ckpt_save_best false`` means False.  Choice options are
+    case-insensitive.  ``--ckpt_restart_epoch none`` gives None.  Options
+    (or destinations) that the parser already has are left untouched.
+
+    Args:
+        parser: The parser to extend.
+
+    Returns:
+        The same parser, for chaining.
+    """
+    for spec in _SPECS:
+        if not spec.cli or _has_option(parser, spec.key):
+            continue
+        kwargs: dict[str, Any] = {"default": spec.default, "help": spec.help}
+        if spec.kind == "bool":
+            kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
+        elif spec.kind == "choice":
+            kwargs.update(type=_normalise_choice, choices=list(spec.choices))
+        elif spec.kind == "int" and spec.optional:
+            kwargs.update(type=_optional_int, metavar="INT")
+        else:
+            kwargs["type"] = _DEF_TYPES[spec.kind]
+        parser.add_argument(f"--{spec.key}", **kwargs)
+    return parser
+
+
+def describe_parameters() -> list[tuple[str, str, str, str]]:
+    """Return documentation rows for every parameter.
+
+    Returns:
+        One ``(key, allowed values, default, help)`` tuple per ``ckpt_*``
+        key and for ``epochs``, in a stable order.  Defaults are rendered
+        as they would be written in a config file (``None`` for unset).
+    """
+    return [(spec.key, spec.allowed, str(spec.default), spec.help) for spec in _SPECS]

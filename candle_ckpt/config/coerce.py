@@ -1,0 +1,309 @@
+"""Turn a ``ckpt_*`` value (a Python object or a string from a config file) into a clean one.
+
+Every rejected value raises :class:`ValueError` or :class:`TypeError` whose
+message names the offending ``gParameters`` key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import operator
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from candle_ckpt.config.schema import _BOOL_ALLOWED, _FALSE_STRINGS, _MAX_REPR, _NONE_STRINGS, _TRUE_STRINGS, _Spec
+
+
+def _describe(value: object) -> str:
+    """Return a short, never-failing representation of ``value``.
+
+    Args:
+        value: Any object, including ones whose ``__repr__`` raises and
+            integers too large for ``repr``.
+
+    Returns:
+        The (possibly truncated) repr, or a placeholder naming the type.
+    """
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<{type(value).__name__} with {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 -- repr of arbitrary objects may fail
+        return f"<unrepresentable {type(value).__name__} object>"
+    if not isinstance(text, str):
+        return f"<unrepresentable {type(value).__name__} object>"
+    if len(text) > _MAX_REPR:
+        text = text[: _MAX_REPR - 3] + "..."
+    return text
+
+
+def _describe_typed(value: object) -> str:
+    """Return :func:`_describe` of ``value`` followed by its type name."""
+    return f"{_describe(value)} of type {type(value).__name__}"
+
+
+def _plain_text(value: str) -> str:
+    """Return ``value`` as an exact :class:`str`, bypassing subclass hooks."""
+    return str.__str__(value)
+
+
+def _is_none_like(value: object) -> bool:
+    """Return True for None and the strings ``"None"``/``"none"``/``""``."""
+    if value is None:
+        return True
+    return isinstance(value, str) and str.lower(str.strip(_plain_text(value))) in _NONE_STRINGS
+
+
+def _is_none_word(value: object) -> bool:
+    """Return True for None and the string ``"None"`` in any case (an empty string is not None here)."""
+    return value is None or (isinstance(value, str) and str.lower(str.strip(_plain_text(value))) == "none")
+
+
+def _check_range(spec: _Spec, key: str, number: float) -> None:
+    """Raise ValueError if ``number`` violates the spec's lower bound."""
+    if spec.minimum is None:
+        return
+    if spec.strict and not number > spec.minimum:
+        op = ">"
+    elif not spec.strict and not number >= spec.minimum:
+        op = ">="
+    else:
+        return
+    raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {_describe(number)}")
+
+
+def _to_bool(spec: _Spec, key: str, value: object) -> bool:
+    """Coerce a boolean parameter."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = str.lower(str.strip(_plain_text(value)))
+        if text in _TRUE_STRINGS:
+            return True
+        if text in _FALSE_STRINGS:
+            return False
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
+    if isinstance(value, numbers.Integral):
+        number = operator.index(value)
+        if number in (0, 1):
+            return bool(number)
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
+    raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe_typed(value)}")
+
+
+def _integral_float(key: str, number: float, original: object) -> int:
+    """Convert a float to int if it is finite and integral."""
+    if not math.isfinite(number) or not number.is_integer():
+        raise ValueError(f"{key} must be an integer; got {_describe(original)}")
+    return int(number)
+
+
+def _to_int(spec: _Spec, key: str, value: object) -> int:
+    """Coerce an integer parameter and check its range."""
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be an integer, not a boolean; got {_describe(value)}")
+    if isinstance(value, numbers.Integral):
+        number = operator.index(value)
+    elif isinstance(value, numbers.Real):
+        number = _integral_float(key, float(value), value)
+    elif isinstance(value, str):
+        text = str.strip(_plain_text(value))
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                as_float = float(text)
+            except ValueError:
+                raise ValueError(f"{key} must be an integer; got {_describe(value)}") from None
+            number = _integral_float(key, as_float, value)
+    else:
+        raise TypeError(f"{key} must be an integer; got {_describe_typed(value)}")
+    _check_range(spec, key, number)
+    return number
+
+
+def _to_float(spec: _Spec, key: str, value: object) -> float:
+    """Coerce a finite float parameter and check its range."""
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
+    if isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(f"{key} must be a finite number; got {_describe(value)}") from None
+    elif isinstance(value, str):
+        try:
+            number = float(str.strip(_plain_text(value)))
+        except ValueError:
+            raise ValueError(f"{key} must be a number; got {_describe(value)}") from None
+    else:
+        raise TypeError(f"{key} must be a number; got {_describe_typed(value)}")
+    if not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number; got {_describe(value)}")
+    _check_range(spec, key, number)
+    return number
+
+
+def _to_metric(spec: _Spec, key: str, value: object) -> float:
+    """Coerce a metric value: any real number, infinities included (CANDLE's "no best yet"), never NaN."""
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
+    if isinstance(value, str):
+        try:
+            number = float(str.strip(_plain_text(value)))
+        except ValueError:
+            raise ValueError(f"{key} must be a number (inf allowed); got {_describe(value)}") from None
+    elif isinstance(value, numbers.Real):
+        number = float(value)
+    else:
+        raise TypeError(f"{key} must be a number (inf allowed) or None; got {_describe_typed(value)}")
+    if math.isnan(number):
+        raise ValueError(f"{key} must be a number (inf allowed), not NaN; got {_describe(value)}")
+    return number
+
+
+def _to_choice(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a choice parameter (case-insensitive, whitespace-stripped)."""
+    allowed = ", ".join(f"'{choice}'" for choice in spec.choices)
+    if not isinstance(value, str):
+        hint = ""
+        if isinstance(value, bool):
+            hint = " (quote the value: some config formats read off/on as booleans)"
+        raise TypeError(f"{key} must be one of {allowed}; got {_describe_typed(value)}{hint}")
+    text = str.lower(str.strip(_plain_text(value)))
+    if text not in spec.choices:
+        raise ValueError(f"{key} must be one of {allowed}; got {_describe(value)}")
+    return text
+
+
+def _to_str(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a non-empty string parameter (surrounding whitespace removed)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a non-empty string; got {_describe_typed(value)}")
+    text = str.strip(_plain_text(value))
+    if not text:
+        raise ValueError(f"{key} must be a non-empty string; got {_describe(value)}")
+    return text
+
+
+def _to_path(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a directory parameter given as str or os.PathLike."""
+    if isinstance(value, os.PathLike) and not isinstance(value, str):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{key} must be a non-empty path (str or os.PathLike resolving to str); got {_describe_typed(value)}"
+        )
+    text = _plain_text(value)
+    if not str.strip(text):
+        raise ValueError(f"{key} must be a non-empty path; got {_describe(value)}")
+    if "\x00" in text:
+        raise ValueError(f"{key} must not contain NUL characters; got {_describe(value)}")
+    return text
+
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
+
+
+def _to_url(spec: _Spec, key: str, value: object) -> str:
+    """Coerce an fsspec URL: ``protocol://rest``, without surrounding whitespace."""
+    if isinstance(value, os.PathLike) and not isinstance(value, str):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a URL string such as 's3://bucket/job'; got {_describe_typed(value)}")
+    text = str.strip(_plain_text(value))
+    if not _URL_RE.match(text) or "\x00" in text:
+        raise ValueError(
+            f"{key} must be a URL of the form protocol://path (e.g. s3://bucket/job, "
+            f"file:///scratch/job, memory://job); got {_describe(value)}"
+        )
+    return text
+
+
+def _to_json(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a JSON object given as a string or a mapping to canonical JSON text.
+
+    The config keeps the text (not a dict) so that it stays immutable and hashable.
+    """
+    if isinstance(value, Mapping):
+        try:
+            return json.dumps(dict(value), sort_keys=True)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{key} must be JSON-serialisable; {err}") from None
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a JSON object (a string or a mapping); got {_describe_typed(value)}")
+    try:
+        parsed = json.loads(_plain_text(value))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{key} must be a JSON object; {_describe(value)} is not valid JSON ({err})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{key} must be a JSON object ({{...}}); got {_describe(value)}")
+    return json.dumps(parsed, sort_keys=True)
+
+
+def _to_text(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a free-form string parameter (kept verbatim)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a string or None; got {_describe_typed(value)}")
+    return _plain_text(value)
+
+
+_COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
+    "bool": _to_bool,
+    "int": _to_int,
+    "float": _to_float,
+    "metric": _to_metric,
+    "choice": _to_choice,
+    "str": _to_str,
+    "path": _to_path,
+    "text": _to_text,
+    "url": _to_url,
+    "json": _to_json,
+}
+
+
+def _coerce(spec: _Spec, value: object, key: str | None = None) -> Any:
+    """Validate and normalise one value according to ``spec``.
+
+    Args:
+        spec: The parameter specification.
+        value: The raw value.
+        key: Name to use in error messages; defaults to ``spec.key``.
+
+    Returns:
+        The normalised value.
+
+    Raises:
+        ValueError: The value has an acceptable type but is out of range,
+            not a recognised word, or otherwise invalid.
+        TypeError: The value has an unacceptable type.
+    """
+    key = spec.key if key is None else key
+    if spec.optional and _is_none_like(value):
+        return None
+    if value is None:
+        raise TypeError(f"{key} must not be None ({spec.allowed})")
+    try:
+        return _COERCERS[spec.kind](spec, key, value)
+    except Exception as exc:
+        # Our own errors already name the key; anything else (a hostile
+        # __index__, __float__ or __fspath__, a recursion error, ...) is
+        # converted so that callers only ever see ValueError/TypeError.
+        if isinstance(exc, (TypeError, ValueError)) and key in _safe_message(exc):
+            raise
+        invalid = isinstance(exc, (ValueError, ArithmeticError))
+        error_type = ValueError if invalid else TypeError
+        raise error_type(f"{key}: cannot interpret value of type {type(value).__name__} ({spec.allowed})") from exc
+
+
+def _safe_message(exc: BaseException) -> str:
+    """Return ``str(exc)``, or an empty string if that fails."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 -- an exception's __str__ may fail too
+        return ""
+    return message if isinstance(message, str) else ""

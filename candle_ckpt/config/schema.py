@@ -1,0 +1,290 @@
+"""The schema of every ``ckpt_*`` parameter: the single source of defaults, choices and help.
+
+A table (one :class:`_Spec` per key) read by the coercion in
+:mod:`candle_ckpt.config.coerce`, by :class:`~candle_ckpt.config.params.CkptConfig`
+and by the argparse / CANDLE definitions in :mod:`candle_ckpt.config.cli_args`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE_STRINGS = frozenset({"true", "1", "yes", "on", "t", "y"})
+_FALSE_STRINGS = frozenset({"false", "0", "no", "off", "f", "n"})
+_BOOL_ALLOWED = "true/false, yes/no, on/off, t/f, y/n or 1/0"
+_NONE_STRINGS = frozenset({"none", ""})
+_MAX_REPR = 80
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Description of one gParameters key.
+
+    Attributes:
+        key: The gParameters key.
+        field: The matching :class:`CkptConfig` attribute.
+        kind: One of ``bool``, ``int``, ``float``, ``choice``, ``str``,
+            ``path``, ``text`` (free-form string), ``url`` (``protocol://...``)
+            or ``json`` (a JSON object, kept as canonical text).
+        default: Default value used when the key is missing or None.
+        help: One-line description for ``--help`` and the README.
+        allowed: Human-readable description of the accepted values.
+        optional: Whether None is a legal value.
+        choices: Legal values for ``choice`` parameters.
+        minimum: Lower bound for numeric parameters, if any.
+        strict: Whether ``minimum`` itself is excluded.
+        cli: Whether the key gets a CLI/benchmark definition.
+    """
+
+    key: str
+    field: str
+    kind: str
+    default: Any
+    help: str
+    allowed: str
+    optional: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    strict: bool = False
+    cli: bool = True
+
+
+_SPECS: tuple[_Spec, ...] = (
+    _Spec(
+        key="ckpt_restart_mode",
+        field="restart_mode",
+        kind="choice",
+        default="auto",
+        help=(
+            "Restart behaviour: 'off' never restarts, 'auto' resumes from the "
+            "latest valid checkpoint if there is one, 'required' fails if "
+            "none can be loaded."
+        ),
+        allowed="off, auto, required",
+        choices=("off", "auto", "required"),
+    ),
+    _Spec(
+        key="ckpt_save_best",
+        field="save_best",
+        kind="bool",
+        default=True,
+        help="Also keep the best model so far, judged by ckpt_save_best_metric.",
+        allowed="boolean",
+    ),
+    _Spec(
+        key="ckpt_save_best_metric",
+        field="save_best_metric",
+        kind="str",
+        default="val_loss",
+        help=("Metric from the Keras epoch logs used to judge the best model, e.g. val_loss."),
+        allowed="non-empty string",
+    ),
+    _Spec(
+        key="ckpt_save_best_mode",
+        field="save_best_mode",
+        kind="choice",
+        default="auto",
+        help=("Whether a lower ('min') or higher ('max') metric is better; 'auto' infers it from the metric name."),
+        allowed="auto, min, max",
+        choices=("auto", "min", "max"),
+    ),
+    _Spec(
+        key="ckpt_skip_epochs",
+        field="skip_epochs",
+        kind="int",
+        default=0,
+        help="Number of initial epochs during which no checkpoint is written.",
+        allowed="integer >= 0",
+        minimum=0,
+    ),
+    _Spec(
+        key="ckpt_save_interval",
+        field="save_interval",
+        kind="int",
+        default=1,
+        help="Write a checkpoint every N epochs; 0 disables checkpoint saving.",
+        allowed="integer >= 0 (0 disables saving)",
+        minimum=0,
+    ),
+    _Spec(
+        key="ckpt_checksum",
+        field="checksum",
+        kind="bool",
+        default=True,
+        help=("Record a checksum of each checkpoint and verify it before restarting from it."),
+        allowed="boolean",
+    ),
+    _Spec(
+        key="ckpt_keep_mode",
+        field="keep_mode",
+        kind="choice",
+        default="linear",
+        help=(
+            "Retention policy for old checkpoints: 'linear' keeps the newest "
+            "ckpt_keep_limit, 'exponential' keeps an exponentially thinned "
+            "history, 'all' keeps every checkpoint."
+        ),
+        allowed="linear, exponential, all",
+        choices=("linear", "exponential", "all"),
+    ),
+    _Spec(
+        key="ckpt_keep_limit",
+        field="keep_limit",
+        kind="int",
+        default=1_000_000,
+        help=("Maximum number of epoch checkpoints kept on disk; older ones are deleted."),
+        allowed="integer > 0",
+        minimum=0,
+        strict=True,
+    ),
+    _Spec(
+        key="ckpt_directory",
+        field="directory",
+        kind="path",
+        default="./save",
+        help="Directory in which checkpoints are written.",
+        allowed="non-empty path",
+    ),
+    _Spec(
+        key="ckpt_metadata",
+        field="metadata",
+        kind="text",
+        default=None,
+        help=("Free-form string stored with each checkpoint; falls back to CANDLE's metadata parameter."),
+        allowed="string or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_save_weights_only",
+        field="save_weights_only",
+        kind="bool",
+        default=False,
+        help=(
+            "Write only model.weights.h5 (weights and optimizer state, what restart() loads); "
+            "False also writes a full model.keras for keras.models.load_model."
+        ),
+        allowed="boolean",
+    ),
+    _Spec(
+        key="ckpt_restart_epoch",
+        field="restart_epoch",
+        kind="int",
+        default=None,
+        help=("Restart from the checkpoint of this epoch instead of the latest one; None means the latest."),
+        allowed="integer >= 0 or None",
+        optional=True,
+        minimum=0,
+    ),
+    _Spec(
+        key="ckpt_on_error",
+        field="on_error",
+        kind="choice",
+        default="raise",
+        help=(
+            "What to do when writing a checkpoint fails: 'raise' stops training, 'warn' logs a warning and continues."
+        ),
+        allowed="raise, warn",
+        choices=("raise", "warn"),
+    ),
+    _Spec(
+        key="ckpt_async",
+        field="async_save",
+        kind="bool",
+        default=False,
+        help=("Write checkpoints in a background thread so that training is not blocked by disk I/O."),
+        allowed="boolean",
+    ),
+    _Spec(
+        key="ckpt_async_timeout",
+        field="async_timeout",
+        kind="float",
+        default=600.0,
+        help=("Seconds that train end and interpreter exit wait for pending background checkpoint writes."),
+        allowed="finite number > 0 (seconds)",
+        minimum=0.0,
+        strict=True,
+    ),
+    _Spec(
+        key="ckpt_upload_url",
+        field="upload_url",
+        kind="url",
+        default=None,
+        help=(
+            "fsspec URL (s3://, gs://, file://, memory://...) to which committed "
+            "checkpoints are copied in the background; None disables uploads."
+        ),
+        allowed="URL of the form protocol://path, or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_upload_mode",
+        field="upload_mode",
+        kind="choice",
+        default="every",
+        help=("'every' uploads each committed checkpoint; 'end' uploads only best and last when training ends."),
+        allowed="every, end",
+        choices=("every", "end"),
+    ),
+    _Spec(
+        key="ckpt_upload_options",
+        field="upload_options",
+        kind="json",
+        default=None,
+        help=(
+            "JSON object of fsspec storage options for ckpt_upload_url, e.g. "
+            '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}\'.'
+        ),
+        allowed="JSON object (string or mapping), or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_best_metric_last",
+        field="best_metric_last",
+        kind="metric",
+        default=None,
+        help=(
+            "Best value of ckpt_save_best_metric so far, which an epoch must beat to be the new best "
+            "(CANDLE scripts set it from restart()'s best_metric_last); None: taken from the checkpoint "
+            "restart() loaded, else no best yet."
+        ),
+        allowed="number (inf allowed) or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_layout",
+        field="layout",
+        kind="choice",
+        default=None,
+        help=(
+            "'nested': <ckpt_directory>/ckpts/epochs/NNN (Benchmarks master, CandleCheckpointCallback); "
+            "'flat': <ckpt_directory>/epochs/NNN (candle_lib develop); None: the API chooses "
+            "(CandleCkptKeras flat, the others nested)."
+        ),
+        allowed="nested, flat, or None",
+        optional=True,
+        choices=("nested", "flat"),
+    ),
+    _Spec(
+        key="epochs",
+        field="epochs",
+        kind="int",
+        default=None,
+        help="Total number of training epochs (CANDLE's standard epochs key).",
+        allowed="integer > 0 or None",
+        optional=True,
+        minimum=0,
+        strict=True,
+        cli=False,
+    ),
+)
+
+_SPEC_BY_KEY: dict[str, _Spec] = {spec.key: spec for spec in _SPECS}
+_METADATA_FALLBACK_KEY = "metadata"
+
+#: Every gParameters key read by :meth:`CkptConfig.from_params`: all
+#: ``ckpt_*`` keys, then CANDLE's ``epochs`` and ``metadata``.
+CKPT_KEYS: tuple[str, ...] = (
+    *(spec.key for spec in _SPECS),
+    _METADATA_FALLBACK_KEY,
+)

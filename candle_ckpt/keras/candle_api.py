@@ -1,0 +1,130 @@
+"""The candle_lib develop API by its own names: ``CandleCkptKeras``, ``CandleCkpt``, ``MultiGPUCheckpoint``.
+
+Scripts of that generation do::
+
+    ckpt = candle.CandleCkptKeras(gParameters, verbose=False)
+    ckpt.set_model(model)
+    J = ckpt.restart(model)          # often before model.compile()
+    model.fit(..., callbacks=[..., ckpt])
+    ckpt.report_final()
+
+The class chooses the generation: ``CandleCkptKeras`` uses develop's defaults
+(``ckpt_directory`` None means ``<output_dir>/ckpts``, the ``flat`` layout),
+``CandleCheckpointCallback`` and ``restart(gParameters, model)`` Benchmarks
+master's (``./save``, ``ckpts/`` inside it). ``ckpt_layout`` overrides either.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from candle_ckpt.config.candle_params import develop_params
+from candle_ckpt.core import layout as L
+from candle_ckpt.engine.resume import select_checkpoint
+from candle_ckpt.keras.argcheck import require_model, require_params
+from candle_ckpt.keras.callback import CandleCheckpointCallback
+from candle_ckpt.keras.capture import KerasModelAdapter
+from candle_ckpt.keras.restart import restart as _restart
+
+
+class CandleCkptKeras(CandleCheckpointCallback):
+    """candle_lib develop's checkpoint callback, with ``set_model``, ``restart(model)`` and ``report_final()``.
+
+    Args:
+        gParameters: The job's parameter dict (``epochs``, ``ckpt_*``, ``output_dir``).
+        logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None (``ckpt.log`` only).
+        verbose: Progress lines on the console; ``ckpt.log`` gets them either way.
+
+    Raises:
+        TypeError: ``gParameters`` is not a mapping (a model passed by mistake, say).
+        ValueError: a parameter is invalid (the message names it).
+    """
+
+    def __init__(
+        self,
+        gParameters: Mapping[str, Any],
+        logger: str | logging.Logger | None = "DEFAULT",
+        verbose: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        require_params(gParameters, "CandleCkptKeras(gParameters): gParameters")
+        self.gParameters = develop_params(gParameters)
+        self._logger, self._verbose = logger, verbose
+        self._reload_epoch: int | None = None
+        super().__init__(self.gParameters, logger=logger, verbose=verbose, **kwargs)
+
+    def set_model(self, model) -> None:
+        """Attach the Keras model (``fit`` does it again; scripts call it before ``restart``)."""
+        require_model(model, "CandleCkptKeras.set_model(model): model")
+        super().set_model(model)
+
+    def restart(self, model=None, verbose: bool | None = None) -> dict[str, Any] | None:
+        """Restore ``model`` from the newest valid checkpoint; return its ``ckpt-info.json`` dict or None.
+
+        Works before ``model.compile()``: the weights are loaded now and the
+        optimizer state when training begins (this object is the callback).
+        Best tracking, the resumed-from epoch and its protection from pruning
+        continue from the restored checkpoint.
+
+        Raises:
+            TypeError: ``model`` is not a Keras model (e.g. the parameter dict).
+        """
+        if model is None:
+            model = getattr(self, "_model", None)
+        require_model(model, "CandleCkptKeras.restart(model): model")
+        found = _restart(
+            self.gParameters, model, logger=self._logger, verbose=self._verbose if verbose is None else verbose
+        )
+        if found is None:
+            return None
+        # This object is the callback: continue from the restored checkpoint (best tracking,
+        # resumed_from, no prune of it) explicitly, whatever the order of the calls.
+        self.engine.adopt_resumed(self.engine.store.read_sidecar(found["epoch"]))
+        compiled = getattr(model, "optimizer", None) is not None
+        if not compiled and self.engine.resumed is not None and self.engine.resumed.schema_version >= 1:
+            self._reload_epoch = self.engine.resumed.epoch
+            self.ops.info(
+                f"restart: the model is not compiled yet; the optimizer state of epoch {self._reload_epoch} "
+                "is loaded when training begins"
+            )
+        return found
+
+    def on_train_begin(self, logs=None) -> None:
+        if self._reload_epoch is not None:
+            epoch, self._reload_epoch = self._reload_epoch, None
+            self._load_optimizer_state(epoch)
+        super().on_train_begin(logs)
+
+    def _load_optimizer_state(self, epoch: int) -> None:
+        """Reload the checkpoint ``restart()`` chose, now with the optimizer (the weights are unchanged)."""
+        adapter = KerasModelAdapter(self.model)
+        chosen = select_checkpoint(self.cfg, self.ops, keep=adapter.keep_files, epoch=epoch, mapped=True)
+        where = L.Layout.at(self.cfg.directory, flat=self.cfg.layout == "flat").epoch_dir(epoch)
+        try:
+            adapter.restore(chosen, self.ops, where)
+        finally:
+            for data in chosen.kept.values():
+                if hasattr(data, "close"):
+                    data.close()
+        self.ops.info(f"restart: optimizer state of {where} loaded at the start of training")
+
+
+#: candle_lib's backend-neutral base class; candle_ckpt serves Keras only, so it is the same class.
+CandleCkpt = CandleCkptKeras
+
+
+class MultiGPUCheckpoint(keras.callbacks.ModelCheckpoint):
+    """CANDLE's ``ModelCheckpoint`` that saves ``model.layers[-2]`` when that layer is itself a Model.
+
+    (The template model inside a multi-GPU wrapper, as Uno builds it.)
+    """
+
+    def set_model(self, model) -> None:
+        require_model(model, "MultiGPUCheckpoint.set_model(model): model")
+        layers = getattr(model, "layers", [])
+        inner = layers[-2] if len(layers) >= 2 and isinstance(layers[-2], keras.Model) else model
+        super().set_model(inner)

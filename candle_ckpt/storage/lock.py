@@ -1,0 +1,81 @@
+"""The writer lock of a checkpoint directory: one ``flock`` per holder object."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+
+from candle_ckpt.core.errors import DirectoryLocked
+
+
+class WriterLock:
+    """The writer lock of one checkpoint directory, owned by the object that took it.
+
+    ``flock`` is tied to the open file: the kernel drops it when the holder
+    dies, so a lock left by a killed process never blocks the next run. Each
+    :class:`WriterLock` opens the file itself, so two holders in one process
+    exclude each other exactly as two processes do.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, wait_same_process_s: float = 2.0) -> bool:
+        """Take the lock; return True if it was taken now (False: already held here).
+
+        A holder in this same process gets ``wait_same_process_s`` seconds to
+        let go: a ``fit`` that has just raised releases its lock from a
+        watchdog thread (:mod:`candle_ckpt.keras.fit_guard`), a moment later.
+
+        Raises:
+            DirectoryLocked: another holder (this process or another) keeps it.
+        """
+        if self._fd is not None:
+            return False
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_same_process_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
+                if holder.startswith(f"pid {os.getpid()} ") and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                os.close(fd)
+                raise DirectoryLocked(self._refusal(holder)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
+        self._fd = fd
+        return True
+
+    def _refusal(self, holder: str) -> str:
+        directory = os.path.dirname(os.path.dirname(self.path))
+        if holder.startswith(f"pid {os.getpid()} "):
+            how = (
+                "another writer in this same process holds it (a callback inside fit, a JobRunner, or a "
+                "CheckpointStore opened for writing and not closed: call its close())"
+            )
+        else:
+            how = "stop the other job, or use another ckpt_directory (a killed job's lock is released by the kernel)"
+        return (
+            f"checkpoint directory {directory} is in use by another writer ({holder}); refusing a second "
+            f"concurrent writer: {how}"
+        )
+
+    def __del__(self) -> None:  # a forgotten holder must not keep the directory locked
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the lock (no-op if not held)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

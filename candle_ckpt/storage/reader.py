@@ -1,0 +1,289 @@
+"""The read side of a checkpoint directory: list, validate, verify, find a restart point.
+
+Reading needs no lock and trusts nothing: sidecars are validated, links are
+followed only into ``epochs/NNN``, and every CRC is checked before anything is
+loaded. :class:`~candle_ckpt.storage.store.CheckpointStore` adds the write side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.checksum import crc32, format_crc, iter_file_chunks
+from candle_ckpt.core.errors import (
+    CheckpointError,
+    CorruptCheckpoint,
+    SidecarError,
+)
+from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.sidecar import Sidecar
+
+logger = logging.getLogger("candle_ckpt.storage.reader")
+
+
+class CheckpointReader:
+    """The read side of one checkpoint directory (see :class:`~candle_ckpt.storage.store.CheckpointStore`).
+
+    Args:
+        directory: ``ckpt_directory``; the store lives in ``<directory>/ckpts``.
+        fs: The file-system operations (tests inject faults here).
+        checksum: Compute and check CRC32s (``ckpt_checksum``).
+        flat: The ``flat`` layout (no ``ckpts/`` level; ``ckpt_layout``).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fs: LocalFS | None = None,
+        checksum: bool = True,
+        flat: bool = False,
+    ) -> None:
+        self.layout = L.Layout.at(directory, flat=flat)
+        self.fs = fs or LocalFS()
+        self.checksum = checksum
+
+    def check_layout(self) -> None:
+        """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.
+
+        Raises:
+            ValueError: naming the directory, what it holds and what to set instead.
+        """
+        lay, other = self.layout, self.layout.other
+        if os.path.isdir(lay.epochs) or not os.path.isdir(other.epochs) or os.path.islink(other.epochs):
+            return
+        if lay.flat:
+            hint = f"set ckpt_directory to {other.ckpts!r} (or ckpt_layout='nested') to continue them"
+        else:
+            hint = "set ckpt_layout='flat' to continue them, or use another ckpt_directory"
+        raise ValueError(
+            f"ckpt_directory {lay.root!r} holds checkpoints in the {other.name} layout ({other.epochs}) but this job "
+            f"uses the {lay.name} layout ({lay.epochs}); the two are never mixed in one directory: {hint}"
+        )
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.layout.epochs)
+
+    def epochs(self) -> list[int]:
+        """Committed epoch numbers, ascending.
+
+        Names that are not numbers are ignored, and so is anything that is not
+        a real directory: a symlink named like an epoch could lead outside.
+        """
+        try:
+            names = os.listdir(self.layout.epochs)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            epoch = L.parse_epoch(name)
+            if epoch is None or L.epoch_name(epoch) != name:
+                continue
+            path = os.path.join(self.layout.epochs, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                logger.warning("ignoring %s: not a directory (a symlink is never followed)", path)
+                continue
+            found.append(epoch)
+        return sorted(found)
+
+    def link_epoch(self, name: str) -> int | None:
+        """The epoch ``best``/``last`` points to, or None if absent or unsafe."""
+        try:
+            target = read_link(self.layout.link(name))
+        except (OSError, ValueError) as err:
+            logger.warning("ignoring %s: %s", self.layout.link(name), err)
+            return None
+        if target is None:
+            return None
+        epoch, why = L.resolve_link_target(target, self._ckpts_spellings())
+        if epoch is None:
+            logger.warning("ignoring %s: %s", self.layout.link(name), why)
+        return epoch
+
+    def _ckpts_spellings(self) -> tuple[str, ...]:
+        """The directory holding ``epochs/`` as configured and as its real path (CANDLE links the latter)."""
+        given = os.path.normpath(self.layout.ckpts)
+        real = os.path.realpath(given)
+        return (given,) if real == given else (given, real)
+
+    def read_sidecar(self, epoch: int) -> Sidecar:
+        """Read and validate ``epochs/NNN/ckpt-info.json``."""
+        path = os.path.join(self.layout.epoch_dir(epoch), L.SIDECAR)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(L_MAX_READ)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(path, "sidecar is missing") from None
+        except OSError as err:
+            raise CorruptCheckpoint(path, f"sidecar cannot be read: {err}") from None
+        if not raw.lstrip().startswith(b"{") or b'"schema_version"' in raw:
+            return parse_sidecar(raw, path, epoch)
+        return self._candle_sidecar(raw, path, epoch)
+
+    def _candle_sidecar(self, raw: bytes, path: str, epoch: int) -> Sidecar:
+        """A sidecar CANDLE wrote (no ``schema_version``): adopted with its model file's size from the disk."""
+        from candle_ckpt.core.candle_sidecar import from_candle
+
+        try:
+            probe = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            probe = None
+        name = probe.get("model_file") if isinstance(probe, dict) else None
+        if not (isinstance(name, str) and L.is_safe_filename(name)):
+            return parse_sidecar(raw, path, epoch)  # reports what is wrong
+        model = os.path.join(self.layout.epoch_dir(epoch), name)
+        size = os.path.getsize(model) if os.path.isfile(model) and not os.path.islink(model) else None
+        best = self.link_epoch("best") if os.path.lexists(self.layout.link("best")) else None
+        try:
+            side = from_candle(raw, source=path, model_size=size, best_epoch=best)
+        except SidecarError as err:
+            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+        if side.epoch != epoch:
+            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+        return side
+
+    def verify(
+        self,
+        epoch: int,
+        *,
+        keep: Iterable[str] = (),
+        mapped: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[Sidecar, dict[str, bytes | mmap.mmap]]:
+        """Check the sidecar and the size and CRC of every file of ``epoch``.
+
+        Args:
+            epoch: The checkpoint to check.
+            keep: Names of files whose verified bytes are returned, so the
+                caller can load them without reading the file a second time.
+            mapped: Return the kept files as read-only ``mmap`` objects
+                instead of ``bytes``: the CRC then reads the page cache in
+                place and the loader copies each byte once, straight into its
+                arrays, as a plain file read would (a restart of a large
+                checkpoint saves one full copy). Checkpoint files are never
+                modified after their commit, so the mapping stays valid even
+                if the checkpoint is pruned meanwhile.
+            progress: Called with the number of bytes just checked, chunk by
+                chunk (the CLI's progress bar); it must not raise.
+
+        Returns:
+            ``(sidecar, {name: bytes or mmap})`` for the names in ``keep``.
+
+        Raises:
+            CorruptCheckpoint: naming the file and what is wrong with it.
+        """
+        side = self.read_sidecar(epoch)
+        wanted = set(keep)
+        kept: dict[str, bytes | mmap.mmap] = {}
+        directory = self.layout.epoch_dir(epoch)
+        for name, entry in side.files.items():
+            path = os.path.join(directory, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
+            size = os.path.getsize(path)
+            if size != entry.size:
+                raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
+            check = self.checksum and entry.crc32 is not None
+            if name in wanted:
+                data = _map_file(path, size) if mapped else _read_file(path, size)
+                if len(data) != entry.size:  # changed since the size check
+                    raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
+                kept[name] = data
+                value = crc32(data) if check else None
+                if progress is not None:
+                    progress(len(data))
+            elif check:
+                value = 0
+                for block in iter_file_chunks(path):
+                    value = crc32(block, value)
+                    if progress is not None:
+                        progress(len(block))
+            else:
+                continue
+            if check and format_crc(value) != entry.crc32:
+                raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
+        return side, kept
+
+    def candidates(self) -> Iterator[int]:
+        """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
+        last = self.link_epoch("last")
+        if last is not None:
+            path = self.layout.epoch_dir(last)
+            if os.path.isdir(path) and not os.path.islink(path):
+                yield last  # the usual case: no listing, so a restart costs the same with 10 or 10,000 kept
+        on_disk = self.epochs()
+        ranked = []
+        for epoch in on_disk:
+            if epoch == last:
+                continue
+            try:
+                ranked.append((self.read_sidecar(epoch).generation, epoch))
+            except CheckpointError:
+                ranked.append((-1, epoch))  # unreadable: tried last, and fails verify with its reason
+        for _, epoch in sorted(ranked, reverse=True):
+            yield epoch
+
+    def find_valid(
+        self,
+        *,
+        keep: Iterable[str] = (),
+        on_problem: Callable[[int, str], None] | None = None,
+        mapped: bool = False,
+    ):
+        """Return ``(epoch, sidecar, kept_bytes)`` of the newest valid checkpoint, or None.
+
+        Every rejected candidate is reported through ``on_problem(epoch, reason)``.
+        """
+        keep = tuple(keep)
+        last = self.link_epoch("last")
+        if last is not None and not os.path.isdir(self.layout.epoch_dir(last)) and on_problem:
+            on_problem(last, "'last' points to a checkpoint that does not exist")
+        for epoch in self.candidates():
+            try:
+                side, kept = self.verify(epoch, keep=keep, mapped=mapped)
+            except CheckpointError as err:
+                if on_problem:
+                    on_problem(epoch, str(err))
+                continue
+            return epoch, side, kept
+        return None
+
+
+def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
+    """Validate the sidecar bytes read from ``path`` (local or remote) for ``epochs/NNN``.
+
+    Raises:
+        CorruptCheckpoint: if they are not a valid sidecar of that epoch.
+    """
+    try:
+        side = Sidecar.from_json(raw, source=path)
+    except SidecarError as err:
+        raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
+    if side.epoch != epoch:
+        raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
+    return side
+
+
+def _read_file(path: str, size: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(size + 1)  # one more: a file that grew since the size check is caught
+
+
+def _map_file(path: str, size: int) -> mmap.mmap | bytes:
+    """Map ``path`` read-only, its pages populated up front (Linux) so the CRC pass does not fault."""
+    if size == 0:
+        return b""
+    with open(path, "rb", buffering=0) as f:
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            return _read_file(path, size)  # the caller reports the size mismatch
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+
+
+L_MAX_READ = 1 << 21  # never read more than this of a sidecar (it is refused above 1 MiB)

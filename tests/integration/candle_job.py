@@ -1,0 +1,155 @@
+"""A training script in the shape of ECP-CANDLE's benchmarks, run unchanged by the kill tests.
+
+Usage::
+
+    python candle_job.py master|develop WORKDIR EPOCHS OUT.npz
+
+``master`` is Benchmarks master's shape (NT3, Uno, ST1): ``restart(gParameters,
+model)`` before ``model.compile()``, ``best_metric_last`` fed back as
+``ckpt_best_metric_last``, then ``CandleCheckpointCallback``. ``develop`` is
+candle_lib develop's: ``CandleCkptKeras`` made first, ``set_model``,
+``restart(model)``, compile, fit, ``report_final()``. Both put ``CSVLogger``,
+``ReduceLROnPlateau`` and a ``TerminateOnTimeOut``-style callback in the list
+before the checkpoint callback, as the benchmarks do.
+
+It prints ``ready N`` after restart and ``committed N`` after each epoch's
+checkpoint (written with ``os.write``, so a line that was printed is in the
+pipe whatever kills the process next), then saves the final weights and
+optimizer variables to OUT.npz.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import candle_ckpt as candle  # noqa: E402  (the one-line import swap: was `import candle`)
+
+
+def say(message: str) -> None:
+    os.write(1, (message + "\n").encode())
+
+
+class TerminateOnTimeOut(keras.callbacks.Callback):
+    """candle_lib's TerminateOnTimeOut, in shape: stop training once ``timeout`` seconds have passed."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__()
+        self.timeout = timeout
+        self.start = 0.0
+
+    def on_train_begin(self, logs=None) -> None:
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if time.time() - self.start > self.timeout:
+            self.model.stop_training = True
+
+
+class Progress(keras.callbacks.Callback):
+    """Report each committed epoch, then pause a little so that a kill can land mid-run."""
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        say(f"committed {epoch + 1}")
+        time.sleep(0.3)
+
+
+def build_model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1, activation=None)]
+    )
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype("float32")
+    y = (x @ rng.standard_normal((8, 1)) + 0.1 * rng.standard_normal((64, 1))).astype("float32")
+    return x, y
+
+
+def other_callbacks(workdir: str) -> list:
+    return [
+        keras.callbacks.CSVLogger(os.path.join(workdir, "training.log")),
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=10, min_delta=1e-4),
+        TerminateOnTimeOut(3600),
+    ]
+
+
+def compile_model(model) -> None:
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
+
+
+def run_master(gParameters: dict, workdir: str):
+    model = build_model()
+    initial_epoch = 0
+    J = candle.restart(gParameters, model)
+    if J is not None:
+        initial_epoch = J["epoch"]
+        best_metric_last = J["best_metric_last"]
+        gParameters["ckpt_best_metric_last"] = best_metric_last
+    ckpt = candle.CandleCheckpointCallback(gParameters, verbose=False)
+    compile_model(model)
+    say(f"ready {initial_epoch}")
+    x, y = data()
+    model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=gParameters["epochs"],
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*other_callbacks(workdir), ckpt, Progress()],
+    )
+    return model
+
+
+def run_develop(gParameters: dict, workdir: str):
+    model = build_model()
+    initial_epoch = 0
+    ckpt = candle.CandleCkptKeras(gParameters, verbose=False)
+    ckpt.set_model(model)
+    J = ckpt.restart(model)
+    if J is not None:
+        initial_epoch = J["epoch"]
+    compile_model(model)
+    say(f"ready {initial_epoch}")
+    x, y = data()
+    model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=gParameters["epochs"],
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*other_callbacks(workdir), ckpt, Progress()],
+    )
+    ckpt.report_final()
+    return model
+
+
+def main(generation: str, workdir: str, epochs: int, out: str) -> None:
+    gParameters = {
+        "epochs": epochs,
+        "output_dir": workdir,
+        "ckpt_save_best_metric": "loss",
+        "ckpt_save_interval": 1,
+        "ckpt_directory": os.path.join(workdir, "save") if generation == "master" else None,
+    }
+    model = (run_master if generation == "master" else run_develop)(gParameters, workdir)
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(out, **arrays)
+    say("done")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
