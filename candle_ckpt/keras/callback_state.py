@@ -82,12 +82,22 @@ def _known_attrs(cb: Any) -> tuple[str, ...] | None:
     return None
 
 
-def unsaved(callbacks: Iterable[Any]) -> list[str]:
-    """Names of callbacks whose state nothing saves (neither protocol, known type nor stateless)."""
+def _own_attributes(cb: Any) -> list[str]:
+    """Instance attributes beyond those every Keras callback has (a stateless callback has none)."""
+    base = set(vars(keras.callbacks.Callback()))
+    return sorted(k for k in vars(cb) if k not in base)
+
+
+def unsaved(callbacks: Iterable[Any]) -> list[tuple[str, list[str]]]:
+    """(name, attributes) of callbacks with attributes of their own whose state nothing saves
+    (neither the protocol, a known type nor a known stateless class)."""
     return [
-        type(cb).__name__
+        (type(cb).__name__, attrs)
         for cb in callbacks
-        if not has_protocol(cb) and _known_attrs(cb) is None and type(cb).__name__ not in STATELESS
+        if not has_protocol(cb)
+        and _known_attrs(cb) is None
+        and type(cb).__name__ not in STATELESS
+        and (attrs := _own_attributes(cb))
     ]
 
 

@@ -57,11 +57,16 @@ class TrainState:
         self.pipeline = pipeline
         self._said: set[str] = set()
         self._warn = warn
-        for name in callback_state.unsaved(callbacks):
+        self._checked = False
+
+    def _check_callbacks(self) -> None:
+        """At the first save (their attributes exist by then): name callbacks whose state nothing saves."""
+        self._checked = True
+        for name, attrs in callback_state.unsaved(self.callbacks):
             self.warn_once(
-                f"callback {name} has no get_state()/set_state() and is not one candle_ckpt knows: if it keeps "
-                "state across epochs, a resumed run starts it fresh; add get_state() -> dict and "
-                "set_state(dict) to it to have that state saved with each checkpoint"
+                f"callback {name} has attributes ({', '.join(attrs)}) but no get_state()/set_state() and is not "
+                "one candle_ckpt knows: if they carry state across epochs, a resumed run starts them fresh; add "
+                "get_state() -> dict and set_state(dict) to it to have that state saved with each checkpoint"
             )
 
     def warn_once(self, message: str) -> None:
@@ -71,6 +76,8 @@ class TrainState:
 
     def capture(self) -> bytes:
         """The packed state now (on the training thread: the bytes own their data)."""
+        if not self._checked:
+            self._check_callbacks()
         doc: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {}
         parts = [("rng", rng_state.capture), ("callbacks", lambda: callback_state.capture(self.callbacks))]
