@@ -28,6 +28,10 @@ class DirectoryLocked(CheckpointError):
     """Another live process is writing to this checkpoint directory."""
 
 
+class ModelMismatch(CheckpointError, ValueError):
+    """A checkpoint does not fit the model (shapes, dtypes or variable counts); nothing was assigned."""
+
+
 class CheckpointSaveError(CheckpointError):
     """A save failed; earlier checkpoints are intact (``ckpt_on_error=raise``)."""
 

@@ -43,8 +43,8 @@ from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.engine.engine import CheckpointEngine, note_resumed
-from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint, verify_exact
+from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
 from candle_ckpt.storage.store import CheckpointStore
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -178,6 +178,8 @@ class WorkerTrainingState:
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
         self.temp_dir = None if self.info.is_chief else scratch
         self.restored_epoch: int | None = None
+        # What restore() loaded; restart() attaches it to the model for the callback.
+        self.resumed: Resumed | None = None
         self.load: dict[str, Any] | None = None
         self.engine: CheckpointEngine | None = None
         if writable:
@@ -307,7 +309,7 @@ class WorkerTrainingState:
                 f"{cfg.restart_mode}); see the chief's log for why"
             )
         if code == 0:
-            note_resumed(cfg.directory, None)
+            self.resumed = None
             return None
         where = self.layout.epoch_dir(chosen_epoch)
         failure: CheckpointError | None = None
@@ -327,6 +329,8 @@ class WorkerTrainingState:
                 )
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
         self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
+        pending = dict(getattr(self.adapter, "pending", None) or {})  # state the adapter applies later
+        self.resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, self.load, pending)
         if self.engine is not None:
             self.engine.adopt_resumed(chosen.sidecar, self.load)
         self.restored_epoch = chosen_epoch

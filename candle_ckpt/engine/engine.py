@@ -47,30 +47,6 @@ class Capture:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# restart() leaves here what it restored (and how long loading took), per
-# directory, for the writer of the same job.
-_RESUMED: dict[str, tuple[Sidecar, dict[str, Any] | None]] = {}
-
-
-def note_resumed(directory: str, sidecar: Sidecar | None, load: dict[str, Any] | None = None) -> None:
-    key = os.path.realpath(directory)
-    if sidecar is None:
-        _RESUMED.pop(key, None)
-    else:
-        _RESUMED[key] = (sidecar, load)
-
-
-def resumed_from(directory: str) -> Sidecar | None:
-    found = _RESUMED.get(os.path.realpath(directory))
-    return found[0] if found else None
-
-
-def resumed_load(directory: str) -> dict[str, Any] | None:
-    """The load statistics (bytes, durations, MB/s) of the restore of this job, if any."""
-    found = _RESUMED.get(os.path.realpath(directory))
-    return found[1] if found else None
-
-
 def missing_metric_message(cfg: CkptConfig, epoch: int, logs: Mapping[str, Any]) -> str:
     """Why ``ckpt_save_best_metric`` is not in the logs, and the three ways out."""
     metric = cfg.save_best_metric
@@ -110,7 +86,9 @@ class CheckpointEngine:
             self.store.open_for_write()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
-        self.adopt_resumed(resumed_from(cfg.directory), resumed_load(cfg.directory))
+        # What a restart restored reaches this engine through its adapter
+        # (adopt_resumed), never through process-global state.
+        self.adopt_resumed(None)
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from candle_ckpt.config.params import CkptConfig
@@ -20,7 +21,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine.engine import Capture, note_resumed
+from candle_ckpt.engine.engine import Capture
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -34,6 +35,52 @@ class Chosen(NamedTuple):
     epoch: int
     sidecar: Sidecar
     kept: dict[str, Any]
+
+
+@dataclass
+class Resumed:
+    """What one restore loaded, handed to the job's writer through an object.
+
+    ``restart()`` attaches it to the model (:func:`attach_resumed`); the
+    callback reads it from the model when ``fit`` starts and passes it to its
+    engine (``CheckpointEngine.adopt_resumed``), so the call order of
+    ``restart()`` and the callback's creation does not matter, and nothing
+    is kept in process-global state.
+
+    Attributes:
+        directory: The real path of the ``ckpt_directory`` it came from; a
+            callback writing elsewhere ignores it.
+        sidecar: The restored checkpoint's sidecar.
+        load: The load statistics (see :func:`load_record`).
+        pending: Adapter-owned state that could not be applied at restore
+            time (an optimizer that does not exist yet, callback and RNG
+            states) and is applied when training starts.
+    """
+
+    directory: str
+    sidecar: Sidecar
+    load: dict[str, Any] | None = None
+    pending: dict[str, Any] = field(default_factory=dict)
+
+    def serves(self, directory: str) -> bool:
+        """True if this record was restored from ``directory``."""
+        return self.directory == os.path.realpath(directory)
+
+
+# An attribute on the model object: its lifetime is the model's.
+RESUMED_ATTR = "_candle_ckpt_resumed"
+
+
+def attach_resumed(model: Any, resumed: Resumed | None) -> None:
+    """Attach (or, with None, clear) what a restore loaded into ``model``."""
+    # object.__setattr__: bypass Keras's attribute tracking (this is no layer state).
+    object.__setattr__(model, RESUMED_ATTR, resumed)
+
+
+def resumed_of(model: Any, directory: str) -> Resumed | None:
+    """The :class:`Resumed` attached to ``model`` by a restore from ``directory``, if any."""
+    found = getattr(model, RESUMED_ATTR, None)
+    return found if isinstance(found, Resumed) and found.serves(directory) else None
 
 
 class Adapter(Protocol):
@@ -97,7 +144,6 @@ def select_checkpoint(
 
         pull_newest(cfg, store, ops, epoch=wanted)
     if not store.exists():
-        note_resumed(cfg.directory, None)
         if cfg.restart_mode == "required" or wanted is not None:
             mode = f"ckpt_restart_mode={cfg.restart_mode}" if wanted is None else what
             raise NoValidCheckpoint(f"{mode}: no checkpoints in {where}")
@@ -122,7 +168,6 @@ def select_checkpoint(
 
     found = store.find_valid(keep=keep, on_problem=report, mapped=mapped)
     if found is None:
-        note_resumed(cfg.directory, None)
         detail = "; ".join(problems) or "none were found"
         if cfg.restart_mode == "required":
             raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
@@ -155,8 +200,8 @@ def load_chosen(
 ) -> dict[str, Any]:
     """Load ``chosen`` through ``adapter``, then record and log the restore.
 
-    Unmaps the kept files afterwards, tells the job's next writer what it
-    resumed from (``note_resumed``) and returns the load statistics.
+    Unmaps the kept files afterwards and returns the load statistics; the
+    caller hands them on in a :class:`Resumed` (see :func:`attach_resumed`).
     """
     where = L.Layout.at(cfg.directory, flat=cfg.layout == "flat").epoch_dir(chosen.epoch)
     start = time.perf_counter()
@@ -167,7 +212,6 @@ def load_chosen(
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
     record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
-    note_resumed(cfg.directory, chosen.sidecar, record)
     log_resumed(ops, cfg.directory, chosen.sidecar, record, who, flat=cfg.layout == "flat")
     return record
 

@@ -16,12 +16,19 @@ from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
+from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.resume import Resumed, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.keras import fit_hooks
 from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
+from candle_ckpt.keras.pipeline_state import Pipeline
+from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.state import ModelState
+from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
+from candle_ckpt.storage.store import FileSpec
 
 
 class CandleCheckpointCallback(keras.callbacks.Callback):
@@ -51,6 +58,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     after the last write, and a ``fit`` that raises releases it too (a watchdog
     notices that ``fit`` has ended). So ``candle-ckpt rollback`` / ``prune`` work
     in the same process once ``fit`` has returned.
+
+    Exact resume, whatever the order of the calls: ``restart()`` may run
+    before or after ``compile()`` and before or after this callback is
+    created; what it restored reaches the callback through the model. The
+    checkpoint of epoch N is taken after every callback's ``on_epoch_end``
+    for epoch N, wherever this callback sits in the list, and holds the other
+    callbacks' state, the global RNG states and the input's position
+    (``train.state.npz``, see :mod:`candle_ckpt.keras.train_state`).
     """
 
     def __init__(
@@ -72,6 +87,12 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended)
         self._stdout: LineTracker | None = None
+        self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
+        self._train: TrainState | None = None
+        self._restore: bytes | None = None  # train state waiting for the first epoch of a resumed fit
+        self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
+        self._logs: dict[str, Any] = {}
+        self._epochs_run = 0
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
@@ -80,22 +101,94 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
                 "candle_ckpt.tf_keras.adapter.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
             )
         super().set_model(model)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Continue from what restart() attached to the model: best tracking, resumed_from, no prune of it."""
+        resumed = resumed_of(self.model, self.cfg.directory)
+        if resumed is not None and resumed is not self._resumed:
+            self._resumed = resumed
+            self.engine.adopt_resumed(resumed.sidecar, resumed.load)
 
     def on_train_begin(self, logs=None) -> None:
         self.engine.open()  # the writer lock, for as long as this fit runs
         self._guard.arm()
         self._stdout = track_stdout()  # log records never continue the progress bar's line
+        self._adopt()
         apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
+        where = Layout.at(self.cfg.directory).epoch_dir(self._resumed.sidecar.epoch) if self._resumed else ""
+        arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
+        if arrays is not None:  # restart() ran before compile(): the optimizer exists now
+            apply_optimizer_state(self.model, arrays, where)
+            self.ops.info(f"restart: applied the optimizer state of {where} ({len(arrays)} variables)")
         self._state = ModelState(self.model)
+        self._epochs_run = 0
+        self._hook_fit()
+        self._restore = resume_apply.take(self._resumed, resume_apply.TRAIN_STATE)
+        if self._restore is not None and not self._hooked:
+            self._before_epoch(-1)
+        epochs = (self.params or {}).get("epochs")
+        if self._resumed is not None and isinstance(epochs, int) and self._resumed.sidecar.epoch >= epochs:
+            self.ops.warning(
+                f"restart() restored epoch {self._resumed.sidecar.epoch} but fit() was called with epochs={epochs}: "
+                f"no epoch will run; pass epochs > {self._resumed.sidecar.epoch} to train further"
+            )
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
 
+    def _hook_fit(self) -> None:
+        """Find the other callbacks and the input of this fit (see :mod:`candle_ckpt.keras.fit_hooks`)."""
+        callback_list = fit_hooks.find_callback_list(self)
+        iterator = fit_hooks.find_epoch_iterator(self.model)
+        siblings = [c for c in callback_list.callbacks if c is not self] if callback_list is not None else []
+        train = TrainState(siblings, None, self.ops.warning)
+        train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
+        self._train = train
+        self._hooked = callback_list is not None and fit_hooks.wrap_epoch_hooks(
+            callback_list, self, self._before_epoch, self._after_epoch
+        )
+        if not self._hooked:
+            train.warn_once(
+                "could not reach the callback list of this fit: each checkpoint is taken in this callback's "
+                "on_epoch_end, so changes that callbacks after it in the list make in the same epoch (a lowered "
+                "learning rate) are not in it; put CandleCheckpointCallback last in callbacks=[...]"
+            )
+
+    def _before_epoch(self, epoch: int) -> None:
+        """Before any callback's first on_epoch_begin of a resumed fit: put the training state back."""
+        if self._restore is None or self._train is None:
+            return
+        data, self._restore = self._restore, None
+        done = self._train.restore(data)
+        self.ops.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self._epochs_run += 1
+
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if self._hooked:  # saved by _after_epoch, once every callback's on_epoch_end has run
+            self._logs = logs if logs is not None else {}
+            return
+        self._save(epoch, logs or {})
+
+    def _after_epoch(self, epoch: int) -> None:
+        self._save(epoch, self._logs)
+
+    def _save(self, epoch: int, logs: Mapping[str, Any]) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.
         state = self._state or ModelState(self.model)
+
+        def capture():
+            cap = capture_model(state, self.cfg)
+            if self._train is not None:
+                data = self._train.capture()
+                cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
+                cap.nbytes += len(data)
+            return cap
+
         try:
-            self.engine.save(epoch + 1, logs or {}, lambda: capture_model(state, self.cfg))
+            self.engine.save(epoch + 1, logs, capture)
         except BaseException:
             # fit stops here without on_train_end: give SIGTERM its default back, and the lock up now
             # unless a write is in flight; then the guard waits for it on its own thread (this one
@@ -108,6 +201,11 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self._guard.disarm()
+        if self._epochs_run == 0:
+            epochs = (self.params or {}).get("epochs")
+            self.ops.warning(
+                f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"
+            )
         try:
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:

@@ -16,7 +16,9 @@ from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
-from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
+from candle_ckpt.keras.preflight import check_model, read_optimizer_state
+from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer
+from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
 from candle_ckpt.storage.store import FileSpec
 
 
@@ -60,11 +62,13 @@ class KerasModelAdapter:
     """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.engine.resume.Adapter`):
     used by ``restart()`` and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`."""
 
-    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE)
+    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE)
 
     def __init__(self, model) -> None:
         require_model(model, "model")
         self.state = ModelState(model)
+        # State restore() could not apply yet (see candle_ckpt.engine.resume.Resumed.pending).
+        self.pending: dict = {}
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return capture_model(self.state, cfg)
@@ -86,15 +90,30 @@ class KerasModelAdapter:
             return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
+        model = self.state.model
+        build_optimizer(model)  # raises if the model is not built
+        extra = kept.get(L.EXTRA_FILE)
+        extra_vars = self.state.extra_variables()
+        self.pending = {}
         with weights_view(kept[side.model_file], side.model_file, where) as weights:
+            # All or nothing: every shape, dtype and count is checked before the first assignment.
+            check_model(model, weights, extra, extra_vars, where, side.epoch)
+            if getattr(model, "optimizer", None) is None:
+                # restart() before compile(): the optimizer does not exist yet. Its state
+                # is kept and applied when it does (the callback, at the latest when fit starts).
+                arrays = read_optimizer_state(weights)
+                if arrays is not None:
+                    self.pending["optimizer"] = arrays
             self.state.restore(weights)
-        if L.EXTRA_FILE in kept:
-            self.state.restore_extra(bytes(kept[L.EXTRA_FILE]))
-        elif self.state.extra_variables():
+        if extra is not None:
+            self.state.restore_extra(bytes(extra))
+        elif extra_vars:
             ops.warning(
                 f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "
                 "start fresh, so the resumed run will not be bit-identical"
             )
+        if TRAIN_STATE_FILE in kept:
+            self.pending["train_state"] = bytes(kept[TRAIN_STATE_FILE])
 
 
 @contextlib.contextmanager

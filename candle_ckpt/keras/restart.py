@@ -10,6 +10,7 @@ strategy to ``WorkerTrainingState`` (the chief chooses for every worker).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +20,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
-from candle_ckpt.engine.resume import load_chosen, select_checkpoint
+from candle_ckpt.engine.pending import guard_optimizer
+from candle_ckpt.engine.resume import Resumed, attach_resumed, load_chosen, select_checkpoint
 from candle_ckpt.keras.capture import KerasModelAdapter
 
 
@@ -43,7 +45,16 @@ def restart(
     new machine), the newest complete remote checkpoint is downloaded first,
     its CRCs verified, and committed locally.
 
-    Every file's CRC is verified before anything is loaded into the model.
+    Every file's CRC is verified, and every variable's shape, dtype and count
+    compared with the model, before anything is loaded into it: on a
+    mismatch the model is untouched and :class:`~candle_ckpt.core.errors.ModelMismatch`
+    names the first differing variables.
+
+    It may be called before ``compile()``: the optimizer state is then kept
+    and applied by :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback`
+    when ``fit`` starts (a warning at exit says so if that never happens).
+    What was restored is attached to ``model``; the callback reads it from
+    there, whether it was created before or after this call.
 
     A tf_keras (Keras 2) model is restored from a tf_keras checkpoint (see
     :mod:`candle_ckpt.tf_keras.adapter`). Under a multi-worker ``tf.distribute``
@@ -59,12 +70,22 @@ def restart(
     if cfg.restart_mode == "off":
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
-        return WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False).restore()
+        worker = WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False)
+        found = worker.restore()
+        attach_resumed(model, worker.resumed)
+        if worker.resumed is not None:
+            guard_optimizer(model, worker.resumed, worker.ops, worker.layout.epoch_dir(worker.resumed.sidecar.epoch))
+        return found
     ops = OpsLog(L.Layout.at(cfg.directory).log, get_logger(logger, verbose))
     adapter = KerasModelAdapter(model)
     start = time.perf_counter()
+    attach_resumed(model, None)
     chosen = select_checkpoint(cfg, ops, keep=adapter.keep_files, mapped=True)
     if chosen is None:
         return None
-    load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
+    record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
+    # What was restored travels with the model: the callback reads it when fit starts.
+    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, dict(adapter.pending))
+    attach_resumed(model, resumed)
+    guard_optimizer(model, resumed, ops, L.Layout.at(cfg.directory).epoch_dir(chosen.epoch))
     return chosen.sidecar.to_dict()

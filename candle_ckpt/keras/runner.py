@@ -201,6 +201,7 @@ class JobRunner:
         self.epoch = 0
         self.resumed_from: int | None = None
         self.load: dict[str, Any] | None = None
+        self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
 
     def _stop_conditions(self, given) -> tuple[list[int], list[Callable]]:
         if given is None:
@@ -327,6 +328,7 @@ class JobRunner:
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
+        self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
     def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -357,6 +359,8 @@ class JobRunner:
             # The engine is made after the resume: it continues best-tracking from the
             # restored sidecar and protects that checkpoint from pruning.
             self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
+            if self._chosen_sidecar is not None:
+                self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         done = False
         try:
             if self.resumed_from is None:

@@ -39,6 +39,8 @@ from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.pending import OPTIMIZER, take
+from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
 
@@ -75,6 +77,8 @@ class TfKerasModelAdapter:
 
     def __init__(self, model) -> None:
         self.model = model
+        # State restore() could not apply yet (see candle_ckpt.engine.resume.Resumed.pending).
+        self.pending: dict[str, Any] = {}
 
     def capture(self, cfg: CkptConfig) -> Capture:
         """Serialize on the calling thread (the training thread), so the next step cannot change it."""
@@ -132,26 +136,47 @@ class TfKerasModelAdapter:
         model = self.model
         if not model.built:
             raise ValueError("restart() needs a built model: build it (call it on data or use an Input layer) first")
-        self.build_optimizer()
-        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
-            hdf5_format.load_weights_from_hdf5_group(h5, model)
-        variables = _optimizer_variables(model)
         with np.load(io.BytesIO(kept[OPTIMIZER_FILE]), allow_pickle=False) as npz:
             names = [str(n) for n in npz["names"]]
-            if len(names) != len(variables):
-                raise ValueError(
-                    f"{where}/{OPTIMIZER_FILE} holds {len(names)} optimizer variables but the model's optimizer "
-                    f"has {len(variables)} (a different optimizer?)"
-                )
             values = [npz[f"v{i}"] for i in range(len(names))]
-        for name, value, var in zip(names, values, variables, strict=True):
-            if tuple(value.shape) != tuple(var.shape):
-                raise ValueError(
-                    f"optimizer variable {var.name}: checkpoint shape {value.shape} (saved as {name}) "
-                    f"!= model shape {tuple(var.shape)}"
-                )
+        self.pending = {}
+        if getattr(model, "optimizer", None) is None:
+            # restart() before compile(): the optimizer does not exist yet; the
+            # callback applies its state when fit starts (apply_optimizer_state).
+            with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+                hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
+            self.pending["optimizer"] = (names, values)
+            return
+        self.build_optimizer()
+        check_optimizer_state(_optimizer_variables(model), names, values, f"{where}/{OPTIMIZER_FILE}")
+        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+            hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
+        for value, var in zip(values, _optimizer_variables(model), strict=True):
+            var.assign(value)
+
+    def apply_optimizer_state(self, pending: tuple[list[str], list[np.ndarray]], where: str) -> None:
+        """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
+        names, values = pending
+        self.build_optimizer()
+        variables = _optimizer_variables(self.model)
+        check_optimizer_state(variables, names, values, where)
         for value, var in zip(values, variables, strict=True):
             var.assign(value)
+
+
+def check_optimizer_state(variables: list[Any], names: list[str], values: list[np.ndarray], where: str) -> None:
+    """Raise ValueError unless the saved optimizer state fits ``variables`` (checked before any assignment)."""
+    if len(names) != len(variables):
+        raise ValueError(
+            f"{where} holds {len(names)} optimizer variables but the model's optimizer "
+            f"has {len(variables)} (a different optimizer?); the model was not changed"
+        )
+    for name, value, var in zip(names, values, variables, strict=True):
+        if tuple(value.shape) != tuple(var.shape):
+            raise ValueError(
+                f"optimizer variable {var.name}: checkpoint shape {value.shape} (saved as {name}) "
+                f"!= model shape {tuple(var.shape)}; the model was not changed"
+            )
 
 
 class CandleCheckpointCallback(tf_keras.callbacks.Callback):
@@ -197,6 +222,14 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         self.state.open()  # the writer lock (chief), held while this fit runs
         self._guard.arm()  # a fit that raises releases it too
+        resumed = resumed_of(self.model, self.cfg.directory)
+        if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
+            self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
+        pending = take(resumed, OPTIMIZER)
+        if pending is not None:  # restart() ran before compile(): the optimizer exists now
+            where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
+            self.state.adapter.apply_optimizer_state(pending, f"{where}/{OPTIMIZER_FILE}")
+            self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(pending[0])} variables)")
         self._sigterm.arm(self.state.engine.writer)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:

@@ -10,15 +10,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-from candle_ckpt.engine import engine  # noqa: E402
 
 
 def build_model(seed: int = 0, *, width: int = 16, inputs: int = 8, lr: float = 1e-2) -> keras.Model:
@@ -72,15 +70,3 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 def params() -> Callable[..., dict[str, Any]]:
     """``params(tmp_path, **overrides)`` -> gParameters dict (see :func:`make_params`)."""
     return make_params
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_state() -> Iterator[None]:
-    """Forget restart() state after each test.
-
-    The resumed-from record is per process; without this, one test's "run"
-    would look like the same job to the next test. (Writer locks need nothing:
-    each belongs to the store that took it and is released with it.)
-    """
-    yield
-    engine._RESUMED.clear()

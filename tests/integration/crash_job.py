@@ -82,12 +82,18 @@ def run_job(directory: str, width: int, epochs: int) -> None:
     y = rng.standard_normal((32, 1)).astype("float32")
 
     class Progress(keras.callbacks.Callback):
-        def __init__(self, word: str) -> None:
-            super().__init__()
-            self.word = word
-
         def on_epoch_end(self, epoch, logs=None) -> None:
-            say(f"{self.word} {epoch + 1}")
+            say(f"begin {epoch + 1}")
+
+    class Committed(keras.callbacks.Callback):
+        # The checkpoint callback saves epoch N after every callback's on_epoch_end
+        # of epoch N, so "committed" is said at the next epoch's begin (or the end).
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            if epoch > start:
+                say(f"committed {epoch}")
+
+        def on_train_end(self, logs=None) -> None:
+            say(f"committed {len(self.model.history.epoch) + start}")
 
     ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None)
     say(f"ready {start}")
@@ -99,7 +105,7 @@ def run_job(directory: str, width: int, epochs: int) -> None:
         initial_epoch=start,
         shuffle=False,
         verbose=0,
-        callbacks=[Progress("begin"), ckpt, Progress("committed")],
+        callbacks=[Progress(), ckpt, Committed()],
     )
     say("done")
 

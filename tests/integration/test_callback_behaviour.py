@@ -31,7 +31,6 @@ import pytest  # noqa: E402
 import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import DirectoryLocked, NoValidCheckpoint  # noqa: E402
 from candle_ckpt.core.keep import KeepExponential  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -62,8 +61,7 @@ def _params(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def _new_run() -> None:
-    """Forget this process's writer locks and restart() record, as a new process would."""
-    engine._RESUMED.clear()
+    """A new run of the job (the lock is the store's, restart()'s record travels on the model): nothing to forget."""
 
 
 def _fit(model: keras.Model, epochs: int, callbacks: list, initial_epoch: int = 0) -> keras.callbacks.History:
@@ -197,7 +195,8 @@ def test_checkpoint_files_load_with_stock_keras(tmp_path):
     trained = job.build_model()
     _fit(trained, 3, [candle.CandleCheckpointCallback(params, verbose=False)])
     last = _ckpts(params) / "last"
-    assert sorted(p.name for p in last.iterdir()) == ["ckpt-info.json", "model.keras"]  # the state written once
+    names = sorted(p.name for p in last.iterdir())
+    assert names == ["ckpt-info.json", "model.keras", "train.state.npz"]  # the model state written once (+ issue 11)
 
     fresh = job.build_model(seed=99)
     with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):  # the trap, see above
@@ -217,7 +216,7 @@ def test_weights_only_writes_no_keras_archive(tmp_path):
     _fit(job.build_model(), 3, [candle.CandleCheckpointCallback(params, verbose=False)])
     for epoch in (1, 2, 3):
         names = sorted(p.name for p in (_ckpts(params) / "epochs" / f"{epoch:03d}").iterdir())
-        assert names == ["ckpt-info.json", "model.weights.h5"]
+        assert names == ["ckpt-info.json", "model.weights.h5", "train.state.npz"]
 
 
 # -- save policy -------------------------------------------------------------------------------
@@ -310,7 +309,7 @@ def test_every_sidecar_has_candle_keys_sizes_and_crcs(tmp_path):
         assert set(side["logs"]) == {"loss"} and isinstance(side["logs"]["loss"], float)
         assert side["save_duration_s"] > 0 and side["save_mb_per_s"] > 0
         assert time.strptime(side["timestamp"], "%Y-%m-%dT%H:%M:%S%z")
-        assert sorted(side["files"]) == ["model.keras"]
+        assert sorted(side["files"]) == ["model.keras", "train.state.npz"]
         for name, entry in side["files"].items():
             data = (directory / name).read_bytes()
             assert entry == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
@@ -458,7 +457,7 @@ def test_values_given_as_strings_work(tmp_path):
     _new_run()
     found = candle.restart(dict(params, ckpt_restart_mode="required", ckpt_restart_epoch="6"), job.build_model())
     assert found["epoch"] == 6
-    assert sorted(found["files"]) == ["model.weights.h5"]
+    assert sorted(found["files"]) == ["model.weights.h5", "train.state.npz"]
 
 
 # -- the directory -----------------------------------------------------------------------------

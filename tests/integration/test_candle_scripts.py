@@ -82,13 +82,7 @@ def reference(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "generation",
-    [
-        pytest.param(
-            "master",
-            marks=pytest.mark.xfail(strict=True, reason="needs issue 11 restart-before-compile"),
-        ),
-        "develop",
-    ],
+    ["master", "develop"],
 )
 def test_killed_and_rerun_unchanged_is_bit_identical(tmp_path: Path, reference: Path, generation: str) -> None:
     """SIGKILL mid-run, then the same script rerun unchanged: it resumes after epoch 2 or 3 and its final weights

@@ -26,7 +26,6 @@ import pytest
 
 import candle_ckpt as candle
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.engine import engine
 from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.faultfs import FaultFS  # noqa: E402
 
@@ -61,7 +60,6 @@ def fit(model, data, params: dict, *, initial_epoch: int = 0, fs: LocalFS | None
 
 def end_run(directory: str | os.PathLike[str]) -> None:
     """Forget this process's writer lock and restart() state, as if the job's process had exited."""
-    engine._RESUMED.clear()
 
 
 def batched(data: tuple[np.ndarray, np.ndarray]):
@@ -294,7 +292,6 @@ def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
         if expect_resume not in weights_checked:  # bit-for-bit once per outcome (restart() is tested above)
             assert state_bytes(probe) == stock_state(epoch_file(d, expect_resume), stock), where
             weights_checked.add(expect_resume)
-        engine._RESUMED.clear()
         shutil.rmtree(d.parent)
 
 
@@ -503,7 +500,6 @@ def test_copied_and_moved_directories_restart_from_their_own_copy(trained, tmp_p
     moved = tmp_path / "moved" / "save"
     moved.parent.mkdir()
     os.rename(copied, moved)
-    engine._RESUMED.clear()
     model = make_model(seed=11)
     run_params = params(moved.parent, epochs=N + 1)
     J = candle.restart(run_params, model, logger=None)
@@ -549,7 +545,6 @@ def test_rollback_lineage_replaces_epochs_only_when_the_new_ones_are_complete(si
     assert tree_bytes(epoch_file(d, 6).parent) == old[6]
     assert os.readlink(d / "ckpts" / "last") == "epochs/005"
     assert debris(d) == []
-    engine._RESUMED.clear()
     probe = make_model(seed=4)
     assert candle.restart(params(tmp_path), probe, logger=None)["epoch"] == 5
     assert state_bytes(probe) == stock_state(epoch_file(d, 5), make_model)

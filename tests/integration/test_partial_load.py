@@ -12,14 +12,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Release writer locks and forget restart() state after each test."""
     yield
-    engine._RESUMED.clear()
 
 
 def build(seed: int, enc_width: int = 16) -> keras.Model:

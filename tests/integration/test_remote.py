@@ -23,7 +23,6 @@ import runner_loops as RL  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core.errors import CheckpointUploadError  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
 
@@ -31,7 +30,6 @@ from candle_ckpt.storage import store  # noqa: E402
 def _fresh_process_state():
     """Each test is a new "job": release writer locks and forget restart() state afterwards."""
     yield
-    engine._RESUMED.clear()
 
 
 def _free_port() -> int:

@@ -18,7 +18,6 @@ import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
 
 from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("runner_loops.py")
@@ -28,12 +27,10 @@ JOB = Path(__file__).with_name("runner_loops.py")
 def _fresh_process_state():
     """Each test is a new "job": release writer locks and forget restart() state afterwards."""
     yield
-    engine._RESUMED.clear()
 
 
 def new_job(directory: str) -> None:
     """End this process's "run" on ``directory`` so the next runner acts as a restarted job."""
-    engine._RESUMED.clear()
 
 
 def assert_same(a: dict, b: dict) -> None:

@@ -24,7 +24,6 @@ import candle_ckpt.tf_keras.adapter as ck_tfk  # noqa: E402
 from candle_ckpt.adapters import WorkerTrainingState  # noqa: E402
 from candle_ckpt.core.errors import CheckpointError  # noqa: E402
 from candle_ckpt.core.fs import LocalFS  # noqa: E402
-from candle_ckpt.engine import engine  # noqa: E402
 from candle_ckpt.keras import callback as keras3_callback  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
@@ -34,7 +33,6 @@ pytestmark = pytest.mark.tf_only  # tf.distribute multi-worker training and tf_k
 # conftest's autouse fixture makes each test start like a new process (no lock, no restart() record).
 def _forget_run() -> None:
     """The same, in the middle of a test: the next object is a new run of the job."""
-    engine._RESUMED.clear()
 
 
 def _params(tmp_path: Path, epochs: int = 4) -> dict[str, Any]:

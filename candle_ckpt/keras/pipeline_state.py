@@ -1,0 +1,199 @@
+"""The position of ``fit``'s training input, saved and restored.
+
+What each kind of input needs to continue exactly where the uninterrupted
+run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
+``tests/integration/test_exact_resume.py`` keep each finding):
+
+* **tf.data, a new iterator per epoch** (no ``steps_per_epoch``): a
+  ``shuffle(..., seed=s, reshuffle_each_iteration=True)`` draws each
+  iterator's order from a seed generator owned by the dataset object, one
+  draw per ``iter()``. A fresh process has a fresh generator, so its first
+  epoch would replay epoch 1's order. We count the iterators ``fit`` made
+  and, on resume, make (and drop) as many before the first epoch.
+* **tf.data with ``steps_per_epoch``** (e.g. ``.repeat()``): Keras keeps one
+  iterator across epochs. Its state (position, shuffle buffer, seeds) is
+  saved with ``tf.train.Checkpoint(iterator=...)`` and loaded into the
+  resumed run's iterator.
+* **keras.utils.PyDataset**: one with ``get_state()`` / ``set_state()`` gets
+  its state back. One without them that overrides ``on_epoch_end`` has that
+  call replayed with the global RNG states it drew from in the uninterrupted
+  run: exact when ``on_epoch_end`` draws a fresh order from a global RNG
+  (``self.index = np.random.permutation(n)``), which a warning says once.
+* **A Python generator**: its position cannot be saved; one warning says so.
+* **NumPy arrays**: Keras's own shuffle resumes exactly; nothing to save.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from candle_ckpt.keras import rng_state
+from candle_ckpt.keras.callback_state import has_protocol
+
+_ITER_PREFIX = "pipe.iterator."
+
+
+def _kind(adapter: Any) -> str:
+    name = type(adapter).__name__
+    return {
+        "TFDatasetAdapter": "tf.data",
+        "PyDatasetAdapter": "pydataset",
+        "GeneratorDataAdapter": "generator",
+        "ArrayDataAdapter": "arrays",
+    }.get(name, name)
+
+
+def _iterator_bytes(iterator: Any) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="candle-ckpt-it-") as tmp:
+        tf.train.Checkpoint(iterator=iterator).write(os.path.join(tmp, "it"))
+        return {
+            _ITER_PREFIX + os.path.basename(p): np.frombuffer(open(p, "rb").read(), np.uint8)  # noqa: SIM115
+            for p in glob.glob(os.path.join(tmp, "it*"))
+        }
+
+
+def _load_iterator(iterator: Any, arrays: dict[str, np.ndarray]) -> None:
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="candle-ckpt-it-") as tmp:
+        for key, data in arrays.items():
+            if key.startswith(_ITER_PREFIX):
+                with open(os.path.join(tmp, key[len(_ITER_PREFIX) :]), "wb") as f:
+                    f.write(np.asarray(data, np.uint8).tobytes())
+        tf.train.Checkpoint(iterator=iterator).read(os.path.join(tmp, "it")).assert_consumed()
+
+
+class Pipeline:
+    """The training input of one ``fit``, as Keras's epoch iterator holds it.
+
+    Args:
+        epoch_iterator: The ``fit``'s epoch iterator (see :mod:`candle_ckpt.keras.fit_hooks`).
+        warn: Logs a warning (once per message is up to the caller).
+    """
+
+    def __init__(self, epoch_iterator: Any, warn: Callable[[str], None]) -> None:
+        self.it = epoch_iterator
+        self.adapter = epoch_iterator.data_adapter
+        self.kind = _kind(self.adapter)
+        self.warn = warn
+        self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
+        self.rng_before: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+        if self.kind == "tf.data":
+            make = epoch_iterator._get_iterator
+
+            def counted() -> Any:
+                self.iterators += 1
+                return make()
+
+            epoch_iterator._get_iterator = counted
+        elif self.kind == "pydataset":
+            end = self.adapter.on_epoch_end
+
+            def on_epoch_end() -> None:
+                self.rng_before = rng_state.capture()  # what the dataset's on_epoch_end will draw from
+                end()
+
+            self.adapter.on_epoch_end = on_epoch_end
+        elif self.kind not in ("arrays", "generator"):
+            warn(
+                f"the training input ({type(self.adapter).__name__}) is not one whose position candle_ckpt can "
+                "save; a resumed run starts it afresh and may not be bit-identical"
+            )
+        if self.kind == "generator":
+            warn(
+                "the training input (fit's x) is a Python generator: its "
+                "position cannot be saved, so a resumed run restarts it and will not be bit-identical to an "
+                "uninterrupted one; use a tf.data pipeline or a keras.utils.PyDataset (with get_state()/set_state() "
+                "if it keeps state) for an exact resume"
+            )
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.adapter, "py_dataset", None)
+
+    def capture(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Return (document, arrays) with what a resumed run needs to continue this input."""
+        doc: dict[str, Any] = {"kind": self.kind}
+        arrays: dict[str, np.ndarray] = {}
+        if self.kind == "tf.data":
+            doc["iterators"] = self.iterators
+            current = getattr(self.it, "_current_iterator", None)
+            if self.it.steps_per_epoch and current is not None:
+                try:
+                    arrays.update(_iterator_bytes(current))
+                    doc["steps_seen"] = int(self.it._steps_seen)
+                except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
+                    self.warn(
+                        f"the position of the tf.data iterator cannot be saved ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200]}); a resumed run starts the dataset from its beginning "
+                        "and will not be bit-identical"
+                    )
+        elif self.kind == "pydataset":
+            if has_protocol(self.dataset):
+                state = dict(self.dataset.get_state())
+                doc["state"] = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
+                arrays.update({f"pipe.state.{k}": v for k, v in state.items() if isinstance(v, np.ndarray)})
+            elif self.rng_before is not None:
+                doc["rng_before"], before = self.rng_before
+                arrays.update({f"pipe.before.{k}": v for k, v in before.items()})
+        return doc, arrays
+
+    def restore(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Before the first epoch of a resumed ``fit``: put the input where the saved run was."""
+        if doc.get("kind") != self.kind:
+            self.warn(f"restart: the checkpoint was saved with a {doc.get('kind')} input, this fit has {self.kind}")
+            return
+        if self.kind == "tf.data":
+            self._restore_tf_data(doc, arrays)
+        elif self.kind == "pydataset":
+            self._restore_pydataset(doc, arrays)
+
+    def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        dataset = self.it._get_iterator()
+        if "steps_seen" in doc:
+            current = iter(dataset)
+            try:
+                _load_iterator(current, arrays)
+            except Exception as err:  # another pipeline than the one saved
+                self.warn(
+                    f"restart: the saved tf.data iterator position does not fit this dataset ({type(err).__name__}); "
+                    "it starts from its beginning and the run will not be bit-identical"
+                )
+                return
+            self.it._current_iterator = current
+            self.it._steps_seen = doc["steps_seen"]
+            self.iterators = int(doc["iterators"])
+            return
+        for _ in range(int(doc["iterators"])):
+            iter(dataset)  # each draw advances a reshuffling dataset's seed generator
+        self.iterators = int(doc["iterators"])
+
+    def _restore_pydataset(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        ds = self.dataset
+        if "state" in doc and has_protocol(ds):
+            state = dict(doc["state"])
+            state.update({k[len("pipe.state.") :]: v for k, v in arrays.items() if k.startswith("pipe.state.")})
+            ds.set_state(state)
+        elif "rng_before" in doc and type(ds).on_epoch_end is not _base_on_epoch_end():
+            before = {k[len("pipe.before.") :]: v for k, v in arrays.items() if k.startswith("pipe.before.")}
+            rng_state.restore(doc["rng_before"], before)
+            ds.on_epoch_end()
+            self.warn(
+                f"restart: replayed {type(ds).__name__}.on_epoch_end() with the saved global RNG states; this is exact "
+                "only if it draws a fresh order from a global RNG (e.g. self.index = np.random.permutation(n)); a "
+                "dataset that keeps other state across epochs needs get_state()/set_state()"
+            )
+
+
+def _base_on_epoch_end() -> Any:
+    import keras
+
+    return keras.utils.PyDataset.on_epoch_end

@@ -1,0 +1,189 @@
+"""Check a checkpoint against a Keras 3 model before anything is assigned.
+
+A restore is all or nothing: every variable's shape, dtype and count is
+compared with the model first, and on any difference the model is left
+untouched and :class:`ModelMismatch` says, in a few lines, which checkpoint,
+which variables and what to do. Only then are values assigned.
+
+It also reads the optimizer state of a checkpoint on its own, for a model
+that has no optimizer yet (``restart()`` called before ``compile()``): that
+state is kept and applied once the optimizer exists (:func:`apply_optimizer_state`).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import keras
+import numpy as np
+
+from candle_ckpt.core.errors import ModelMismatch
+from candle_ckpt.keras.state import Entry, _BufferFile, build_optimizer, make_plan
+
+# How many differing variables an error names (the rest are counted).
+SHOWN = 3
+WHAT_TO_DO = (
+    "The model was not changed. Build the model this checkpoint was saved from, point ckpt_directory "
+    "at this model's own checkpoints, or set ckpt_restart_mode=off to start from scratch."
+)
+
+
+@dataclass(frozen=True)
+class Diff:
+    """One variable that differs between checkpoint and model."""
+
+    where: str
+    saved: str
+    model: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: saved {self.saved}, model {self.model}"
+
+
+def _shape(shape: Any) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _saved_vars(h5: h5py.File, path: str) -> dict[str, h5py.Dataset]:
+    group = h5.get(f"{path}/vars" if path else "vars")
+    return {} if group is None else {k: v for k, v in group.items() if isinstance(v, h5py.Dataset)}
+
+
+def _dtype(dataset: h5py.Dataset) -> str:
+    return str(dataset.attrs.get("dtype", keras.backend.standardize_dtype(dataset.dtype)))
+
+
+def compare_entries(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
+    """Compare a save plan with a ``.weights.h5``; return (differences, variables compared)."""
+    diffs: list[Diff] = []
+    count = 0
+    planned = set()
+    for entry in plan:
+        planned.add(entry.path)
+        saved = _saved_vars(h5, entry.path)
+        for key, var in entry.items:
+            count += 1
+            name = f"{entry.path}/vars/{key}" + (f" ({var.path})" if hasattr(var, "path") else "")
+            model = f"{_shape(var.shape)} {keras.backend.standardize_dtype(var.dtype)}"
+            if key not in saved:
+                diffs.append(Diff(name, "nothing", model))
+                continue
+            data = saved[key]
+            have = f"{_shape(data.shape)} {_dtype(data)}"
+            if have != model:
+                diffs.append(Diff(name, have, model))
+        for key in sorted(set(saved) - {k for k, _ in entry.items}):
+            diffs.append(Diff(f"{entry.path}/vars/{key}", _shape(saved[key].shape), "nothing"))
+    extra: list[str] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and "/vars/" in f"/{name}":
+            path = f"/{name}".rsplit("/vars/", 1)[0].lstrip("/")
+            if path not in planned:
+                extra.append(name)
+
+    h5.visititems(visit)
+    diffs.extend(Diff(name, _shape(h5[name].shape), "nothing") for name in extra)
+    return diffs, count
+
+
+def compare_extra(data: bytes | None, variables: list[Any]) -> list[Diff]:
+    """Compare ``model.extra.npz`` (random-layer seed states) with the model's such variables."""
+    if data is None:
+        return []
+    with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as npz:
+        paths = [str(p) for p in npz["paths"]]
+        shapes = [npz[f"v{i}"].shape for i in range(len(paths))]
+    if len(paths) != len(variables):
+        return [
+            Diff(
+                "random-layer seed states",
+                f"{len(paths)} ({', '.join(paths) or 'none'})",
+                f"{len(variables)} ({', '.join(v.path for v in variables) or 'none'})",
+            )
+        ]
+    return [
+        Diff(var.path, _shape(shape), _shape(var.shape))
+        for shape, var in zip(shapes, variables, strict=True)
+        if tuple(shape) != tuple(var.shape)
+    ]
+
+
+def mismatch_error(where: str, epoch: int, diffs: list[Diff], compared: int) -> ModelMismatch:
+    """A short error: checkpoint and epoch, the first differing variables, what to do."""
+    lines = [f"checkpoint {where} (epoch {epoch}) does not match the model: {len(diffs)} difference(s)"]
+    lines += [f"  {d}" for d in diffs[:SHOWN]]
+    if len(diffs) > SHOWN:
+        lines.append(f"  ... and {len(diffs) - SHOWN} more ({compared} variables compared)")
+    lines.append(WHAT_TO_DO)
+    return ModelMismatch("\n".join(lines))
+
+
+def check_model(model: keras.Model, weights: Any, extra: bytes | None, extra_vars: list[Any], where: str, epoch: int):
+    """Raise :class:`ModelMismatch` unless every variable of the checkpoint fits ``model``.
+
+    The optimizer is compared only if the model has one (its variables are
+    built first); otherwise the checkpoint's optimizer state is returned
+    for later (:func:`read_optimizer_state`).
+    """
+    has_optimizer = getattr(model, "optimizer", None) is not None
+    if has_optimizer:
+        build_optimizer(model)
+    plan = make_plan(model, optimizers=has_optimizer)
+    source = _BufferFile(weights)
+    try:
+        with h5py.File(source, "r") as h5:
+            diffs, compared = compare_entries(plan, h5) if has_optimizer else _layers_only(plan, h5)
+    finally:
+        source.close()
+    diffs += compare_extra(extra, extra_vars)
+    if diffs:
+        raise mismatch_error(where, epoch, diffs, compared)
+
+
+def _layers_only(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
+    """Compare without the optimizer groups (a model without an optimizer yet)."""
+    diffs, compared = compare_entries(plan, h5)
+    return [d for d in diffs if not d.where.startswith("optimizer")], compared
+
+
+def read_optimizer_state(weights: Any) -> list[np.ndarray] | None:
+    """The checkpoint's optimizer variables (``optimizer/vars/0..n-1``) as owned arrays, or None."""
+    source = _BufferFile(weights)
+    try:
+        with h5py.File(source, "r") as h5:
+            saved = _saved_vars(h5, "optimizer")
+            if not saved:
+                return None
+            return [np.array(saved[str(i)]) for i in range(len(saved))]
+    finally:
+        source.close()
+
+
+def apply_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    """Assign optimizer state read by :func:`read_optimizer_state`, all or nothing.
+
+    Raises:
+        ModelMismatch: the optimizer has another number or shape of variables.
+    """
+    build_optimizer(model)
+    variables = list(model.optimizer.variables)
+    diffs: list[Diff] = []
+    if len(variables) != len(arrays):
+        diffs.append(Diff("optimizer variables", str(len(arrays)), f"{len(variables)} (a different optimizer?)"))
+    else:
+        diffs = [
+            Diff(f"optimizer/vars/{i} ({var.path})", _shape(a.shape), _shape(var.shape))
+            for i, (a, var) in enumerate(zip(arrays, variables, strict=True))
+            if tuple(a.shape) != tuple(var.shape)
+        ]
+    if diffs:
+        lines = [f"the optimizer state restored from {where} does not fit the model's optimizer:"]
+        lines += [f"  {d}" for d in diffs[:SHOWN]]
+        lines.append("The optimizer was not changed. Compile with the optimizer the checkpoint was saved with.")
+        raise ModelMismatch("\n".join(lines))
+    for a, var in zip(arrays, variables, strict=True):
+        var.assign(a)

@@ -1,0 +1,101 @@
+"""The global random-number states a data pipeline may draw from, saved and restored.
+
+Like Hugging Face Accelerate's ``save_state``: Python's ``random``, NumPy's
+legacy global ``np.random``, TensorFlow's global generator and the op-seed
+counter of its eager context, and Keras's global ``SeedGenerator``. With them
+in the checkpoint, a ``PyDataset`` or generator that reshuffles with any of
+these continues with the numbers the uninterrupted run would have drawn.
+
+Two of them are private TensorFlow state (``tests/integration/test_exact_resume.py``
+has a tripwire for each): the global generator lives in
+``stateful_random_ops.global_generator`` (asking the public
+``tf.random.get_global_generator()`` would create one and change nothing else),
+and the op-seed counter is the ``random.Random`` that the eager context draws
+op seeds from after ``tf.random.set_seed``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+
+# The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
+# arrays go in the npz under these names.
+_NP_KEY = "rng.numpy.keys"
+_TF_KEY = "rng.tf_global.state"
+_KERAS_KEY = "rng.keras.state"
+
+
+def _tf_context() -> Any:
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def _tf_global_generator() -> Any:
+    from tensorflow.python.ops import stateful_random_ops
+
+    return getattr(stateful_random_ops, "global_generator", None)
+
+
+def _keras_global_generator() -> Any:
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
+def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Return (JSON-able document, arrays) of every global RNG state that exists now."""
+    version, internal, gauss = random.getstate()
+    doc: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    arrays: dict[str, np.ndarray] = {}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    doc["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
+    arrays[_NP_KEY] = np.array(keys, copy=True)
+    ctx = _tf_context()
+    rng = getattr(ctx, "_rng", None)
+    if isinstance(rng, random.Random):
+        v, s, g = rng.getstate()
+        doc["tf_op_seed"] = [v, list(s), g]
+    gen = _tf_global_generator()
+    if gen is not None:
+        doc["tf_global"] = {"algorithm": int(gen.algorithm)}
+        arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
+    kgen = _keras_global_generator()
+    if kgen is not None:
+        doc["keras"] = True
+        arrays[_KERAS_KEY] = np.array(kgen.state.numpy(), copy=True)
+    return doc, arrays
+
+
+def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
+    """Set every global RNG state saved by :func:`capture`; return the names of those set."""
+    done = []
+    if doc.get("keras") and _KERAS_KEY in arrays:
+        # Creating Keras's global generator draws from Python's random: do it first.
+        from keras.src.random import seed_generator
+
+        seed_generator.global_seed_generator().state.assign(arrays[_KERAS_KEY])
+        done.append("keras")
+    if "tf_global" in doc and _TF_KEY in arrays:
+        import tensorflow as tf
+
+        gen = tf.random.get_global_generator()
+        if int(gen.algorithm) == int(doc["tf_global"]["algorithm"]):
+            gen.reset(arrays[_TF_KEY])
+            done.append("tf_global")
+    if "tf_op_seed" in doc:
+        rng = getattr(_tf_context(), "_rng", None)
+        if isinstance(rng, random.Random):
+            v, s, g = doc["tf_op_seed"]
+            rng.setstate((v, tuple(s), g))
+            done.append("tf_op_seed")
+    version, internal, gauss = doc["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, pos, has_gauss, cached = doc["numpy"]
+    np.random.set_state((name, arrays[_NP_KEY], pos, has_gauss, cached))
+    done += ["python", "numpy"]
+    return done

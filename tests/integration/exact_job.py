@@ -1,0 +1,226 @@
+"""Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` in fresh processes.
+
+Like ``crash_job.py --serve``: the server imports TensorFlow once, then for
+every line ``SETUP PHASE DIR OUT [async]`` on stdin forks a child that runs
+one job and prints ``reaped <status>`` when it is gone. The server never runs
+a TensorFlow op, so each child starts from a clean runtime.
+
+A child seeds everything (``keras.utils.set_random_seed(1)``), builds the
+model and the input of ``SETUP``, calls ``restart()`` and ``fit`` to
+``EPOCHS`` with the checkpoint callback, and writes the final weights and
+optimizer variables to ``OUT`` (``.npz``). In PHASE ``kill`` it sends
+itself SIGKILL in the middle of epoch ``KILL_AT`` (after its second batch);
+``full`` and ``resume`` run to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
+
+
+def say(message: str) -> None:
+    """One progress line straight to fd 1 (nothing a kill could lose)."""
+    os.write(1, (message + "\n").encode())
+
+
+def data():
+    """64 seeded samples of 8 features, a target and sample weights."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, 8)).astype("float32")
+    y = (x @ rng.standard_normal((8, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
+    w = rng.uniform(0.5, 1.5, N).astype("float32")
+    return x, y, w
+
+
+def build_model():
+    """Dense 8 -> 16 -> Dropout -> 1, built (Input layer), not compiled."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.2, seed=3),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def compile_model(model) -> None:
+    import keras
+
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+
+
+def make_pydataset(x, y, protocol: bool):
+    """A PyDataset reshuffling with ``np.random``: a fresh permutation, or in place with get_state/set_state."""
+    import keras
+    import numpy as np
+
+    class Fresh(keras.utils.PyDataset):
+        def __init__(self) -> None:
+            super().__init__()
+            self.index = np.arange(N)
+
+        def __len__(self) -> int:
+            return N // BATCH
+
+        def __getitem__(self, i):
+            rows = self.index[i * BATCH : (i + 1) * BATCH]
+            return x[rows], y[rows]
+
+        def on_epoch_end(self) -> None:
+            self.index = np.random.permutation(N)
+
+    class InPlace(Fresh):
+        def on_epoch_end(self) -> None:
+            np.random.shuffle(self.index)  # depends on every earlier shuffle: needs its state saved
+
+        def get_state(self) -> dict:
+            return {"index": self.index.copy()}
+
+        def set_state(self, state: dict) -> None:
+            self.index = np.array(state["index"])
+
+    return InPlace() if protocol else Fresh()
+
+
+def tf_dataset(x, y, *, repeat: bool = False, augment: bool = False):
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=7, reshuffle_each_iteration=True)
+    if augment:  # a stateless, seeded augmentation in a parallel map
+
+        def jitter(i, xy):
+            a, b = xy
+            noise = tf.random.stateless_uniform(tf.shape(a), seed=tf.stack([i, tf.constant(5, tf.int64)]))
+            return a + 0.01 * noise, b
+
+        ds = ds.enumerate().map(jitter, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if repeat:
+        ds = ds.repeat()
+    return ds.batch(BATCH).prefetch(2)
+
+
+def fit_inputs(setup: str) -> dict:
+    """The ``fit`` keyword arguments of ``setup``'s input."""
+    x, y, w = data()
+    args = {"x": x, "y": y, "batch_size": BATCH, "shuffle": True}
+    if setup == "tfdata_reshuffle":
+        args = {"x": tf_dataset(x, y)}
+    elif setup == "tfdata_repeat":
+        args = {"x": tf_dataset(x, y, repeat=True), "steps_per_epoch": 3}
+    elif setup == "tfdata_map_parallel":
+        args = {"x": tf_dataset(x, y, augment=True)}
+    elif setup in ("pydataset_np", "pydataset_inplace"):
+        args = {"x": make_pydataset(x, y, protocol=setup == "pydataset_inplace")}
+    elif setup == "sample_weights":
+        args["sample_weight"] = w
+    elif setup == "validation_freq":
+        args.update(validation_data=(x[:16], y[:16]), validation_freq=2)
+    return args
+
+
+def other_callbacks(setup: str) -> tuple[list, list]:
+    """(callbacks before ours, callbacks after ours) of ``setup``."""
+    import keras
+
+    if setup == "reduce_lr_after":
+        return [], [keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=10.0)]
+    if setup == "reduce_lr_before":
+        return [keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=1, min_delta=10.0)], []
+    if setup == "early_stopping":
+        stop = keras.callbacks.EarlyStopping("loss", patience=3, min_delta=10.0, restore_best_weights=True)
+        return [stop], []
+    if setup == "lr_scheduler":
+        return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.7)], []
+    return [], []
+
+
+def params(directory: str, use_async: bool) -> dict:
+    return {
+        "epochs": EPOCHS,
+        "ckpt_directory": directory,
+        "ckpt_save_best_metric": "loss",
+        "ckpt_keep_limit": 2,
+        "ckpt_async": use_async,
+    }
+
+
+def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> None:
+    """Run one job of ``setup`` (see the module docstring)."""
+    import keras
+    import numpy as np
+
+    import candle_ckpt
+
+    keras.utils.set_random_seed(1)
+    model = build_model()
+    gp = params(directory, use_async)
+    ckpt = None
+    if setup == "callback_before_restart":  # candle_lib's CandleCkptKeras order
+        ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
+    if setup != "restart_before_compile":
+        compile_model(model)
+    found = candle_ckpt.restart(gp, model, logger=None)  # CANDLE master: before compile()
+    if setup == "restart_before_compile":
+        compile_model(model)
+    ckpt = ckpt or candle_ckpt.CandleCheckpointCallback(gp, logger=None)
+    start = found["epoch"] if found else 0
+    say(f"start {start}")
+    before, after = other_callbacks(setup)
+
+    class KillMidEpoch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            if phase == "kill" and self.epoch + 1 == KILL_AT and batch == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.epoch = epoch
+
+    callbacks = [KillMidEpoch(), *before, ckpt, *after]
+    history = model.fit(**fit_inputs(setup), epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks)
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(out, **arrays)
+    say(f"done {start} {len(history.epoch)}")
+
+
+def serve() -> None:
+    """Fork one job per stdin line ``SETUP PHASE DIR OUT [async]``; print ``reaped <status>``."""
+    import keras  # noqa: F401  (imported once, inherited by every child)
+
+    import candle_ckpt
+
+    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback  # resolve the lazy imports once
+    say("serving")
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) < 4:
+            break
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                run(words[0], words[1], words[2], words[3], "async" in words[4:])
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        say(f"reaped {status}")
+
+
+if __name__ == "__main__":
+    serve()
