@@ -17,15 +17,23 @@ op seeds from after ``tf.random.set_seed``.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import numpy as np
+
+from candle_ckpt.keras import backend_rng
 
 # The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
 # arrays go in the npz under these names.
 _NP_KEY = "rng.numpy.keys"
 _TF_KEY = "rng.tf_global.state"
 _KERAS_KEY = "rng.keras.state"
+
+
+def _tf_loaded() -> bool:
+    """True once TensorFlow is imported (the TF backend, tf.data): only then do its RNG states matter."""
+    return "tensorflow" in sys.modules
 
 
 def _tf_context() -> Any:
@@ -55,19 +63,21 @@ def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     doc["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
     arrays[_NP_KEY] = np.array(keys, copy=True)
-    ctx = _tf_context()
-    rng = getattr(ctx, "_rng", None)
-    if isinstance(rng, random.Random):
-        v, s, g = rng.getstate()
-        doc["tf_op_seed"] = [v, list(s), g]
-    gen = _tf_global_generator()
-    if gen is not None:
-        doc["tf_global"] = {"algorithm": int(gen.algorithm)}
-        arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
+    if _tf_loaded():  # TensorFlow's states exist only once it is imported (never on a JAX/torch job without it)
+        ctx = _tf_context()
+        rng = getattr(ctx, "_rng", None)
+        if isinstance(rng, random.Random):
+            v, s, g = rng.getstate()
+            doc["tf_op_seed"] = [v, list(s), g]
+        gen = _tf_global_generator()
+        if gen is not None:
+            doc["tf_global"] = {"algorithm": int(gen.algorithm)}
+            arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
     kgen = _keras_global_generator()
     if kgen is not None:
         doc["keras"] = True
         arrays[_KERAS_KEY] = np.array(kgen.state.numpy(), copy=True)
+    arrays.update(backend_rng.capture())  # torch's global generators (nothing on JAX / TensorFlow)
     return doc, arrays
 
 
@@ -80,14 +90,14 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
 
         seed_generator.global_seed_generator().state.assign(arrays[_KERAS_KEY])
         done.append("keras")
-    if "tf_global" in doc and _TF_KEY in arrays:
+    if "tf_global" in doc and _TF_KEY in arrays and _tf_loaded():
         import tensorflow as tf
 
         gen = tf.random.get_global_generator()
         if int(gen.algorithm) == int(doc["tf_global"]["algorithm"]):
             gen.reset(arrays[_TF_KEY])
             done.append("tf_global")
-    if "tf_op_seed" in doc:
+    if "tf_op_seed" in doc and _tf_loaded():
         rng = getattr(_tf_context(), "_rng", None)
         if isinstance(rng, random.Random):
             v, s, g = doc["tf_op_seed"]
@@ -98,4 +108,5 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
     name, pos, has_gauss, cached = doc["numpy"]
     np.random.set_state((name, arrays[_NP_KEY], pos, has_gauss, cached))
     done += ["python", "numpy"]
+    done += backend_rng.restore(arrays)
     return done

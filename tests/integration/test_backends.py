@@ -95,31 +95,12 @@ def test_public_api_works_under_jax_with_tensorflow_blocked(tmp_path: Path) -> N
     assert "NO-TF OK backend=jax" in out
 
 
-MISSING = {
-    "jax": "fit's shuffle=True draws from np.random, whose state the checkpoint does not hold yet "
-    "(candle_ckpt.keras.rng_state of issue 11 saves it; it must be restored at on_train_begin)",
-    "torch": "Keras's torch backend draws the unseeded Dropout mask and fit's shuffle from torch's global "
-    "generator; candle_ckpt.keras.backend_rng captures it but is not yet in the checkpoint (plug it into "
-    "issue 11's rng_state capture/restore)",
-}
-
-
-@pytest.mark.parametrize(
-    "backend", [pytest.param(b, marks=pytest.mark.xfail(strict=True, reason=MISSING[b])) for b in ("jax", "torch")]
-)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_kill9_resume_with_fit_defaults_is_bit_identical(backend: str, tmp_path: Path, reference) -> None:
     """SIGKILL mid-epoch, restart() in a new process: weights and optimizer equal an uninterrupted run's, bit for
     bit, with shuffle=True and an unseeded Dropout."""
     _need(backend)
     assert differing(reference(backend), kill_and_resume(backend, tmp_path)) == []
-
-
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_kill9_resume_is_bit_identical_once_global_rng_states_travel(backend: str, tmp_path: Path, reference) -> None:
-    """With NumPy's, Python's and backend_rng's states saved at each epoch end and restored at on_train_begin
-    (what the checkpoint will hold with issue 11), a killed and resumed run equals the uninterrupted one."""
-    _need(backend)
-    assert differing(reference(backend), kill_and_resume(backend, tmp_path, "--carry-rng")) == []
 
 
 def test_kill9_resume_unshuffled_on_jax_is_bit_identical_today(tmp_path: Path) -> None:
