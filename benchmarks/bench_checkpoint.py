@@ -72,6 +72,7 @@ from bench_lib import (  # noqa: E402
     run_fit,
     write_raw_h5,
 )
+from bench_retained import retained  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core import layout as L  # noqa: E402
@@ -147,6 +148,15 @@ def raw_write_time(model, workdir: str, reps: int) -> float:
     return median(times)
 
 
+def timed_median(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
 def restart_times(model, default_dir: str, weights_dir: str, reps: int) -> dict:
     """candle_ckpt restart (defaults, weights only) against stock load_weights, interleaved."""
     p_default = {**candle_params(default_dir, 1, False, False), "ckpt_restart_mode": "required"}
@@ -173,7 +183,7 @@ def probe_memory(name: str, state_mib: float, epochs: int, compute_s: float, dir
     callback minus the peak of the same fit without one."""
     model, x = build_model(state_mib)
     state_bytes = ModelState(model).snapshot(copy=False).nbytes
-    run_fit(model, x, epochs, compute_s)  # warm-up: first-time allocations of training itself
+    run_fit(model, x, 1, compute_s)  # warm-up: first-time allocations of training itself
     with PeakRss() as bare:
         run_fit(model, x, epochs, compute_s)
     cb, _ = make_contender(name, directory, epochs)
@@ -230,6 +240,14 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
             else:
                 shutil.rmtree(d, ignore_errors=True)
         restart_s = restart_times(model, kept[R.SYNC], kept["candle_ckpt sync, weights only"], args.reps)
+        ret = None
+        if args.retained:
+
+            def restart_time(d: str, m=model) -> float:
+                p = {**candle_params(d, 1, False, False), "ckpt_restart_mode": "required"}
+                return timed_median(lambda: restart(p, m, logger=None, verbose=False), args.reps)
+
+            ret = retained(model, x, workdir, kept[R.SYNC], [10, args.retained], 5, restart_time)
         for d in kept.values():
             shutil.rmtree(d, ignore_errors=True)
         layers = len(model.layers)
@@ -246,6 +264,7 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
             "contenders": rows,
             "restart": restart_s,
             "memory": memory(state_mib, workdir, compute_s) if with_memory else None,
+            "retained": ret,
         }
         out["targets"] = R.targets(out)
         return out
@@ -260,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the raw write and of each restart timing")
     p.add_argument("--compute-s", type=float, default=None, help="simulated compute per epoch (default 2x raw write)")
     p.add_argument("--memory-at", type=float, default=None, help="size to probe memory at (default: 768 if run)")
+    p.add_argument("--retained", type=int, default=0, help="also time save/restart with 10 and N retained (opt-in)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory probes (fresh processes; slow)")
     p.add_argument("--dir", default=None, help="where to write checkpoints (default: the system temp dir)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench-<UTC time>.json)")
@@ -274,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = tempfile.mkdtemp(prefix="bench-mem-", dir=args.dir)
         try:
             compute_s = 0.5 if args.compute_s is None else args.compute_s
-            print(json.dumps(probe_memory(args.probe_memory, args.sizes[0], 4, compute_s, workdir)))
+            print(json.dumps(probe_memory(args.probe_memory, args.sizes[0], 3, compute_s, workdir)))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return 0
