@@ -78,7 +78,6 @@ from bench_retained import retained  # noqa: E402
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core import layout as L  # noqa: E402
 from candle_ckpt.keras.state import ModelState  # noqa: E402
-from candle_ckpt.storage.store import release_lock  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HAVE_ORBAX = importlib.util.find_spec("orbax") is not None and importlib.util.find_spec("orbax.checkpoint") is not None
@@ -128,11 +127,6 @@ CONTENDERS = (
     R.ASYNC,
     "candle_ckpt async, weights only",
 )
-
-
-def close_candle(directory: str) -> None:
-    """Let a later callback in this process open the same directory (one writer lock per process)."""
-    release_lock(L.Layout.at(directory).lock)
 
 
 def raw_write_time(model, workdir: str, reps: int) -> float:
@@ -236,7 +230,7 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
             row["epoch_overhead_s"] = row["epoch_wall_s"] - baseline["epoch_wall_s"]
             rows[name] = row
             if name.startswith("candle_ckpt"):
-                close_candle(d)
+                cb.close()  # fit has released the writer lock already; this only makes sure
             if name in (R.SYNC, "candle_ckpt sync, weights only"):
                 kept[name] = d  # restart reads these
             else:
