@@ -26,8 +26,9 @@ same node right after the save):
 
 * **stall**: only the contender's ``on_epoch_end`` is timed, during a real
   ``fit``. Each epoch is one training step plus a simulated compute phase (a
-  sleep, ``--compute-s``; by default twice the raw write time) so that async
-  writes overlap with "compute" as in real training. ``on_train_end`` (the
+  sleep, ``--compute-s``; by default twice the raw write + fsync time at an
+  epoch end, the slower of its two measurements below) so that async writes
+  overlap with "compute" as in real training. ``on_train_end`` (the
   final join of an async writer) is reported separately.
 * **limits**, on the very arrays of the model state, timed at each epoch end
   of the same kind of fit: a host snapshot (a memcpy into preallocated
@@ -72,11 +73,11 @@ from bench_lib import (  # noqa: E402
     run_fit,
     write_raw_h5,
 )
+from bench_retained import retained  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core import layout as L  # noqa: E402
 from candle_ckpt.keras.state import ModelState  # noqa: E402
-from candle_ckpt.storage.store import release_lock  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HAVE_ORBAX = importlib.util.find_spec("orbax") is not None and importlib.util.find_spec("orbax.checkpoint") is not None
@@ -128,11 +129,6 @@ CONTENDERS = (
 )
 
 
-def close_candle(directory: str) -> None:
-    """Let a later callback in this process open the same directory (one writer lock per process)."""
-    release_lock(L.Layout.at(directory).lock)
-
-
 def raw_write_time(model, workdir: str, reps: int) -> float:
     """Median raw h5py write + fsync of the state, into one file deleted before each write."""
     arrays = ModelState(model).snapshot(copy=False).arrays()
@@ -144,6 +140,15 @@ def raw_write_time(model, workdir: str, reps: int) -> float:
         write_raw_h5(path, arrays)
         times.append(time.perf_counter() - start)
     os.unlink(path)
+    return median(times)
+
+
+def timed_median(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
     return median(times)
 
 
@@ -173,7 +178,7 @@ def probe_memory(name: str, state_mib: float, epochs: int, compute_s: float, dir
     callback minus the peak of the same fit without one."""
     model, x = build_model(state_mib)
     state_bytes = ModelState(model).snapshot(copy=False).nbytes
-    run_fit(model, x, epochs, compute_s)  # warm-up: first-time allocations of training itself
+    run_fit(model, x, 1, compute_s)  # warm-up: first-time allocations of training itself
     with PeakRss() as bare:
         run_fit(model, x, epochs, compute_s)
     cb, _ = make_contender(name, directory, epochs)
@@ -205,14 +210,15 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
         model, x = build_model(state_mib)
         state_bytes = ModelState(model).snapshot(copy=False).nbytes
         raw = raw_write_time(model, workdir, args.reps)
-        compute_s = args.compute_s if args.compute_s is not None else max(0.1, 2 * raw)
-        baseline = run_fit(model, x, args.epochs, compute_s)
         lim = {"raw_h5py_write_fsync_s": raw}
-        lim["snapshot_memcpy_in_fit_s"] = run_fit(model, x, args.epochs, compute_s, MemcpyAtEpochEnd())["stall_s"]
         raw_dir = os.path.join(workdir, "raw-in-fit")
-        lim["raw_h5py_write_fsync_in_fit_s"] = run_fit(model, x, args.epochs, compute_s, RawWriteAtEpochEnd(raw_dir))[
-            "stall_s"
-        ]
+        fit = run_fit(model, x, args.epochs, max(0.1, 2 * raw), RawWriteAtEpochEnd(raw_dir))
+        lim["raw_h5py_write_fsync_in_fit_s"] = fit["stall_s"]
+        # Twice the slower raw write: a writer as fast as bare h5py, writing into new
+        # blocks while training runs, has the time to finish before the next epoch end.
+        compute_s = args.compute_s if args.compute_s is not None else max(0.1, 2 * raw, 2 * fit["stall_s"])
+        baseline = run_fit(model, x, args.epochs, compute_s)
+        lim["snapshot_memcpy_in_fit_s"] = run_fit(model, x, args.epochs, compute_s, MemcpyAtEpochEnd())["stall_s"]
         shutil.rmtree(raw_dir)
         rows, kept = {}, {}
         for name in CONTENDERS:
@@ -224,12 +230,20 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
             row["epoch_overhead_s"] = row["epoch_wall_s"] - baseline["epoch_wall_s"]
             rows[name] = row
             if name.startswith("candle_ckpt"):
-                close_candle(d)
+                cb.close()  # fit has released the writer lock already; this only makes sure
             if name in (R.SYNC, "candle_ckpt sync, weights only"):
                 kept[name] = d  # restart reads these
             else:
                 shutil.rmtree(d, ignore_errors=True)
         restart_s = restart_times(model, kept[R.SYNC], kept["candle_ckpt sync, weights only"], args.reps)
+        ret = None
+        if args.retained:
+
+            def restart_time(d: str, m=model) -> float:
+                p = {**candle_params(d, 1, False, False), "ckpt_restart_mode": "required"}
+                return timed_median(lambda: restart(p, m, logger=None, verbose=False), args.reps)
+
+            ret = retained(model, x, workdir, kept[R.SYNC], [10, args.retained], 5, restart_time)
         for d in kept.values():
             shutil.rmtree(d, ignore_errors=True)
         layers = len(model.layers)
@@ -246,6 +260,7 @@ def run_size(args: argparse.Namespace, state_mib: float, with_memory: bool) -> d
             "contenders": rows,
             "restart": restart_s,
             "memory": memory(state_mib, workdir, compute_s) if with_memory else None,
+            "retained": ret,
         }
         out["targets"] = R.targets(out)
         return out
@@ -260,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the raw write and of each restart timing")
     p.add_argument("--compute-s", type=float, default=None, help="simulated compute per epoch (default 2x raw write)")
     p.add_argument("--memory-at", type=float, default=None, help="size to probe memory at (default: 768 if run)")
+    p.add_argument("--retained", type=int, default=0, help="also time save/restart with 10 and N retained (opt-in)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory probes (fresh processes; slow)")
     p.add_argument("--dir", default=None, help="where to write checkpoints (default: the system temp dir)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench-<UTC time>.json)")
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = tempfile.mkdtemp(prefix="bench-mem-", dir=args.dir)
         try:
             compute_s = 0.5 if args.compute_s is None else args.compute_s
-            print(json.dumps(probe_memory(args.probe_memory, args.sizes[0], 4, compute_s, workdir)))
+            print(json.dumps(probe_memory(args.probe_memory, args.sizes[0], 3, compute_s, workdir)))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return 0

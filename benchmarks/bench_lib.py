@@ -49,44 +49,33 @@ def build_model(state_mib: float) -> tuple[keras.Model, np.ndarray]:
     return model, x
 
 
-class Timed(keras.callbacks.Callback):
-    """Forwards every hook to ``inner`` and times its ``on_epoch_end`` and ``on_train_end``."""
+class Timed:
+    """Times a contender's ``on_epoch_end`` and ``on_train_end`` in place.
+
+    The two hooks are replaced on the instance by timed ones and the contender
+    itself is given to ``fit``: a wrapper callback forwarding every hook would
+    put its own frame between ``fit`` and the contender's ``on_train_begin``
+    (candle_ckpt's fit guard takes the frame above that hook for ``fit``).
+    """
 
     def __init__(self, inner: keras.callbacks.Callback) -> None:
-        super().__init__()
         self.inner = inner
         self.epoch_end_s: list[float] = []
         self.train_end_s = 0.0
+        epoch_end, train_end = inner.on_epoch_end, inner.on_train_end
 
-    def set_model(self, model) -> None:
-        super().set_model(model)
-        self.inner.set_model(model)
+        def on_epoch_end(epoch, logs=None) -> None:
+            start = time.perf_counter()
+            epoch_end(epoch, logs)
+            self.epoch_end_s.append(time.perf_counter() - start)
 
-    def set_params(self, params) -> None:
-        super().set_params(params)
-        self.inner.set_params(params)
+        def on_train_end(logs=None) -> None:
+            start = time.perf_counter()
+            train_end(logs)
+            self.train_end_s = time.perf_counter() - start
 
-    def on_train_begin(self, logs=None) -> None:
-        self.inner.on_train_begin(logs)
-
-    def on_epoch_begin(self, epoch, logs=None) -> None:
-        self.inner.on_epoch_begin(epoch, logs)
-
-    def on_train_batch_begin(self, batch, logs=None) -> None:
-        self.inner.on_train_batch_begin(batch, logs)
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        self.inner.on_train_batch_end(batch, logs)
-
-    def on_epoch_end(self, epoch, logs=None) -> None:
-        start = time.perf_counter()
-        self.inner.on_epoch_end(epoch, logs)
-        self.epoch_end_s.append(time.perf_counter() - start)
-
-    def on_train_end(self, logs=None) -> None:
-        start = time.perf_counter()
-        self.inner.on_train_end(logs)
-        self.train_end_s = time.perf_counter() - start
+        inner.on_epoch_end = on_epoch_end
+        inner.on_train_end = on_train_end
 
 
 class Compute(keras.callbacks.Callback):
@@ -152,7 +141,7 @@ def run_fit(model, x, epochs: int, compute_s: float, contender=None, initial_epo
     """One ``fit`` with the simulated compute phase; the contender's hooks are timed."""
     clock = Compute(compute_s)
     timed = Timed(contender) if contender is not None else None
-    callbacks = [clock] + ([timed] if timed else [])
+    callbacks = [clock] + ([contender] if contender is not None else [])
     model.fit(
         x,
         x,

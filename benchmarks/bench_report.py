@@ -93,6 +93,12 @@ def report(result: dict[str, Any]) -> str:
                 x = v["peak_extra_bytes"] / v["state_bytes"]
                 lines.append(f"  {name:42} {v['peak_extra_bytes'] / 2**20:9.1f} MiB  {x:5.2f}x state")
     for k in keys:
+        ret = sizes[k].get("retained")
+        if ret:
+            lines += ["", f"retained checkpoints at {sizes[k]['state_mib']:.0f} MiB: save ms, restart ms, open ms"]
+            for count, v in ret.items():
+                lines.append(f"  {count:>6} {_ms(v['save_stall_s'])} {_ms(v['restart_s'])} {_ms(v['open_s'])}")
+    for k in keys:
         lines += ["", f"targets at {sizes[k]['state_mib']:.0f} MiB:"]
         for t in sizes[k]["targets"]:
             verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
