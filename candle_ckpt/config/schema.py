@@ -165,8 +165,9 @@ _SPECS: tuple[_Spec, ...] = (
         kind="bool",
         default=False,
         help=(
-            "Write only model.weights.h5 (weights and optimizer state, what restart() loads); "
-            "False also writes a full model.keras for keras.models.load_model."
+            "True: write model.weights.h5 (weights and optimizer state, what restart() loads). "
+            "False: write the state once, as model.keras (the full model, loadable with "
+            "keras.models.load_model), which restart() reads in place."
         ),
         allowed="boolean",
     ),
