@@ -324,14 +324,18 @@ def test_a_writer_that_cannot_keep_up_is_reported_once(tmp_path):
     log = Path(L.Layout.at(str(tmp_path)).log).read_text()
     slow = [line for line in log.splitlines() if "training waited" in line]
     assert len(slow) == 1, log
+    size = r"([\d.]+) (B|kB|MB|GB)"  # human_bytes picks the unit
     found = re.search(
         r"WARNING epoch (\d): training waited ([\d.]+) s for the checkpoint write of epoch (\d), which was still "
-        r"running: it wrote ([\d.]+) kB in ([\d.]+) s \([\d.]+ kB/s\), and keeping up with one save every "
-        r"([\d.]+) s of training needs ([\d.]+) kB/s\.",
+        rf"running: it wrote {size} in ([\d.]+) s \([\d.]+ (?:B|kB|MB|GB)/s\), and keeping up with one save every "
+        rf"([\d.]+) s of training needs {size}/s\.",
         slow[0],
     )
     assert found, slow[0]
-    epoch, waited, written, kb, took, every, needed = (float(g) for g in found.groups())
+    scale = {"B": 1e-3, "kB": 1.0, "MB": 1e3, "GB": 1e6}
+    g = found.groups()
+    epoch, waited, written = float(g[0]), float(g[1]), float(g[2])
+    kb, took, every, needed = float(g[3]) * scale[g[4]], float(g[5]), float(g[6]), float(g[7]) * scale[g[8]]
     assert written == epoch - 1 and waited > 0 and took >= 0.6  # the write took at least the injected sleep
     assert abs(took - (every + waited)) < 0.02
     # `every` is printed to 0.01 s, so the speed it implies is only known within that rounding.
