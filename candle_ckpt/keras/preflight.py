@@ -56,6 +56,24 @@ def _dtype(dataset: h5py.Dataset) -> str:
     return str(dataset.attrs.get("dtype", keras.backend.standardize_dtype(dataset.dtype)))
 
 
+def _dtype_fits(data: h5py.Dataset, model_dtype: str) -> bool:
+    """The saved values load into the model's dtype unchanged: the same dtype, or integers of another width
+    whose values fit (a step counter is int32 under JAX and int64 under TensorFlow; checkpoints cross backends)."""
+    saved = _dtype(data)
+    if saved == model_dtype:
+        return True
+    try:
+        if not (np.issubdtype(np.dtype(saved), np.integer) and np.issubdtype(np.dtype(model_dtype), np.integer)):
+            return False
+    except TypeError:  # a dtype NumPy does not know (bfloat16): only the same dtype fits
+        return False
+    if data.size > 1024:  # counters, not tensors: a large integer array of another width is a different model
+        return False
+    values = np.asarray(data[()])
+    info = np.iinfo(np.dtype(model_dtype))
+    return values.size == 0 or (int(values.min()) >= info.min and int(values.max()) <= info.max)
+
+
 def compare_entries(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
     """Compare a save plan with a ``.weights.h5``; return (differences, variables compared)."""
     diffs: list[Diff] = []
@@ -73,7 +91,9 @@ def compare_entries(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
                 continue
             data = saved[key]
             have = f"{_shape(data.shape)} {_dtype(data)}"
-            if have != model:
+            if _shape(data.shape) != _shape(var.shape) or not _dtype_fits(
+                data, keras.backend.standardize_dtype(var.dtype)
+            ):
                 diffs.append(Diff(name, have, model))
         for key in sorted(set(saved) - {k for k, _ in entry.items}):
             diffs.append(Diff(f"{entry.path}/vars/{key}", _shape(saved[key].shape), "nothing"))

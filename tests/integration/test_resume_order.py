@@ -339,3 +339,20 @@ def test_model_checkpoint_best_continues_after_a_resume(tmp_path):
 
     _train(params, model, epochs=3, initial_epoch=found["epoch"], extra=[second, Peek()])
     assert seen["best"] == first.best
+
+
+def test_integer_counters_of_another_width_fit_but_other_dtypes_do_not(tmp_path) -> None:
+    """A step counter saved as int32 (JAX) loads into int64 (TensorFlow) and back when its value fits;
+    a float of another width, or an integer that does not fit, is a mismatch."""
+    import h5py
+
+    from candle_ckpt.keras.preflight import _dtype_fits
+
+    with h5py.File(tmp_path / "d.h5", "w") as h5:
+        h5["small"] = np.array(7, dtype="int32")
+        h5["big"] = np.array(2**40, dtype="int64")
+        h5["half"] = np.zeros(3, dtype="float16")
+        assert _dtype_fits(h5["small"], "int64") and _dtype_fits(h5["small"], "int32")
+        assert not _dtype_fits(h5["big"], "int32")
+        assert _dtype_fits(h5["big"], "int64")
+        assert not _dtype_fits(h5["half"], "float32")
