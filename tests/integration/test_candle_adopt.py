@@ -65,7 +65,7 @@ def test_master_checkpoints_adopted_before_compile_and_next_save_beside(tmp_path
     assert sorted(os.listdir(epochs)) == ["001", "002", "003", "004", "005"]
     for n in ("001", "002", "003"):
         assert sorted(os.listdir(epochs / n)) == ["ckpt-info.json", "model.h5"]
-    assert sorted(os.listdir(epochs / "005")) == ["ckpt-info.json", "model.keras"]  # our format, beside CANDLE's
+    assert sorted(os.listdir(epochs / "005")) == ["ckpt-info.json", "model.keras", "train.state.npz"]  # ours, beside
     assert read_link(str(root / "ckpts" / "last")) == "epochs/005"
     reference = compile_model(build_model())
     reference.fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0)
