@@ -244,6 +244,7 @@ def _op_index(ops: list[tuple[str, str]], op: str, tail: str) -> int:
     return hits[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
 def test_fault_at_every_commit_step_keeps_earlier_checkpoints(
     on_error, trained, save_ops, tmp_path, make_model, data, params
@@ -382,6 +383,7 @@ class JobServer:
             self.proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_kill_9_at_many_moments_resumes_from_a_committed_epoch(tmp_path, params):
     """SIGKILL of a training job at 14 moments (some mid-save) never leaves restart() a partial or older checkpoint."""
     job = _load_crash_job()

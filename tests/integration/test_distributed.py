@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.tf_only  # tf.distribute multi-worker training
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]  # tf.distribute multi-worker training: real clusters
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -108,6 +108,7 @@ def _sidecar(directory: Path, name: str) -> dict:
     return json.loads((directory / "ckpts" / name / "ckpt-info.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("setup", "use_async"), CASES, ids=[f"{s}{'-async' if a else ''}" for s, a in CASES])
 def test_killed_and_resumed_run_is_bit_identical(server, tmp_path, setup, use_async):
     """Uninterrupted vs killed mid-epoch 3 and resumed: same final weights and optimizer variables,
