@@ -21,13 +21,20 @@ from types import FrameType
 _CALLBACK_LIST_FILES = ("callback_list.py", "callbacks.py")
 
 
+def _is_callback(obj: object) -> bool:
+    """Duck-typed: a callback or a callback list (it has the hooks and ``set_model``); a model has not."""
+    return callable(getattr(obj, "on_train_begin", None)) and callable(getattr(obj, "set_model", None))
+
+
 def _fit_frame(start: FrameType | None, owner: object = None) -> FrameType | None:
-    """The first frame at or above ``start`` that is neither a framework's callback dispatcher
-    nor a method of ``owner`` (a subclass's hook calling ``super()`` is still the callback)."""
+    """The first frame at or above ``start`` that is not part of the callback machinery: a framework's
+    callback dispatcher, a method of ``owner`` (a subclass's hook calling ``super()``), or any other
+    callback's method (a user's callback that forwards its hooks to ours)."""
     frame = start
     while frame is not None and (
         os.path.basename(frame.f_code.co_filename) in _CALLBACK_LIST_FILES
         or (owner is not None and frame.f_locals.get("self") is owner)
+        or _is_callback(frame.f_locals.get("self"))
     ):
         frame = frame.f_back
     return frame

@@ -179,3 +179,31 @@ def test_a_subclass_whose_hook_calls_super_holds_the_lock_for_the_whole_fit(tmp_
     assert probe.free_during_fit == [False] * 3
     assert CheckpointStore(d).epochs() == [1, 2, 3]
     assert lock_is_free(d)
+
+
+def test_a_callback_that_forwards_its_hooks_to_ours_keeps_the_lock_for_the_whole_fit(tmp_path: Path) -> None:
+    """A user's wrapper callback that calls our hooks (instead of listing ours in fit) saves every epoch."""
+
+    class Forwarding(keras.callbacks.Callback):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def set_model(self, model) -> None:
+            super().set_model(model)
+            self.inner.set_model(model)
+
+        def on_train_begin(self, logs=None) -> None:
+            self.inner.on_train_begin(logs)
+
+        def on_epoch_end(self, epoch, logs=None) -> None:
+            self.inner.on_epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None) -> None:
+            self.inner.on_train_end(logs)
+
+    params = make_params(tmp_path, epochs=3)
+    d = params["ckpt_directory"]
+    fit(build_model(), Forwarding(candle.CandleCheckpointCallback(params, logger=None)), 3)
+    assert CheckpointStore(d).epochs() == [1, 2, 3]
+    assert lock_is_free(d)
