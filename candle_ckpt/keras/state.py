@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -476,13 +475,3 @@ def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
 
 def backend_name() -> str:
     return keras.backend.backend()
-
-
-def describe_plan(plan: list[Entry]) -> str:
-    """A JSON summary (paths, shapes, dtypes) used by the format test."""
-    return json.dumps(
-        [
-            [e.path, e.metadata, [[k, list(getattr(v, "shape", ())), str(getattr(v, "dtype", ""))] for k, v in e.items]]
-            for e in plan
-        ]
-    )

@@ -14,12 +14,6 @@ import pytest  # noqa: E402
 from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    """Release writer locks and forget restart() state after each test."""
-    yield
-
-
 def build(seed: int, enc_width: int = 16) -> keras.Model:
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(

@@ -26,12 +26,6 @@ from candle_ckpt.core.errors import CheckpointUploadError  # noqa: E402
 from candle_ckpt.storage import store  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    """Each test is a new "job": release writer locks and forget restart() state afterwards."""
-    yield
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

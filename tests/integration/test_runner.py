@@ -23,16 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("runner_loops.py")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    """Each test is a new "job": release writer locks and forget restart() state afterwards."""
-    yield
-
-
-def new_job(directory: str) -> None:
-    """End this process's "run" on ``directory`` so the next runner acts as a restarted job."""
-
-
 def assert_same(a: dict, b: dict) -> None:
     assert sorted(a) == sorted(b)
     different = [k for k in a if not np.array_equal(a[k], b[k])]
@@ -44,7 +34,6 @@ def test_resumed_gan_loop_ends_bit_identical(tmp_path: Path) -> None:
     ref, _, ref_logs = RL.run(str(tmp_path / "ref"), 4)
     d = str(tmp_path / "run")
     RL.run(d, 2)
-    new_job(d)
     loop, runner, logs = RL.run(d, 4)
     assert runner.resumed_from == 2
     assert loop.init_calls == 0
@@ -116,9 +105,7 @@ def test_resume_exact_epoch_restores_loop_state(tmp_path: Path, how: str) -> Non
     d = str(tmp_path / "save")
     RL.run(d, 1)
     at1 = RL.GanLoop()
-    new_job(d)
     first, _, _ = RL.run(d, 3)
-    new_job(d)
     loop = RL.GanLoop(seed=5)  # different initial weights: everything must come from the checkpoint
     noise_before = loop.state["noise"]
     kwargs = {"resume_from_epoch": 1} if how == "argument" else {}
@@ -150,7 +137,6 @@ def test_resume_from_missing_epoch_raises(tmp_path: Path) -> None:
     """Asking for an epoch that was never saved raises NoValidCheckpoint naming it; nothing is trained."""
     d = str(tmp_path / "save")
     RL.run(d, 1)
-    new_job(d)
     loop = RL.GanLoop()
     runner = JobRunner(
         RL.params(d, 3), epoch_fn=loop.epoch, objects=loop.objects(), state=loop.state, resume_from_epoch=7, logger=None
@@ -168,7 +154,6 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[-20] ^= 0xFF
     path.write_bytes(bytes(raw))
-    new_job(str(d))
     _, runner, _ = RL.run(str(d), 3)
     assert runner.resumed_from == 2
     assert "CRC32" in (d / "ckpt.log").read_text()
@@ -178,7 +163,6 @@ def test_async_saves_and_stats(tmp_path: Path) -> None:
     """With ckpt_async every epoch is committed; stats and sidecars carry durations, MB/s and the load."""
     d = tmp_path / "save"
     RL.run(str(d), 2, ckpt_async=True)
-    new_job(str(d))
     _, runner, _ = RL.run(str(d), 3, ckpt_async=True)
     stats = runner.stats()
     assert stats["async"] is True
