@@ -8,8 +8,8 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.coerce import _describe, _is_none_like, _plain_text
-from candle_ckpt.config.schema import _BOOL_ALLOWED, _FALSE_STRINGS, _SPECS, _TRUE_STRINGS, _Spec
+from candle_ckpt.config.coerce import _describe, _is_none_like, bool_word
+from candle_ckpt.config.schema import _BOOL_ALLOWED, _SPECS, _Spec
 
 
 def str2bool(value: str | bool) -> bool:
@@ -28,12 +28,9 @@ def str2bool(value: str | bool) -> bool:
     """
     if isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        text = str.lower(str.strip(_plain_text(value)))
-        if text in _TRUE_STRINGS:
-            return True
-        if text in _FALSE_STRINGS:
-            return False
+    word = bool_word(value) if isinstance(value, str) else None
+    if word is not None:
+        return word
     raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {_describe(value)}")
 
 

@@ -76,16 +76,24 @@ def _check_range(spec: _Spec, key: str, number: float) -> None:
     raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {_describe(number)}")
 
 
+def bool_word(value: str) -> bool | None:
+    """``True``/``False`` for a boolean word (``yes``, ``off``, ``1`` ...), None for any other text."""
+    text = str.lower(str.strip(_plain_text(value)))
+    if text in _TRUE_STRINGS:
+        return True
+    if text in _FALSE_STRINGS:
+        return False
+    return None
+
+
 def _to_bool(spec: _Spec, key: str, value: object) -> bool:
     """Coerce a boolean parameter."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        text = str.lower(str.strip(_plain_text(value)))
-        if text in _TRUE_STRINGS:
-            return True
-        if text in _FALSE_STRINGS:
-            return False
+        word = bool_word(value)
+        if word is not None:
+            return word
         raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
