@@ -54,12 +54,9 @@ def measure(state_mib: int, epochs: int, compute_s: float) -> dict:
         snap.busy = False  # as after its write: the next snapshot reuses its buffers
     stalls: list[float] = []
 
-    class Timed(CandleCheckpointCallback):
-        def on_epoch_end(self, epoch, logs=None) -> None:
-            start = time.perf_counter()
-            super().on_epoch_end(epoch, logs)
-            stalls.append(time.perf_counter() - start)
-            time.sleep(compute_s)
+    class Compute(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            time.sleep(compute_s)  # the background write of the previous epoch overlaps this
 
     with tempfile.TemporaryDirectory() as d:
         params = {
@@ -69,7 +66,18 @@ def measure(state_mib: int, epochs: int, compute_s: float) -> dict:
             "ckpt_keep_limit": 2,
             "ckpt_save_best_metric": "loss",
         }
-        model.fit(x, x, epochs=epochs, verbose=0, callbacks=[Timed(params, logger=None, verbose=False)])
+        cb = CandleCheckpointCallback(params, logger=None, verbose=False)
+        save = cb.engine.save
+
+        def timed_save(*args, **kwargs):  # the stall: all the training thread spends on a save
+            start = time.perf_counter()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                stalls.append(time.perf_counter() - start)
+
+        cb.engine.save = timed_save
+        model.fit(x, x, epochs=epochs, verbose=0, callbacks=[Compute(), cb])
     mib = sum(a.nbytes for a in snap.arrays()) / 2**20
     return {
         "backend": keras.backend.backend(),

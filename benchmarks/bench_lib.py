@@ -76,6 +76,25 @@ class Timed:
 
         inner.on_epoch_end = on_epoch_end
         inner.on_train_end = on_train_end
+        # candle_ckpt takes its snapshot after every callback's on_epoch_end (issue 11), not inside its
+        # own on_epoch_end: time the engine's save itself, the whole stall on the training thread.
+        engine = getattr(inner, "engine", None)
+        if engine is not None and callable(getattr(engine, "save", None)):
+            save = engine.save
+
+            def timed_save(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return save(*args, **kwargs)
+                finally:
+                    self.epoch_end_s.append(time.perf_counter() - start)
+
+            engine.save = timed_save
+
+            def on_epoch_end(epoch, logs=None) -> None:  # the save is timed above
+                epoch_end(epoch, logs)
+
+            inner.on_epoch_end = on_epoch_end
 
 
 class Compute(keras.callbacks.Callback):
