@@ -1,7 +1,7 @@
 """Every exception candle_ckpt raises about checkpoints, in one place.
 
 Users catch :class:`CheckpointError` for all of them; the subclasses say what
-went wrong. Each is re-exported where it is raised and from ``candle_ckpt``.
+went wrong. Import them from here or from ``candle_ckpt``.
 """
 
 from __future__ import annotations

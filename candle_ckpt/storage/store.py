@@ -36,13 +36,7 @@ from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, format_crc
-from candle_ckpt.core.errors import (  # noqa: F401  (re-exported: users and tests import them from here)
-    CheckpointError,
-    CorruptCheckpoint,
-    DirectoryLocked,
-    NoValidCheckpoint,
-    SidecarError,
-)
+from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
