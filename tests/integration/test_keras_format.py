@@ -116,6 +116,38 @@ def test_plan_maps_every_optimizer_entry_to_optimizer_variables():
     assert {id(v) for v in model.weights} <= set(planned)
 
 
+def test_plan_copies_no_optimizer_state(monkeypatch):
+    """make_plan takes the optimizer's variables themselves: no slot is copied to host, and nothing stays patched."""
+    model = _rich_model()
+    opt = model.optimizer
+
+    def refuse(self):
+        raise AssertionError("make_plan copied a variable to host")
+
+    monkeypatch.setattr(type(opt.variables[0]), "numpy", refuse)
+    plan = make_plan(model)
+    monkeypatch.undo()
+    (entry,) = [e for e in plan if e.path == "optimizer"]
+    assert all(v is var for (_, v), var in zip(entry.items, opt.variables, strict=True))
+    assert "save_own_variables" not in vars(opt)
+
+
+def test_plan_keeps_an_optimizers_own_save_own_variables():
+    """An optimizer that saves its own way is asked for its state as before (its entry is then volatile)."""
+    model = _rich_model()
+    calls = []
+
+    def own(store):
+        calls.append(store)
+        store["0"] = np.zeros(3)
+
+    model.optimizer.save_own_variables = own
+    plan = make_plan(model)
+    assert len(calls) == 1
+    assert [e.volatile for e in plan if e.path == "optimizer"] == [True]
+    assert model.optimizer.save_own_variables is own
+
+
 def test_our_loader_refuses_what_keras_refuses(tmp_path):
     """A .weights.h5 whose dataset is a soft link is refused by our loader with Keras's own message."""
     model = _rich_model()
