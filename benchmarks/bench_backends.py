@@ -78,12 +78,18 @@ def measure(state_mib: int, epochs: int, compute_s: float) -> dict:
 
         cb.engine.save = timed_save
         model.fit(x, x, epochs=epochs, verbose=0, callbacks=[Compute(), cb])
+        stats = cb.stats()
     mib = sum(a.nbytes for a in snap.arrays()) / 2**20
+    waits = stats["writer_wait_s"][1:] or [0.0]
     return {
         "backend": keras.backend.backend(),
         "state_mib": round(mib, 1),
         "snapshot_s": statistics.median(snaps[1:]),
         "async_stall_s": statistics.median(stalls[1:]),
+        # Why a stall exceeds the snapshot: the previous write was still running (the disk is slower than
+        # state / compute_s), as the slow-writer log line says.
+        "writer_wait_s": statistics.median(waits),
+        "write_mb_per_s": statistics.median(s["mb_per_s"] for s in stats["saves"][1:] if s["mb_per_s"]),
     }
 
 
@@ -112,12 +118,14 @@ def main(argv: list[str] | None = None) -> None:
         if out.returncode:
             raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{'backend':<12}{'state MiB':>10}{'snapshot ms':>14}{'async stall ms':>16}{'stall/snapshot':>16}")
+    head = f"{'backend':<12}{'state MiB':>10}{'snapshot ms':>14}{'async stall ms':>16}{'stall/snapshot':>16}"
+    print(head + f"{'writer wait ms':>16}{'write MB/s':>12}")
     for r in rows:
         ratio = r["async_stall_s"] / r["snapshot_s"]
         print(
             f"{r['backend']:<12}{r['state_mib']:>10}{r['snapshot_s'] * 1e3:>14.1f}"
             f"{r['async_stall_s'] * 1e3:>16.1f}{ratio:>16.2f}"
+            f"{r['writer_wait_s'] * 1e3:>16.1f}{r['write_mb_per_s']:>12.0f}"
         )
     if args.out:
         with open(args.out, "w") as f:
