@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.core.checksum import CrcFile
-from candle_ckpt.keras.state import _BufferFile
+from candle_ckpt.keras.h5read import _BufferFile
 
 WEIGHTS_MEMBER = "model.weights.h5"  # the name keras.models.load_model looks for
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # the fixed part of a zip local file header

@@ -21,7 +21,8 @@ import h5py
 import numpy as np
 
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.keras.state import ModelState, build_optimizer
+from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.state import ModelState
 
 PENDING = "_candle_ckpt_pending_h5_optimizer"  # attribute set on the model until its optimizer exists
 

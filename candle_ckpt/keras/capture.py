@@ -16,8 +16,9 @@ from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
+from candle_ckpt.keras.plan import build_optimizer
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
-from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name, build_optimizer
+from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
 from candle_ckpt.storage.store import FileSpec
 

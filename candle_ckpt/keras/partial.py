@@ -4,7 +4,7 @@ For evaluation, transfer learning or a warm start: the checkpoint's files are
 CRC-verified first (the bytes read for the check are the bytes loaded), then
 the named layers are read from the ``.weights.h5`` (or the weights member of
 ``model.keras``) with h5py. The model's layers
-are found through its save plan (:func:`~candle_ckpt.keras.state.make_plan`,
+are found through its save plan (:func:`~candle_ckpt.keras.plan.make_plan`,
 so nested models work) and matched to the checkpoint's H5 groups by the
 ``name`` attribute Keras stores on each group (by H5 path for files without
 names). Every selected layer is checked (present in the
@@ -27,7 +27,7 @@ import numpy as np
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.keras.capture import weights_view
-from candle_ckpt.keras.state import make_plan
+from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.storage.store import CheckpointStore
 
 

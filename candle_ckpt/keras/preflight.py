@@ -21,7 +21,8 @@ import keras
 import numpy as np
 
 from candle_ckpt.core.errors import ModelMismatch
-from candle_ckpt.keras.state import Entry, _BufferFile, build_optimizer, make_plan
+from candle_ckpt.keras.h5read import _BufferFile
+from candle_ckpt.keras.plan import Entry, build_optimizer, make_plan
 
 # How many differing variables an error names (the rest are counted).
 SHOWN = 3

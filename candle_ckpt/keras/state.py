@@ -1,26 +1,15 @@
-"""The only module that knows how Keras keeps state.
+"""The model's state as host arrays: the snapshot an epoch end takes, and its writing.
 
-It relies on two private pieces of ``keras.src.saving.saving_lib`` (pinned in
-``setup.cfg``; ``tests/integration/test_keras_format.py`` fails loudly if they
-change):
-
-* ``_save_state`` walks a model the way ``model.save_weights`` does. We hand it
-  a recording store, so we learn which variables go to which H5 path without
-  writing anything. That "plan" lets us take a host snapshot (one copy of each
-  variable) and later write a standard ``.weights.h5`` from the snapshot on any
-  thread, while training goes on.
-* ``_load_state`` with ``H5IOStore`` reads a ``.weights.h5``. We feed it the
-  bytes that were just CRC-verified, so a restart reads each file once.
-
-Trap handled here: a freshly compiled model has no optimizer variables until
-its first step, and stock ``load_weights`` then silently skips the optimizer
-state. :func:`build_optimizer` builds it first.
+:class:`ModelState` walks the save plan (:mod:`candle_ckpt.keras.plan`) to take
+a host snapshot of every variable (a view where the backend allows, a copy
+into reused buffers for async saves) and writes a standard ``.weights.h5``
+from it; restore goes through :mod:`candle_ckpt.keras.h5read`. The ``.keras``
+archive's config comes from ``saving_lib._serialize_model_as_json`` (a tripwire
+in ``tests/integration/test_keras_format.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import io
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,119 +20,10 @@ import numpy as np
 from keras.src.saving import saving_lib
 
 from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.keras.h5read import load_weights_bytes
+from candle_ckpt.keras.plan import Entry, build_optimizer, make_plan
 
 KERAS_VERSION = keras.__version__
-
-
-@dataclass
-class Entry:
-    """One H5 group: its path, its attributes and its ``(key, value)`` pairs."""
-
-    path: str
-    metadata: dict[str, Any]
-    items: list[tuple[str, Any]] = field(default_factory=list)
-    # True when save_own_variables handed us copies we could not map back to
-    # variables: such a plan must be re-walked for every snapshot.
-    volatile: bool = False
-
-
-class _PlanStore(saving_lib.H5IOStore):
-    """A weights store that records instead of writing (see module docstring)."""
-
-    def __init__(self) -> None:  # deliberately no super().__init__: no file
-        self.mode = "w"
-        self.entries: list[Entry] = []
-
-    def __bool__(self) -> bool:
-        return True
-
-    def make(self, path, metadata=None):
-        self.entries.append(Entry(path, dict(metadata or {})))
-        return self
-
-    def __setitem__(self, key, value) -> None:
-        self.entries[-1].items.append((str(key), value))
-
-    def close(self) -> None:
-        pass
-
-
-def _optimizers(obj: Any) -> list[Any]:
-    """The optimizers reachable from ``obj`` (a model's, wrapped ones, or ``obj`` itself)."""
-    found: list[Any] = []
-    opt = obj if isinstance(obj, keras.optimizers.Optimizer) else getattr(obj, "optimizer", None)
-    while opt is not None and all(opt is not o for o in found):
-        found.append(opt)
-        opt = getattr(opt, "inner_optimizer", None)
-    return found
-
-
-def _hand_over_variables(optimizer: Any, store: Any) -> None:
-    """``BaseOptimizer.save_own_variables`` as it would store them, but the variables, not ``numpy()`` copies."""
-    for i, variable in enumerate(optimizer.variables):
-        store[str(i)] = variable
-
-
-@contextlib.contextmanager
-def _variables_not_copies(optimizers: list[Any]):
-    """While the plan is walked, optimizers that save the stock way hand over their variables.
-
-    Stock ``save_own_variables`` stores ``variable.numpy()`` of every slot: with
-    Adam, two copies of the weights' size (about 1 s at 768 MiB of state), only
-    for the plan to map them back to the variables by position. Optimizers that
-    override the method keep it (their entries are mapped back or marked volatile).
-    """
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    patched = [
-        o
-        for o in optimizers
-        if type(o).save_own_variables is BaseOptimizer.save_own_variables and "save_own_variables" not in vars(o)
-    ]
-    for opt in patched:
-        object.__setattr__(opt, "save_own_variables", functools.partial(_hand_over_variables, opt))
-    try:
-        yield
-    finally:
-        for opt in patched:
-            object.__delattr__(opt, "save_own_variables")
-
-
-def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True) -> list[Entry]:
-    """Return the save plan of a Keras model (or any KerasSaveable).
-
-    Layers hand ``save_own_variables`` their variables; optimizers hand it
-    ``variable.numpy()`` copies, in ``optimizer.variables`` order. Those are
-    mapped back to the variables so that the plan can be reused; anything else
-    that is not a variable marks its entry volatile.
-
-    With ``optimizers=False`` the optimizers are left out of the walk: a plan
-    of the layers' variables only, which costs no copy of the optimizer state
-    (two copies of the weights' size with Adam).
-    """
-    store = _PlanStore()
-    known = _optimizers(obj) + list(extra_optimizers)
-    skip = set() if optimizers else {id(o) for o in _optimizers(obj)}
-    with _variables_not_copies(known if optimizers else []):
-        saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=skip)
-    plan = []
-    for entry in store.entries:
-        if not (entry.metadata or entry.items):
-            continue
-        if any(not isinstance(v, keras.Variable) for _, v in entry.items):
-            opt = next(
-                (o for o in known if o.name == entry.metadata.get("name") and len(o.variables) == len(entry.items)),
-                None,
-            )
-            if opt is not None and all(
-                k == str(i) and tuple(np.shape(v)) == tuple(var.shape)
-                for i, ((k, v), var) in enumerate(zip(entry.items, opt.variables, strict=True))
-            ):
-                entry.items = [(str(i), var) for i, var in enumerate(opt.variables)]
-            else:
-                entry.volatile = True
-        plan.append(entry)
-    return plan
 
 
 def _host_view(value: Any) -> tuple[np.ndarray, Any]:
@@ -374,136 +254,6 @@ class ModelState:
                         f"{tuple(var.shape)}"
                     )
                 var.assign(value)
-
-
-def build_optimizer(model: keras.Model) -> None:
-    """Create the optimizer's variables so that its state can be loaded."""
-    if not model.built:
-        raise ValueError(
-            "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
-        )
-    opt = getattr(model, "optimizer", None)
-    if opt is not None and not opt.built:
-        build_in_scope(opt, model.trainable_variables)
-
-
-def build_in_scope(opt: Any, variables: list[Any]) -> None:
-    """``opt.build(variables)`` in the scope of the ``tf.distribute`` strategy ``opt`` was made under.
-
-    Under tf.distribute the optimizer's variables must be created in that
-    scope (mirrored, one per replica); restart() and the runner usually run
-    outside it.
-    """
-    strategy = getattr(opt, "_distribution_strategy", None)
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        opt.build(variables)
-
-
-class _BufferFile(io.BytesIO):
-    """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
-
-    ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
-    ``readinto`` copies each byte once, straight into its destination. It
-    subclasses ``BytesIO`` (left empty) because Keras's ``H5IOStore`` accepts
-    only that type.
-    """
-
-    def __init__(self, data) -> None:
-        super().__init__()
-        self._view = memoryview(data).cast("B")
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        dst = memoryview(buf).cast("B")
-        n = max(0, min(len(dst), len(self._view) - self._pos))
-        dst[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        data = self._view[self._pos : end].tobytes() if end > self._pos else b""
-        self._pos += len(data)
-        return data
-
-    def write(self, data) -> int:
-        raise io.UnsupportedOperation("read-only")
-
-    def close(self) -> None:
-        if not self.closed:
-            self._view.release()  # so that an mmap behind it can be closed
-        super().close()
-
-
-def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
-    """Load a ``.weights.h5`` held in memory (bytes, mmap or any buffer) into ``obj``.
-
-    Uses Keras's own loader, strictly: a missing or mismatched variable raises.
-    """
-    source = _BufferFile(weights)
-    try:
-        _load_weights_from(obj, source, objects_to_skip)
-    finally:
-        source.close()
-
-
-class _ReadStore(saving_lib.H5IOStore):
-    """Keras's reading store, minus one copy per array.
-
-    ``H5IOStore.__getitem__`` returns ``np.array(dataset)``: h5py reads into
-    a zero-filled array and numpy copies it again. Here each dataset is read
-    once, into uninitialised memory, after the same safety checks
-    (``safe_get_h5_dataset``: no external or virtual datasets, no shape bombs).
-    """
-
-    def __getitem__(self, key):
-        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
-        if not dataset.shape or dataset.size == 0 or "dtype" in dataset.attrs:  # scalars, bfloat16: Keras's way
-            return super().__getitem__(key)
-        out = np.empty(dataset.shape, dataset.dtype)
-        dataset.read_direct(out)
-        return out
-
-
-def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
-    store = _ReadStore(source, mode="r")
-    failed: set[int] = set()
-    errors: dict[int, Any] = {}
-    try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="Skipping variable loading")
-            saving_lib._load_state(
-                obj,
-                weights_store=store,
-                assets_store=None,
-                inner_path="",
-                visited_saveables={id(o) for o in objects_to_skip},
-                failed_saveables=failed,
-                error_msgs=errors,
-            )
-    finally:
-        store.close()
-    if failed:
-        saving_lib._raise_loading_failure(errors)
 
 
 def backend_name() -> str:

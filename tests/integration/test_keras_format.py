@@ -1,4 +1,4 @@
-"""Tripwires on the Keras internals that ``candle_ckpt.keras.state`` and ``.archive`` rely on.
+"""Tripwires on the Keras internals that ``candle_ckpt.keras`` (``plan``, ``h5read``, ``state``, ``archive``) relies on.
 
 If a Keras upgrade changes how ``save_weights`` lays out a ``.weights.h5``, or
 renames the private ``saving_lib`` functions we call, these tests fail loudly
@@ -24,7 +24,9 @@ from keras.src.saving import saving_lib  # noqa: E402
 
 from candle_ckpt.core.checksum import CrcFile  # noqa: E402
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive  # noqa: E402
-from candle_ckpt.keras.state import ModelState, load_weights_bytes, make_plan  # noqa: E402
+from candle_ckpt.keras.h5read import load_weights_bytes  # noqa: E402
+from candle_ckpt.keras.plan import make_plan  # noqa: E402
+from candle_ckpt.keras.state import ModelState  # noqa: E402
 
 
 def _rich_model(dtype: str | None = None) -> keras.Model:

@@ -1,0 +1,123 @@
+"""Reading a ``.weights.h5`` held in memory with Keras's own loader.
+
+It relies on ``keras.src.saving.saving_lib._load_state``, ``H5IOStore`` and
+``safe_get_h5_dataset`` (pinned in ``setup.cfg``;
+``tests/integration/test_keras_format.py`` fails loudly if they change). We
+feed it the bytes that were just CRC-verified (an mmap of the file), so a
+restart reads each file once.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from keras.src.saving import saving_lib
+
+
+class _BufferFile(io.BytesIO):
+    """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
+
+    ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
+    ``readinto`` copies each byte once, straight into its destination. It
+    subclasses ``BytesIO`` (left empty) because Keras's ``H5IOStore`` accepts
+    only that type.
+    """
+
+    def __init__(self, data) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        dst = memoryview(buf).cast("B")
+        n = max(0, min(len(dst), len(self._view) - self._pos))
+        dst[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = self._view[self._pos : end].tobytes() if end > self._pos else b""
+        self._pos += len(data)
+        return data
+
+    def write(self, data) -> int:
+        raise io.UnsupportedOperation("read-only")
+
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()  # so that an mmap behind it can be closed
+        super().close()
+
+
+def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
+    """Load a ``.weights.h5`` held in memory (bytes, mmap or any buffer) into ``obj``.
+
+    Uses Keras's own loader, strictly: a missing or mismatched variable raises.
+    """
+    source = _BufferFile(weights)
+    try:
+        _load_weights_from(obj, source, objects_to_skip)
+    finally:
+        source.close()
+
+
+class _ReadStore(saving_lib.H5IOStore):
+    """Keras's reading store, minus one copy per array.
+
+    ``H5IOStore.__getitem__`` returns ``np.array(dataset)``: h5py reads into
+    a zero-filled array and numpy copies it again. Here each dataset is read
+    once, into uninitialised memory, after the same safety checks
+    (``safe_get_h5_dataset``: no external or virtual datasets, no shape bombs).
+    """
+
+    def __getitem__(self, key):
+        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
+        if not dataset.shape or dataset.size == 0 or "dtype" in dataset.attrs:  # scalars, bfloat16: Keras's way
+            return super().__getitem__(key)
+        out = np.empty(dataset.shape, dataset.dtype)
+        dataset.read_direct(out)
+        return out
+
+
+def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
+    store = _ReadStore(source, mode="r")
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Skipping variable loading")
+            saving_lib._load_state(
+                obj,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables={id(o) for o in objects_to_skip},
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
