@@ -16,7 +16,7 @@ from candle_ckpt.engine.engine import Capture
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.plan import build_optimizer, make_plan
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
@@ -94,11 +94,13 @@ class KerasModelAdapter:
         model = self.state.model
         build_optimizer(model)  # raises if the model is not built
         extra = kept.get(L.EXTRA_FILE)
-        extra_vars = self.state.extra_variables()
+        # One walk of the model's saveables serves the preflight and the random-layer variables.
+        plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
+        extra_vars = self.state.extra_variables(plan)
         self.pending = {}
         with weights_view(kept[side.model_file], side.model_file, where) as weights:
             # All or nothing: every shape, dtype and count is checked before the first assignment.
-            check_model(model, weights, extra, extra_vars, where, side.epoch)
+            check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan)
             if getattr(model, "optimizer", None) is None:
                 # restart() before compile(): the optimizer does not exist yet. Its state
                 # is kept and applied when it does (the callback, at the latest when fit starts).
@@ -107,7 +109,7 @@ class KerasModelAdapter:
                     self.pending["optimizer"] = arrays
             self.state.restore(weights)
         if extra is not None:
-            self.state.restore_extra(bytes(extra))
+            self.state.restore_extra(bytes(extra), extra_vars)
         elif extra_vars:
             ops.warning(
                 f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "

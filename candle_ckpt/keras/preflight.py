@@ -143,17 +143,27 @@ def mismatch_error(where: str, epoch: int, diffs: list[Diff], compared: int) -> 
     return ModelMismatch("\n".join(lines))
 
 
-def check_model(model: keras.Model, weights: Any, extra: bytes | None, extra_vars: list[Any], where: str, epoch: int):
+def check_model(
+    model: keras.Model,
+    weights: Any,
+    extra: bytes | None,
+    extra_vars: list[Any],
+    where: str,
+    epoch: int,
+    plan: list[Entry] | None = None,
+):
     """Raise :class:`ModelMismatch` unless every variable of the checkpoint fits ``model``.
 
     The optimizer is compared only if the model has one (its variables are
     built first); otherwise the checkpoint's optimizer state is returned
-    for later (:func:`read_optimizer_state`).
+    for later (:func:`read_optimizer_state`). ``plan`` is the model's
+    :func:`make_plan` where the caller has it already.
     """
     has_optimizer = getattr(model, "optimizer", None) is not None
     if has_optimizer:
         build_optimizer(model)
-    plan = make_plan(model, optimizers=has_optimizer)
+    if plan is None:
+        plan = make_plan(model, optimizers=has_optimizer)
     source = _BufferFile(weights)
     try:
         with h5py.File(source, "r") as h5:

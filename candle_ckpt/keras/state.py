@@ -229,7 +229,7 @@ class ModelState:
         build_optimizer(self.model)
         load_weights_bytes(self.model, weights)
 
-    def restore_extra(self, data: bytes) -> None:
+    def restore_extra(self, data: bytes, variables: list[Any] | None = None) -> None:
         """Load the ``model.extra.npz`` written by :meth:`HostSnapshot.write_extra`.
 
         Raises:
@@ -237,7 +237,8 @@ class ModelState:
         """
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             paths = [str(p) for p in npz["paths"]]
-            variables = self.extra_variables()
+            if variables is None:
+                variables = self.extra_variables()
             # Matched by position: Keras auto-numbers these paths
             # (seed_generator_1, _2, ...), so names differ between two
             # instances of the same model; the order of model.variables does not.

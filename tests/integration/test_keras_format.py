@@ -150,6 +150,38 @@ def test_plan_keeps_an_optimizers_own_save_own_variables():
     assert model.optimizer.save_own_variables is own
 
 
+def test_restart_walks_the_model_once(tmp_path, monkeypatch):
+    """restart() of a model with Dropout walks its saveables once and restores the weights and the seed state."""
+    import candle_ckpt.keras.capture as capture
+    from candle_ckpt import CandleCheckpointCallback, restart
+
+    def dropout_model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dropout(0.5), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    params = {"ckpt_directory": str(tmp_path), "epochs": 2, "ckpt_save_best_metric": "loss"}
+    trained = dropout_model()
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype("float32")
+    cb = CandleCheckpointCallback(params, logger=None, verbose=False)
+    trained.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[cb])
+    fresh = dropout_model()
+    fresh.build((None, 4))
+    walks = []
+    from candle_ckpt.keras.plan import make_plan as real
+
+    monkeypatch.setattr(capture, "make_plan", lambda *a, **k: walks.append(1) or real(*a, **k), raising=False)
+    monkeypatch.setattr("candle_ckpt.keras.preflight.make_plan", lambda *a, **k: walks.append(1) or real(*a, **k))
+    monkeypatch.setattr("candle_ckpt.keras.state.make_plan", lambda *a, **k: walks.append(1) or real(*a, **k))
+    restart({**params, "ckpt_restart_mode": "required"}, fresh, logger=None, verbose=False)
+    assert len(walks) == 1
+    for a, b in zip(trained.variables, fresh.variables, strict=True):
+        assert np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)), a.path
+
+
 def test_our_loader_refuses_what_keras_refuses(tmp_path):
     """A .weights.h5 whose dataset is a soft link is refused by our loader with Keras's own message."""
     model = _rich_model()
