@@ -26,6 +26,7 @@ import numpy as np
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.keras.capture import weights_view
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.storage.store import CheckpointStore
@@ -159,15 +160,7 @@ def load_weights(
         var.assign(value)
     load_s = time.perf_counter() - start
     nbytes = side.files[name].size
-    stats = {
-        "epoch": epoch,
-        "file": name,
-        "layers": wanted,
-        "bytes": nbytes,
-        "verify_s": round(verify_s, 6),
-        "load_s": round(load_s, 6),
-        "mb_per_s": round(nbytes / max(verify_s + load_s, 1e-9) / 1e6, 3),
-    }
+    stats = transfer_record(nbytes, {"epoch": epoch, "file": name, "layers": wanted}, verify_s=verify_s, load_s=load_s)
     OpsLog(store.layout.log).info(
         f"load_weights: {len(wanted)} layer(s) {wanted} from {store.layout.epoch_dir(epoch)}/{name}: "
         f"{nbytes / 1e6:.1f} MB verified in {verify_s:.3f} s, loaded in {load_s:.3f} s ({stats['mb_per_s']:.1f} MB/s)"

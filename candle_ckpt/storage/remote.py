@@ -52,6 +52,7 @@ from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.storage.reader import parse_sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
@@ -265,13 +266,7 @@ class RemoteMirror:
         self.fs.put_file(os.path.join(stage, L.SIDECAR), remote_side)
         elapsed = max(time.perf_counter() - start, 1e-9)
         nbytes = side.total_bytes + os.path.getsize(os.path.join(stage, L.SIDECAR))
-        rec = {
-            "epoch": epoch,
-            "url": remote_dir,
-            "bytes": nbytes,
-            "upload_s": round(elapsed, 6),
-            "mb_per_s": round(nbytes / elapsed / 1e6, 3),
-        }
+        rec = transfer_record(nbytes, {"epoch": epoch, "url": remote_dir}, upload_s=elapsed)
         self.records.append(rec)
         self._uploaded[epoch] = side.generation
         self.ops.info(

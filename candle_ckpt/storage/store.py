@@ -40,6 +40,7 @@ from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.stats import mb_per_s, seconds
 from candle_ckpt.storage.lock import WriterLock
 from candle_ckpt.storage.reader import CheckpointReader
 
@@ -213,8 +214,8 @@ class CheckpointStore(CheckpointReader):
                 epoch=epoch,
                 files=entries,
                 generation=generation,
-                save_duration_s=round(elapsed, 6),
-                save_mb_per_s=round(total / elapsed / 1e6, 3),
+                save_duration_s=seconds(elapsed),
+                save_mb_per_s=mb_per_s(total, elapsed),
             )
             fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
             fs.fsync_dir(lay.work)
