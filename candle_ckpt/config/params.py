@@ -139,6 +139,14 @@ class CkptConfig:
             raise ValueError("epochs is required (an integer > 0) but gParameters['epochs'] is missing or None")
         return config
 
+    def restores(self, epoch: int | None = None) -> bool:
+        """Whether a restart looks for a checkpoint at all.
+
+        ``ckpt_restart_mode=off`` starts from scratch, unless the caller asks for
+        an exact ``epoch``: an explicit request is always honoured.
+        """
+        return self.restart_mode != "off" or epoch is not None
+
     def replace(self, **changes: Any) -> CkptConfig:
         """Return a copy with some fields changed (and re-validated).
 

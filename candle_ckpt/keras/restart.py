@@ -67,7 +67,7 @@ def restart(
         the number of completed epochs: pass it as ``initial_epoch``), or None.
     """
     cfg = CkptConfig.from_params(gParameters)
-    if cfg.restart_mode == "off":
+    if not cfg.restores():
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
         worker = WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False)

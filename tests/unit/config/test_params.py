@@ -626,6 +626,15 @@ def test_replace_unknown_field() -> None:
         CkptConfig().replace(no_such_field=1)
 
 
+@pytest.mark.parametrize(
+    "mode,epoch,expected",
+    [("off", None, False), ("off", 3, True), ("auto", None, True), ("required", None, True), ("auto", 0, True)],
+)
+def test_restores_follows_restart_mode_unless_an_epoch_is_asked(mode: str, epoch: int | None, expected: bool) -> None:
+    """restores() is False only for ckpt_restart_mode=off with no exact epoch asked for."""
+    assert CkptConfig(restart_mode=mode).restores(epoch) is expected
+
+
 def test_config_is_frozen() -> None:
     """Assigning to a field of a CkptConfig raises FrozenInstanceError."""
     config = CkptConfig()
