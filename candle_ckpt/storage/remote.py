@@ -193,8 +193,6 @@ class RemoteMirror:
         self.select = select
         self.fs, self.root = open_remote(cfg)
         self.records: list[dict[str, Any]] = []
-        # (op, remote path) in the order performed: lets tests check that the sidecar goes last.
-        self.ops_done: list[tuple[str, str]] = []
         self._queue: queue.Queue = queue.Queue()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -245,9 +243,6 @@ class RemoteMirror:
                 shutil.rmtree(stage, ignore_errors=True)
                 self._queue.task_done()
 
-    def _op(self, op: str, path: str) -> None:
-        self.ops_done.append((op, path))
-
     def _upload(self, epoch: int, stage: str) -> None:
         with open(os.path.join(stage, L.SIDECAR), "rb") as f:
             side = Sidecar.from_json(f.read(), source=os.path.join(stage, L.SIDECAR))
@@ -256,13 +251,10 @@ class RemoteMirror:
         start = time.perf_counter()
         self.fs.invalidate_cache()
         if self.fs.exists(remote_side):  # hide the older copy before replacing its files
-            self._op("rm", remote_side)
             self.fs.rm(remote_side)
         self.fs.makedirs(remote_dir, exist_ok=True)  # needed by file://; a no-op for object stores
         for name in side.files:
-            self._op("put", _join(remote_dir, name))
             self.fs.put_file(os.path.join(stage, name), _join(remote_dir, name))
-        self._op("put", remote_side)
         self.fs.put_file(os.path.join(stage, L.SIDECAR), remote_side)
         elapsed = max(time.perf_counter() - start, 1e-9)
         nbytes = side.total_bytes + os.path.getsize(os.path.join(stage, L.SIDECAR))
@@ -282,9 +274,7 @@ class RemoteMirror:
         for e in doomed:
             remote_dir = _join(self.root, "epochs", L.epoch_name(e))
             if self.fs.exists(_join(remote_dir, L.SIDECAR)):  # invisible first, then gone
-                self._op("rm", _join(remote_dir, L.SIDECAR))
                 self.fs.rm(_join(remote_dir, L.SIDECAR))
-            self._op("rm", remote_dir)
             self.fs.rm(remote_dir, recursive=True)
             self._uploaded.pop(e, None)
             self.ops.info(f"remote: pruned epoch {e} from {self.cfg.upload_url}")

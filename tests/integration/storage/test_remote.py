@@ -108,8 +108,10 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
     runner = JobRunner(p, epoch_fn=loop.epoch, objects=loop.objects(), state=loop.state, logger=None)
     release, blocked = threading.Event(), threading.Event()
     original = None
+    puts: list[str] = []  # remote paths in the order the mirror put them
 
     def hold_sidecar_of_epoch_2(lpath, rpath, *args, **kwargs):
+        puts.append(rpath)
         if rpath.endswith("epochs/002/ckpt-info.json"):
             blocked.set()
             release.wait(60)
@@ -150,10 +152,9 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
         release.set()
     fs.invalidate_cache()
     assert fs.exists("ckpt-bucket/job2/epochs/002/ckpt-info.json")
-    mirror = runner.engine.remote
     for epoch in ("000", "001", "002"):
-        puts = [path for op, path in mirror.ops_done if op == "put" and f"epochs/{epoch}/" in path]
-        assert puts[-1].endswith(f"epochs/{epoch}/ckpt-info.json") and len(puts) == 9  # 8 files, sidecar last
+        of_epoch = [path for path in puts if f"epochs/{epoch}/" in path]
+        assert of_epoch[-1].endswith(f"epochs/{epoch}/ckpt-info.json") and len(of_epoch) == 9  # 8 files, sidecar last
 
 
 class _Wrapped:
