@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.config.coerce import _coerce, _is_none_like, _is_none_word
+from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.raw import is_none_like, is_none_word
 from candle_ckpt.config.schema import _METADATA_FALLBACK_KEY, _SPEC_BY_KEY, _SPECS
 
 
@@ -125,9 +126,9 @@ class CkptConfig:
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
-            if not _is_none_word(value):
+            if not is_none_word(value):
                 kwargs[spec.field] = _coerce(spec, value)
-        if _is_none_like(params.get("ckpt_metadata")):
+        if is_none_like(params.get("ckpt_metadata")):
             fallback = params.get(_METADATA_FALLBACK_KEY)
             kwargs["metadata"] = _coerce(
                 _SPEC_BY_KEY["ckpt_metadata"],
