@@ -135,13 +135,7 @@ class CheckpointReader:
         model = os.path.join(self.layout.epoch_dir(epoch), name)
         size = os.path.getsize(model) if os.path.isfile(model) and not os.path.islink(model) else None
         best = self.link_epoch("best") if os.path.lexists(self.layout.link("best")) else None
-        try:
-            side = from_candle(raw, source=path, model_size=size, best_epoch=best)
-        except SidecarError as err:
-            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-        if side.epoch != epoch:
-            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
-        return side
+        return _checked_sidecar(path, epoch, lambda: from_candle(raw, source=path, model_size=size, best_epoch=best))
 
     def verify(
         self,
@@ -235,8 +229,13 @@ def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
     Raises:
         CorruptCheckpoint: if they are not a valid sidecar of that epoch.
     """
+    return _checked_sidecar(path, epoch, lambda: Sidecar.from_json(raw, source=path))
+
+
+def _checked_sidecar(path: str, epoch: int, parse: Callable[[], Sidecar]) -> Sidecar:
+    """Run ``parse``: its SidecarError, or a sidecar of another epoch, becomes a CorruptCheckpoint of ``path``."""
     try:
-        side = Sidecar.from_json(raw, source=path)
+        side = parse()
     except SidecarError as err:
         raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
     if side.epoch != epoch:
