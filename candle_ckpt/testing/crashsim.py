@@ -149,23 +149,13 @@ class RecordingFS(LocalFS):
             node.pending.clear()
             self._log("fsync", path)
 
-    def makedirs(self, path: str, durable: bool = False) -> None:
+    def mkdir(self, path: str) -> None:
         # Record each mkdir right after it happened, before any fsync of its parent.
-        if not self.recording:
-            return super().makedirs(path, durable)
-        missing = []
-        p = os.path.abspath(path)
-        while not os.path.isdir(p):
-            missing.append(p)
-            p = os.path.dirname(p)
-        for d in reversed(missing):
-            LocalFS.makedirs(self, d)
-            parent, name = self._parent(d)
+        super().mkdir(path)
+        if self.recording:
+            parent, name = self._parent(path)
             parent.entries[name] = Node("dir")
-            self._log("mkdir", d)
-        if durable:
-            for d in missing:
-                self.fsync_dir(os.path.dirname(d))
+            self._log("mkdir", path)
 
     def fsync_dir(self, path: str) -> None:
         super().fsync_dir(path)
