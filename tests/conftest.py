@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+# ``locations`` (this folder) and the job scripts' helpers (``testkit``, ``candle_writer``,
+# ``runner_loops``) import by name from a test file in any folder.
+_TESTS = Path(__file__).resolve().parent
+for _folder in (_TESTS / "integration" / "jobs", _TESTS):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

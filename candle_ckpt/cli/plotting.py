@@ -77,39 +77,16 @@ def plot_history(
     from matplotlib.ticker import MaxNLocator
 
     monitored = sides[max(sides)].save_best_metric
-    groups: dict[str, list[str]] = {}
-    for name in sorted(series):
-        groups.setdefault(name.removeprefix("val_"), []).append(name)
-    order = sorted(groups, key=lambda g: (monitored is None or g != monitored.removeprefix("val_"), g))
-    fig = Figure(figsize=(8, 2.8 * len(order)), layout="constrained")
+    groups = _panels(series, monitored)
+    fig = Figure(figsize=(8, 2.8 * len(groups)), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(order), 1, squeeze=False, sharex=True)[:, 0]
-    for ax, group in zip(axes, order, strict=True):
-        for name in groups[group]:
+    axes = fig.subplots(len(groups), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, (group, names) in zip(axes, groups.items(), strict=True):
+        for name in names:
             points = sorted(series[name].items())
             ax.plot([e for e, _ in points], [v for _, v in points], marker="o", label=name)
-        if monitored in groups[group]:
-            steps = sorted((e, s.best_metric_last) for e, s in sides.items() if s.best_metric_last is not None)
-            if steps:
-                ax.step(
-                    [e for e, _ in steps],
-                    [v for _, v in steps],
-                    where="post",
-                    linestyle=":",
-                    color="gray",
-                    label=f"best {monitored} so far",
-                )
-            if best is not None and best in series[monitored]:
-                ax.plot(
-                    [best],
-                    [series[monitored][best]],
-                    marker="*",
-                    markersize=16,
-                    color="gold",
-                    markeredgecolor="black",
-                    linestyle="none",
-                    label=f"best (epoch {best})",
-                )
+        if monitored in names:
+            _draw_best(ax, sides, series[monitored], monitored, best)
         if last is not None and last in sides:
             ax.axvline(last, linestyle="--", color="tab:red", linewidth=1, label=f"last (epoch {last})")
         ax.set_ylabel(group)
@@ -120,3 +97,37 @@ def plot_history(
     fig.suptitle(f"{title}: {len(sides)} retained checkpoints", fontsize="medium")
     fig.savefig(path, dpi=dpi)
     return len(series)
+
+
+def _panels(series: Mapping[str, object], monitored: str | None) -> dict[str, list[str]]:
+    """Metric names by panel (``loss`` with ``val_loss``), the monitored metric's panel first."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(series):
+        groups.setdefault(name.removeprefix("val_"), []).append(name)
+    order = sorted(groups, key=lambda g: (monitored is None or g != monitored.removeprefix("val_"), g))
+    return {group: groups[group] for group in order}
+
+
+def _draw_best(ax, sides: Mapping[int, Sidecar], values: Mapping[int, float], monitored: str, best: int | None) -> None:
+    """On the monitored metric's panel: its best-so-far as a dotted step, and the ``best`` checkpoint starred."""
+    steps = sorted((e, s.best_metric_last) for e, s in sides.items() if s.best_metric_last is not None)
+    if steps:
+        ax.step(
+            [e for e, _ in steps],
+            [v for _, v in steps],
+            where="post",
+            linestyle=":",
+            color="gray",
+            label=f"best {monitored} so far",
+        )
+    if best is not None and best in values:
+        ax.plot(
+            [best],
+            [values[best]],
+            marker="*",
+            markersize=16,
+            color="gold",
+            markeredgecolor="black",
+            linestyle="none",
+            label=f"best (epoch {best})",
+        )

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.coerce import _describe, _is_none_like, bool_word
+from candle_ckpt.config.raw import bool_word, describe, is_none_like
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _SPECS, _Spec
 
 
@@ -31,7 +31,7 @@ def str2bool(value: str | bool) -> bool:
     word = bool_word(value) if isinstance(value, str) else None
     if word is not None:
         return word
-    raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {_describe(value)}")
+    raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {describe(value)}")
 
 
 _DEF_TYPES: dict[str, Callable[[str], Any]] = {
@@ -89,12 +89,12 @@ def _normalise_choice(text: str) -> str:
 
 def _optional_int(text: str) -> int | None:
     """Argparse type for optional integers: ``None``/``none``/empty is None."""
-    if _is_none_like(text):
+    if is_none_like(text):
         return None
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer value: {_describe(text)}") from None
+        raise argparse.ArgumentTypeError(f"invalid integer value: {describe(text)}") from None
 
 
 def _has_option(parser: argparse.ArgumentParser, name: str) -> bool:

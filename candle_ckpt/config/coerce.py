@@ -15,52 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.schema import _BOOL_ALLOWED, _FALSE_STRINGS, _MAX_REPR, _NONE_STRINGS, _TRUE_STRINGS, _Spec
-
-
-def _describe(value: object) -> str:
-    """Return a short, never-failing representation of ``value``.
-
-    Args:
-        value: Any object, including ones whose ``__repr__`` raises and
-            integers too large for ``repr``.
-
-    Returns:
-        The (possibly truncated) repr, or a placeholder naming the type.
-    """
-    if isinstance(value, int) and value.bit_length() > 256:
-        return f"<{type(value).__name__} with {value.bit_length()} bits>"
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 -- repr of arbitrary objects may fail
-        return f"<unrepresentable {type(value).__name__} object>"
-    if not isinstance(text, str):
-        return f"<unrepresentable {type(value).__name__} object>"
-    if len(text) > _MAX_REPR:
-        text = text[: _MAX_REPR - 3] + "..."
-    return text
-
-
-def _describe_typed(value: object) -> str:
-    """Return :func:`_describe` of ``value`` followed by its type name."""
-    return f"{_describe(value)} of type {type(value).__name__}"
-
-
-def _plain_text(value: str) -> str:
-    """Return ``value`` as an exact :class:`str`, bypassing subclass hooks."""
-    return str.__str__(value)
-
-
-def _is_none_like(value: object) -> bool:
-    """Return True for None and the strings ``"None"``/``"none"``/``""``."""
-    if value is None:
-        return True
-    return isinstance(value, str) and str.lower(str.strip(_plain_text(value))) in _NONE_STRINGS
-
-
-def _is_none_word(value: object) -> bool:
-    """Return True for None and the string ``"None"`` in any case (an empty string is not None here)."""
-    return value is None or (isinstance(value, str) and str.lower(str.strip(_plain_text(value))) == "none")
+from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_none_like, plain_text
+from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
@@ -73,17 +29,7 @@ def _check_range(spec: _Spec, key: str, number: float) -> None:
         op = ">="
     else:
         return
-    raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {_describe(number)}")
-
-
-def bool_word(value: str) -> bool | None:
-    """``True``/``False`` for a boolean word (``yes``, ``off``, ``1`` ...), None for any other text."""
-    text = str.lower(str.strip(_plain_text(value)))
-    if text in _TRUE_STRINGS:
-        return True
-    if text in _FALSE_STRINGS:
-        return False
-    return None
+    raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {describe(number)}")
 
 
 def _to_bool(spec: _Spec, key: str, value: object) -> bool:
@@ -94,42 +40,42 @@ def _to_bool(spec: _Spec, key: str, value: object) -> bool:
         word = bool_word(value)
         if word is not None:
             return word
-        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
         if number in (0, 1):
             return bool(number)
-        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe(value)}")
-    raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {_describe_typed(value)}")
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe(value)}")
+    raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe_typed(value)}")
 
 
 def _integral_float(key: str, number: float, original: object) -> int:
     """Convert a float to int if it is finite and integral."""
     if not math.isfinite(number) or not number.is_integer():
-        raise ValueError(f"{key} must be an integer; got {_describe(original)}")
+        raise ValueError(f"{key} must be an integer; got {describe(original)}")
     return int(number)
 
 
 def _to_int(spec: _Spec, key: str, value: object) -> int:
     """Coerce an integer parameter and check its range."""
     if isinstance(value, bool):
-        raise TypeError(f"{key} must be an integer, not a boolean; got {_describe(value)}")
+        raise TypeError(f"{key} must be an integer, not a boolean; got {describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
     elif isinstance(value, numbers.Real):
         number = _integral_float(key, float(value), value)
     elif isinstance(value, str):
-        text = str.strip(_plain_text(value))
+        text = str.strip(plain_text(value))
         try:
             number = int(text)
         except ValueError:
             try:
                 as_float = float(text)
             except ValueError:
-                raise ValueError(f"{key} must be an integer; got {_describe(value)}") from None
+                raise ValueError(f"{key} must be an integer; got {describe(value)}") from None
             number = _integral_float(key, as_float, value)
     else:
-        raise TypeError(f"{key} must be an integer; got {_describe_typed(value)}")
+        raise TypeError(f"{key} must be an integer; got {describe_typed(value)}")
     _check_range(spec, key, number)
     return number
 
@@ -137,21 +83,21 @@ def _to_int(spec: _Spec, key: str, value: object) -> int:
 def _to_float(spec: _Spec, key: str, value: object) -> float:
     """Coerce a finite float parameter and check its range."""
     if isinstance(value, bool):
-        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
+        raise TypeError(f"{key} must be a number, not a boolean; got {describe(value)}")
     if isinstance(value, numbers.Real):
         try:
             number = float(value)
         except OverflowError:
-            raise ValueError(f"{key} must be a finite number; got {_describe(value)}") from None
+            raise ValueError(f"{key} must be a finite number; got {describe(value)}") from None
     elif isinstance(value, str):
         try:
-            number = float(str.strip(_plain_text(value)))
+            number = float(str.strip(plain_text(value)))
         except ValueError:
-            raise ValueError(f"{key} must be a number; got {_describe(value)}") from None
+            raise ValueError(f"{key} must be a number; got {describe(value)}") from None
     else:
-        raise TypeError(f"{key} must be a number; got {_describe_typed(value)}")
+        raise TypeError(f"{key} must be a number; got {describe_typed(value)}")
     if not math.isfinite(number):
-        raise ValueError(f"{key} must be a finite number; got {_describe(value)}")
+        raise ValueError(f"{key} must be a finite number; got {describe(value)}")
     _check_range(spec, key, number)
     return number
 
@@ -159,18 +105,18 @@ def _to_float(spec: _Spec, key: str, value: object) -> float:
 def _to_metric(spec: _Spec, key: str, value: object) -> float:
     """Coerce a metric value: any real number, infinities included (CANDLE's "no best yet"), never NaN."""
     if isinstance(value, bool):
-        raise TypeError(f"{key} must be a number, not a boolean; got {_describe(value)}")
+        raise TypeError(f"{key} must be a number, not a boolean; got {describe(value)}")
     if isinstance(value, str):
         try:
-            number = float(str.strip(_plain_text(value)))
+            number = float(str.strip(plain_text(value)))
         except ValueError:
-            raise ValueError(f"{key} must be a number (inf allowed); got {_describe(value)}") from None
+            raise ValueError(f"{key} must be a number (inf allowed); got {describe(value)}") from None
     elif isinstance(value, numbers.Real):
         number = float(value)
     else:
-        raise TypeError(f"{key} must be a number (inf allowed) or None; got {_describe_typed(value)}")
+        raise TypeError(f"{key} must be a number (inf allowed) or None; got {describe_typed(value)}")
     if math.isnan(number):
-        raise ValueError(f"{key} must be a number (inf allowed), not NaN; got {_describe(value)}")
+        raise ValueError(f"{key} must be a number (inf allowed), not NaN; got {describe(value)}")
     return number
 
 
@@ -181,20 +127,20 @@ def _to_choice(spec: _Spec, key: str, value: object) -> str:
         hint = ""
         if isinstance(value, bool):
             hint = " (quote the value: some config formats read off/on as booleans)"
-        raise TypeError(f"{key} must be one of {allowed}; got {_describe_typed(value)}{hint}")
-    text = str.lower(str.strip(_plain_text(value)))
+        raise TypeError(f"{key} must be one of {allowed}; got {describe_typed(value)}{hint}")
+    text = str.lower(str.strip(plain_text(value)))
     if text not in spec.choices:
-        raise ValueError(f"{key} must be one of {allowed}; got {_describe(value)}")
+        raise ValueError(f"{key} must be one of {allowed}; got {describe(value)}")
     return text
 
 
 def _to_str(spec: _Spec, key: str, value: object) -> str:
     """Coerce a non-empty string parameter (surrounding whitespace removed)."""
     if not isinstance(value, str):
-        raise TypeError(f"{key} must be a non-empty string; got {_describe_typed(value)}")
-    text = str.strip(_plain_text(value))
+        raise TypeError(f"{key} must be a non-empty string; got {describe_typed(value)}")
+    text = str.strip(plain_text(value))
     if not text:
-        raise ValueError(f"{key} must be a non-empty string; got {_describe(value)}")
+        raise ValueError(f"{key} must be a non-empty string; got {describe(value)}")
     return text
 
 
@@ -204,13 +150,13 @@ def _to_path(spec: _Spec, key: str, value: object) -> str:
         value = os.fspath(value)
     if not isinstance(value, str):
         raise TypeError(
-            f"{key} must be a non-empty path (str or os.PathLike resolving to str); got {_describe_typed(value)}"
+            f"{key} must be a non-empty path (str or os.PathLike resolving to str); got {describe_typed(value)}"
         )
-    text = _plain_text(value)
+    text = plain_text(value)
     if not str.strip(text):
-        raise ValueError(f"{key} must be a non-empty path; got {_describe(value)}")
+        raise ValueError(f"{key} must be a non-empty path; got {describe(value)}")
     if "\x00" in text:
-        raise ValueError(f"{key} must not contain NUL characters; got {_describe(value)}")
+        raise ValueError(f"{key} must not contain NUL characters; got {describe(value)}")
     return text
 
 
@@ -222,12 +168,12 @@ def _to_url(spec: _Spec, key: str, value: object) -> str:
     if isinstance(value, os.PathLike) and not isinstance(value, str):
         value = os.fspath(value)
     if not isinstance(value, str):
-        raise TypeError(f"{key} must be a URL string such as 's3://bucket/job'; got {_describe_typed(value)}")
-    text = str.strip(_plain_text(value))
+        raise TypeError(f"{key} must be a URL string such as 's3://bucket/job'; got {describe_typed(value)}")
+    text = str.strip(plain_text(value))
     if not _URL_RE.match(text) or "\x00" in text:
         raise ValueError(
             f"{key} must be a URL of the form protocol://path (e.g. s3://bucket/job, "
-            f"file:///scratch/job, memory://job); got {_describe(value)}"
+            f"file:///scratch/job, memory://job); got {describe(value)}"
         )
     return text
 
@@ -243,21 +189,21 @@ def _to_json(spec: _Spec, key: str, value: object) -> str:
         except (TypeError, ValueError) as err:
             raise TypeError(f"{key} must be JSON-serialisable; {err}") from None
     if not isinstance(value, str):
-        raise TypeError(f"{key} must be a JSON object (a string or a mapping); got {_describe_typed(value)}")
+        raise TypeError(f"{key} must be a JSON object (a string or a mapping); got {describe_typed(value)}")
     try:
-        parsed = json.loads(_plain_text(value))
+        parsed = json.loads(plain_text(value))
     except json.JSONDecodeError as err:
-        raise ValueError(f"{key} must be a JSON object; {_describe(value)} is not valid JSON ({err})") from None
+        raise ValueError(f"{key} must be a JSON object; {describe(value)} is not valid JSON ({err})") from None
     if not isinstance(parsed, dict):
-        raise ValueError(f"{key} must be a JSON object ({{...}}); got {_describe(value)}")
+        raise ValueError(f"{key} must be a JSON object ({{...}}); got {describe(value)}")
     return json.dumps(parsed, sort_keys=True)
 
 
 def _to_text(spec: _Spec, key: str, value: object) -> str:
     """Coerce a free-form string parameter (kept verbatim)."""
     if not isinstance(value, str):
-        raise TypeError(f"{key} must be a string or None; got {_describe_typed(value)}")
-    return _plain_text(value)
+        raise TypeError(f"{key} must be a string or None; got {describe_typed(value)}")
+    return plain_text(value)
 
 
 _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
@@ -291,7 +237,7 @@ def _coerce(spec: _Spec, value: object, key: str | None = None) -> Any:
         TypeError: The value has an unacceptable type.
     """
     key = spec.key if key is None else key
-    if spec.optional and _is_none_like(value):
+    if spec.optional and is_none_like(value):
         return None
     if value is None:
         raise TypeError(f"{key} must not be None ({spec.allowed})")

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.config.coerce import _coerce, _is_none_like, _is_none_word
+from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.raw import is_none_like, is_none_word
 from candle_ckpt.config.schema import _METADATA_FALLBACK_KEY, _SPEC_BY_KEY, _SPECS
 
 
@@ -125,9 +126,9 @@ class CkptConfig:
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
-            if not _is_none_word(value):
+            if not is_none_word(value):
                 kwargs[spec.field] = _coerce(spec, value)
-        if _is_none_like(params.get("ckpt_metadata")):
+        if is_none_like(params.get("ckpt_metadata")):
             fallback = params.get(_METADATA_FALLBACK_KEY)
             kwargs["metadata"] = _coerce(
                 _SPEC_BY_KEY["ckpt_metadata"],
@@ -138,6 +139,14 @@ class CkptConfig:
         if require_epochs and config.epochs is None:
             raise ValueError("epochs is required (an integer > 0) but gParameters['epochs'] is missing or None")
         return config
+
+    def restores(self, epoch: int | None = None) -> bool:
+        """Whether a restart looks for a checkpoint at all.
+
+        ``ckpt_restart_mode=off`` starts from scratch, unless the caller asks for
+        an exact ``epoch``: an explicit request is always honoured.
+        """
+        return self.restart_mode != "off" or epoch is not None
 
     def replace(self, **changes: Any) -> CkptConfig:
         """Return a copy with some fields changed (and re-validated).

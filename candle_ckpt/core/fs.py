@@ -57,15 +57,19 @@ class LocalFS:
             missing.append(p)
             p = os.path.dirname(p)
         for d in reversed(missing):
-            self.hook("mkdir", d)
-            try:
-                os.mkdir(d)
-            except FileExistsError:
-                if not os.path.isdir(d):
-                    raise
+            self.mkdir(d)
         if durable:
             for d in missing:
                 self.fsync_dir(os.path.dirname(d))
+
+    def mkdir(self, path: str) -> None:
+        """Create one directory whose parent exists (one that appeared meanwhile is fine)."""
+        self.hook("mkdir", path)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
 
     def fsync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` (creates, renames) durable."""

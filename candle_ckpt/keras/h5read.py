@@ -2,7 +2,7 @@
 
 It relies on ``keras.src.saving.saving_lib._load_state``, ``H5IOStore`` and
 ``safe_get_h5_dataset`` (pinned in ``setup.cfg``;
-``tests/integration/test_keras_format.py`` fails loudly if they change). We
+``tests/integration/keras/test_keras_format.py`` fails loudly if they change). We
 feed it the bytes that were just CRC-verified (an mmap of the file), so a
 restart reads each file once.
 """

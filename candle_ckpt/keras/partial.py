@@ -26,6 +26,7 @@ import numpy as np
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.keras.capture import weights_view
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.storage.store import CheckpointStore
@@ -99,6 +100,41 @@ def load_weights(
     if not model.built:
         raise ValueError("load_weights needs a built model (call it on data, model.build(), or use an Input layer)")
     available = _layers_by_name(model)
+    wanted = _select_layers(model, layers, available)
+
+    store = CheckpointStore(root)
+    start = time.perf_counter()
+    side = store.read_sidecar(epoch)
+    name = file or side.model_file
+    if name not in side.files:
+        raise ValueError(
+            f"load_weights: checkpoint {store.layout.epoch_dir(epoch)} has no {name!r}; it has {sorted(side.files)}"
+        )
+    side, kept = store.verify(epoch, keep=[name])
+    verify_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    where = store.layout.epoch_dir(epoch)
+    with weights_view(kept[name], name, where) as weights, h5py.File(io.BytesIO(weights), "r") as h5:
+        assignments = _checked_assignments(h5, {n: available[n] for n in wanted}, f"{name} of epoch {epoch}")
+    for var, value in assignments:  # all checked: now change the model
+        var.assign(value)
+    load_s = time.perf_counter() - start
+    nbytes = side.files[name].size
+    stats = transfer_record(nbytes, {"epoch": epoch, "file": name, "layers": wanted}, verify_s=verify_s, load_s=load_s)
+    OpsLog(store.layout.log).info(
+        f"load_weights: {len(wanted)} layer(s) {wanted} from {store.layout.epoch_dir(epoch)}/{name}: "
+        f"{nbytes / 1e6:.1f} MB verified in {verify_s:.3f} s, loaded in {load_s:.3f} s ({stats['mb_per_s']:.1f} MB/s)"
+    )
+    return stats
+
+
+def _select_layers(
+    model: keras.Model,
+    layers: Iterable[str] | Callable[[keras.layers.Layer], bool],
+    available: dict[str, list[tuple[str, list[Any]]]],
+) -> list[str]:
+    """The names of the layers to load, in order, once each; ValueError for an unknown name or none."""
     if callable(layers):
         wanted = [layer.name for layer in model._flatten_layers(include_self=False) if layers(layer)]
         wanted = [n for n in dict.fromkeys(wanted) if n in available]
@@ -113,66 +149,46 @@ def load_weights(
             )
     if not wanted:
         raise ValueError(f"load_weights: no layer selected; layers with weights: {sorted(available)}")
+    return wanted
 
-    store = CheckpointStore(root)
-    start = time.perf_counter()
-    side = store.read_sidecar(epoch)
-    name = file or side.model_file
-    if name not in side.files:
-        raise ValueError(
-            f"load_weights: checkpoint {store.layout.epoch_dir(epoch)} has no {name!r}; it has {sorted(side.files)}"
-        )
-    side, kept = store.verify(epoch, keep=[name])
-    verify_s = time.perf_counter() - start
 
-    start = time.perf_counter()
+def _checked_assignments(
+    h5: h5py.File, wanted: dict[str, list[tuple[str, list[Any]]]], source: str
+) -> list[tuple[Any, np.ndarray]]:
+    """Read every wanted layer's saved values, checking each layer and shape first; change nothing.
+
+    Args:
+        h5: The open ``.weights.h5``.
+        wanted: Layer name -> its ``(H5 path, variables)`` in the model.
+        source: The file and epoch, for the error messages.
+    """
     assignments: list[tuple[Any, np.ndarray]] = []
-    where = store.layout.epoch_dir(epoch)
-    with weights_view(kept[name], name, where) as weights, h5py.File(io.BytesIO(weights), "r") as h5:
-        saved_names = {str(g.attrs.get("name")): p for p, g in _groups(h5)}
-        for layer_name in wanted:
-            for path, variables in available[layer_name]:
-                # By the saved layer name first (a transfer target may order its layers
-                # differently, so the same H5 path can be another layer), then by path.
-                group = h5.get(f"{saved_names[layer_name]}/vars") if layer_name in saved_names else None
-                if group is None and not saved_names:
-                    group = h5.get(f"{path}/vars")
-                if group is None:
+    saved_names = {str(g.attrs.get("name")): p for p, g in _groups(h5)}
+    for layer_name, entries in wanted.items():
+        for path, variables in entries:
+            # By the saved layer name first (a transfer target may order its layers
+            # differently, so the same H5 path can be another layer), then by path.
+            group = h5.get(f"{saved_names[layer_name]}/vars") if layer_name in saved_names else None
+            if group is None and not saved_names:
+                group = h5.get(f"{path}/vars")
+            if group is None:
+                raise ValueError(
+                    f"load_weights: layer {layer_name!r} is not in {source}; layers there: {sorted(saved_names)}"
+                )
+            if len(group) != len(variables):
+                raise ValueError(
+                    f"load_weights: layer {layer_name!r} has {len(variables)} variables but the checkpoint "
+                    f"has {len(group)}"
+                )
+            for i, var in enumerate(variables):
+                data = group[str(i)]
+                if tuple(data.shape) != tuple(var.shape):
                     raise ValueError(
-                        f"load_weights: layer {layer_name!r} is not in {name} of epoch {epoch}; "
-                        f"layers there: {sorted(saved_names)}"
+                        f"load_weights: shape mismatch for layer {layer_name!r} variable {var.path or i}: "
+                        f"model {tuple(var.shape)}, checkpoint {tuple(data.shape)}"
                     )
-                if len(group) != len(variables):
-                    raise ValueError(
-                        f"load_weights: layer {layer_name!r} has {len(variables)} variables but the checkpoint "
-                        f"has {len(group)}"
-                    )
-                for i, var in enumerate(variables):
-                    data = group[str(i)]
-                    if tuple(data.shape) != tuple(var.shape):
-                        raise ValueError(
-                            f"load_weights: shape mismatch for layer {layer_name!r} variable {var.path or i}: "
-                            f"model {tuple(var.shape)}, checkpoint {tuple(data.shape)}"
-                        )
-                    assignments.append((var, data[()]))
-    for var, value in assignments:  # all checked: now change the model
-        var.assign(value)
-    load_s = time.perf_counter() - start
-    nbytes = side.files[name].size
-    stats = {
-        "epoch": epoch,
-        "file": name,
-        "layers": wanted,
-        "bytes": nbytes,
-        "verify_s": round(verify_s, 6),
-        "load_s": round(load_s, 6),
-        "mb_per_s": round(nbytes / max(verify_s + load_s, 1e-9) / 1e6, 3),
-    }
-    OpsLog(store.layout.log).info(
-        f"load_weights: {len(wanted)} layer(s) {wanted} from {store.layout.epoch_dir(epoch)}/{name}: "
-        f"{nbytes / 1e6:.1f} MB verified in {verify_s:.3f} s, loaded in {load_s:.3f} s ({stats['mb_per_s']:.1f} MB/s)"
-    )
-    return stats
+                assignments.append((var, data[()]))
+    return assignments
 
 
 def _groups(h5: h5py.File):

@@ -2,7 +2,7 @@
 
 What each kind of input needs to continue exactly where the uninterrupted
 run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
-``tests/integration/test_exact_resume.py`` keep each finding):
+``tests/integration/keras/test_exact_resume.py`` keep each finding):
 
 * **tf.data, a new iterator per epoch** (no ``steps_per_epoch``): a
   ``shuffle(..., seed=s, reshuffle_each_iteration=True)`` draws each

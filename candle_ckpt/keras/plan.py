@@ -1,7 +1,7 @@
 """The save plan: which variable goes to which H5 path, found the way ``save_weights`` walks a model.
 
 It relies on ``keras.src.saving.saving_lib._save_state`` (pinned in
-``setup.cfg``; ``tests/integration/test_keras_format.py`` fails loudly if it
+``setup.cfg``; ``tests/integration/keras/test_keras_format.py`` fails loudly if it
 changes): we hand it a recording store, so we learn which variables go to
 which H5 path without writing anything. That plan lets
 :class:`~candle_ckpt.keras.state.ModelState` take a host snapshot (one copy of

@@ -67,15 +67,27 @@ def restart(
         the number of completed epochs: pass it as ``initial_epoch``), or None.
     """
     cfg = CkptConfig.from_params(gParameters)
-    if cfg.restart_mode == "off":
+    if not cfg.restores():
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
-        worker = WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False)
-        found = worker.restore()
-        attach_resumed(model, worker.resumed)
-        if worker.resumed is not None:
-            guard_optimizer(model, worker.resumed, worker.ops, worker.layout.epoch_dir(worker.resumed.sidecar.epoch))
-        return found
+        return _restart_through_worker(gParameters, model, logger, verbose)
+    return _restart_keras(cfg, model, logger, verbose)
+
+
+def _restart_through_worker(
+    gParameters: Mapping[str, Any], model, logger: str | logging.Logger | None, verbose: bool
+) -> dict[str, Any] | None:
+    """A tf_keras model, or one under a multi-worker strategy: the chief chooses for every worker."""
+    worker = WorkerTrainingState(gParameters, model, logger=logger, verbose=verbose, writable=False)
+    found = worker.restore()
+    attach_resumed(model, worker.resumed)
+    if worker.resumed is not None:
+        guard_optimizer(model, worker.resumed, worker.ops, worker.layout.epoch_dir(worker.resumed.sidecar.epoch))
+    return found
+
+
+def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, verbose: bool) -> dict[str, Any] | None:
+    """A Keras 3 model in this process: choose, verify and load through :class:`KerasModelAdapter`."""
     ops = OpsLog(L.Layout.at(cfg.directory).log, get_logger(logger, verbose))
     adapter = KerasModelAdapter(model)
     start = time.perf_counter()

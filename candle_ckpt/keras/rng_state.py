@@ -6,7 +6,7 @@ counter of its eager context, and Keras's global ``SeedGenerator``. With them
 in the checkpoint, a ``PyDataset`` or generator that reshuffles with any of
 these continues with the numbers the uninterrupted run would have drawn.
 
-Two of them are private TensorFlow state (``tests/integration/test_exact_resume.py``
+Two of them are private TensorFlow state (``tests/integration/keras/test_exact_resume.py``
 has a tripwire for each): the global generator lives in
 ``stateful_random_ops.global_generator`` (asking the public
 ``tf.random.get_global_generator()`` would create one and change nothing else),

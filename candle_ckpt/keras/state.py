@@ -5,7 +5,7 @@ a host snapshot of every variable (a view where the backend allows, a copy
 into reused buffers for async saves) and writes a standard ``.weights.h5``
 from it; restore goes through :mod:`candle_ckpt.keras.h5read`. The ``.keras``
 archive's config comes from ``saving_lib._serialize_model_as_json`` (a tripwire
-in ``tests/integration/test_keras_format.py``).
+in ``tests/integration/keras/test_keras_format.py``).
 """
 
 from __future__ import annotations

@@ -15,13 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32, format_crc, iter_file_chunks
-from candle_ckpt.core.errors import (
-    CheckpointError,
-    CorruptCheckpoint,
-    SidecarError,
-)
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.sidecar import FileEntry, Sidecar
 
 logger = logging.getLogger("candle_ckpt.storage.reader")
 
@@ -139,13 +135,7 @@ class CheckpointReader:
         model = os.path.join(self.layout.epoch_dir(epoch), name)
         size = os.path.getsize(model) if os.path.isfile(model) and not os.path.islink(model) else None
         best = self.link_epoch("best") if os.path.lexists(self.layout.link("best")) else None
-        try:
-            side = from_candle(raw, source=path, model_size=size, best_epoch=best)
-        except SidecarError as err:
-            raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
-        if side.epoch != epoch:
-            raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
-        return side
+        return _checked_sidecar(path, epoch, lambda: from_candle(raw, source=path, model_size=size, best_epoch=best))
 
     def verify(
         self,
@@ -182,31 +172,10 @@ class CheckpointReader:
         kept: dict[str, bytes | mmap.mmap] = {}
         directory = self.layout.epoch_dir(epoch)
         for name, entry in side.files.items():
-            path = os.path.join(directory, name)
-            if os.path.islink(path) or not os.path.isfile(path):
-                raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
-            size = os.path.getsize(path)
-            if size != entry.size:
-                raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
             check = self.checksum and entry.crc32 is not None
-            if name in wanted:
-                data = _map_file(path, size) if mapped else _read_file(path, size)
-                if len(data) != entry.size:  # changed since the size check
-                    raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
+            data = _verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
+            if data is not None:
                 kept[name] = data
-                value = crc32(data) if check else None
-                if progress is not None:
-                    progress(len(data))
-            elif check:
-                value = 0
-                for block in iter_file_chunks(path):
-                    value = crc32(block, value)
-                    if progress is not None:
-                        progress(len(block))
-            else:
-                continue
-            if check and format_crc(value) != entry.crc32:
-                raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
         return side, kept
 
     def candidates(self) -> Iterator[int]:
@@ -260,13 +229,51 @@ def parse_sidecar(raw: bytes, path: str, epoch: int) -> Sidecar:
     Raises:
         CorruptCheckpoint: if they are not a valid sidecar of that epoch.
     """
+    return _checked_sidecar(path, epoch, lambda: Sidecar.from_json(raw, source=path))
+
+
+def _checked_sidecar(path: str, epoch: int, parse: Callable[[], Sidecar]) -> Sidecar:
+    """Run ``parse``: its SidecarError, or a sidecar of another epoch, becomes a CorruptCheckpoint of ``path``."""
     try:
-        side = Sidecar.from_json(raw, source=path)
+        side = parse()
     except SidecarError as err:
         raise CorruptCheckpoint(path, str(err).removeprefix(path + ": ")) from None
     if side.epoch != epoch:
         raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
     return side
+
+
+def _verify_file(
+    path: str,
+    entry: FileEntry,
+    keep: bool,
+    mapped: bool,
+    check: bool,
+    progress: Callable[[int], None] | None,
+) -> bytes | mmap.mmap | None:
+    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``keep``, else None."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
+    size = os.path.getsize(path)
+    if size != entry.size:
+        raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
+    data = None
+    if keep:
+        data = _map_file(path, size) if mapped else _read_file(path, size)
+        if len(data) != entry.size:  # changed since the size check
+            raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
+        value = crc32(data) if check else None
+        if progress is not None:
+            progress(len(data))
+    elif check:
+        value = 0
+        for block in iter_file_chunks(path):
+            value = crc32(block, value)
+            if progress is not None:
+                progress(len(block))
+    if check and format_crc(value) != entry.crc32:
+        raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
+    return data
 
 
 def _read_file(path: str, size: int) -> bytes:

@@ -34,7 +34,6 @@ variables (for s3fs: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -52,55 +51,9 @@ from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.reader import parse_sidecar
+from candle_ckpt.core.stats import transfer_record
+from candle_ckpt.storage.remote_layout import open_remote, read_remote_sidecar, remote_epochs, remote_path
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
-
-
-def open_remote(cfg: CkptConfig):
-    """Return ``(filesystem, root path)`` for ``ckpt_upload_url``.
-
-    Raises:
-        ValueError: the URL's protocol is unknown to fsspec or its backend is
-            not installed (the message names ``ckpt_upload_url``).
-    """
-    import fsspec.core
-
-    options = json.loads(cfg.upload_options) if cfg.upload_options else {}
-    try:
-        fs, root = fsspec.core.url_to_fs(cfg.upload_url, **options)
-    except (ValueError, ImportError) as err:
-        raise ValueError(f"ckpt_upload_url {cfg.upload_url!r} cannot be opened with fsspec: {err}") from None
-    return fs, root.rstrip("/")
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
-
-
-def remote_epochs(fs, root: str) -> list[int]:
-    """Epoch numbers of ``<root>/epochs/NNN`` directories (complete or not), ascending."""
-    try:
-        fs.invalidate_cache()
-        names = fs.ls(_join(root, "epochs"), detail=False)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        base = name.rstrip("/").rsplit("/", 1)[-1]
-        epoch = L.parse_epoch(base)
-        if epoch is not None and L.epoch_name(epoch) == base:
-            found.append(epoch)
-    return sorted(set(found))
-
-
-def read_remote_sidecar(fs, root: str, epoch: int) -> Sidecar:
-    """Read and validate a remote sidecar; CorruptCheckpoint if absent or bad."""
-    path = _join(root, "epochs", L.epoch_name(epoch), L.SIDECAR)
-    try:
-        raw = fs.cat_file(path)
-    except FileNotFoundError:
-        raise CorruptCheckpoint(path, "sidecar is missing (upload incomplete)") from None
-    return parse_sidecar(raw, path, epoch)
 
 
 def _copy_from(path: str) -> Callable[[Any], None]:
@@ -145,7 +98,7 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: 
                 side = read_remote_sidecar(fs, root, e)
                 for name, entry in side.files.items():
                     local = os.path.join(tmp, name)
-                    fs.get_file(_join(root, "epochs", L.epoch_name(e), name), local)
+                    fs.get_file(remote_path(root, "epochs", L.epoch_name(e), name), local)
                     value, size = crc32_file(local)
                     if size != entry.size:
                         raise CorruptCheckpoint(name, f"downloaded {size} bytes but the sidecar recorded {entry.size}")
@@ -153,7 +106,7 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: 
                         raise CorruptCheckpoint(name, f"downloaded CRC32 {format_crc(value)}, sidecar {entry.crc32}")
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 template = replace(
-                    side, extra={**side.extra, "pulled_from": _join(cfg.upload_url, "epochs", L.epoch_name(e))}
+                    side, extra={**side.extra, "pulled_from": remote_path(cfg.upload_url, "epochs", L.epoch_name(e))}
                 )
                 specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
                 store.commit(e, specs, template)
@@ -192,8 +145,6 @@ class RemoteMirror:
         self.select = select
         self.fs, self.root = open_remote(cfg)
         self.records: list[dict[str, Any]] = []
-        # (op, remote path) in the order performed: lets tests check that the sidecar goes last.
-        self.ops_done: list[tuple[str, str]] = []
         self._queue: queue.Queue = queue.Queue()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -244,34 +195,22 @@ class RemoteMirror:
                 shutil.rmtree(stage, ignore_errors=True)
                 self._queue.task_done()
 
-    def _op(self, op: str, path: str) -> None:
-        self.ops_done.append((op, path))
-
     def _upload(self, epoch: int, stage: str) -> None:
         with open(os.path.join(stage, L.SIDECAR), "rb") as f:
             side = Sidecar.from_json(f.read(), source=os.path.join(stage, L.SIDECAR))
-        remote_dir = _join(self.root, "epochs", L.epoch_name(epoch))
-        remote_side = _join(remote_dir, L.SIDECAR)
+        remote_dir = remote_path(self.root, "epochs", L.epoch_name(epoch))
+        remote_side = remote_path(remote_dir, L.SIDECAR)
         start = time.perf_counter()
         self.fs.invalidate_cache()
         if self.fs.exists(remote_side):  # hide the older copy before replacing its files
-            self._op("rm", remote_side)
             self.fs.rm(remote_side)
         self.fs.makedirs(remote_dir, exist_ok=True)  # needed by file://; a no-op for object stores
         for name in side.files:
-            self._op("put", _join(remote_dir, name))
-            self.fs.put_file(os.path.join(stage, name), _join(remote_dir, name))
-        self._op("put", remote_side)
+            self.fs.put_file(os.path.join(stage, name), remote_path(remote_dir, name))
         self.fs.put_file(os.path.join(stage, L.SIDECAR), remote_side)
         elapsed = max(time.perf_counter() - start, 1e-9)
         nbytes = side.total_bytes + os.path.getsize(os.path.join(stage, L.SIDECAR))
-        rec = {
-            "epoch": epoch,
-            "url": remote_dir,
-            "bytes": nbytes,
-            "upload_s": round(elapsed, 6),
-            "mb_per_s": round(nbytes / elapsed / 1e6, 3),
-        }
+        rec = transfer_record(nbytes, {"epoch": epoch, "url": remote_dir}, upload_s=elapsed)
         self.records.append(rec)
         self._uploaded[epoch] = side.generation
         self.ops.info(
@@ -285,11 +224,9 @@ class RemoteMirror:
         links = (self.store.link_epoch("best"), self.store.link_epoch("last"))
         _, doomed = prune_plan(epochs, self.select, [e for e in (*links, uploaded) if e is not None])
         for e in doomed:
-            remote_dir = _join(self.root, "epochs", L.epoch_name(e))
-            if self.fs.exists(_join(remote_dir, L.SIDECAR)):  # invisible first, then gone
-                self._op("rm", _join(remote_dir, L.SIDECAR))
-                self.fs.rm(_join(remote_dir, L.SIDECAR))
-            self._op("rm", remote_dir)
+            remote_dir = remote_path(self.root, "epochs", L.epoch_name(e))
+            if self.fs.exists(remote_path(remote_dir, L.SIDECAR)):  # invisible first, then gone
+                self.fs.rm(remote_path(remote_dir, L.SIDECAR))
             self.fs.rm(remote_dir, recursive=True)
             self._uploaded.pop(e, None)
             self.ops.info(f"remote: pruned epoch {e} from {self.cfg.upload_url}")

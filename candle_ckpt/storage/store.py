@@ -1,22 +1,8 @@
 """The checkpoint store: the write side (commit, links, delete, prune) over :class:`CheckpointReader`.
 
-The commit protocol (every step goes through :class:`~candle_ckpt.core.fs.LocalFS`):
-
-1. write every file into ``ckpts/work/`` and fsync it (its CRC32 is computed
-   while it is written), then write ``ckpt-info.json`` last and fsync it;
-2. fsync ``work/``;
-3. rename ``work/`` to ``epochs/NNN`` and fsync ``epochs/``; an existing
-   ``epochs/NNN`` (from a rolled-back lineage) is first renamed aside into
-   ``trash-*`` only now that the new one is complete, and removed afterwards;
-4. move ``last`` (and ``best``) with a temporary symlink ``os.replace``-d over
-   the old one, fsyncing ``ckpts/``;
-5. prune (the callers do this after the commit).
-
-If any step fails (an fsync returning EIO included), the commit raises and
-undoes itself: ``work/`` is removed, a renamed ``epochs/NNN`` is withdrawn
-into ``trash-*``, and ``last``/``best`` are put back. A failed fsync is never
-retried as if it had succeeded (the PostgreSQL "fsyncgate" lesson): the next
-save writes every file anew.
+:meth:`CheckpointStore.commit` runs the commit protocol of
+:mod:`candle_ckpt.storage.commit` (write into ``work/``, rename to
+``epochs/NNN``, move the links; each step durable and undone on failure).
 
 A crash at any instant leaves either the old state or the new one; leftovers
 (``work/``, ``trash-*``, ``.tmp-*``) are never read and are removed by the
@@ -32,26 +18,28 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.errors import CheckpointError
-from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.stats import mb_per_s, seconds
+from candle_ckpt.storage.commit import (
+    FileSpec,
+    discard_work,
+    fresh_work,
+    publish,
+    raw_link,
+    remove_trash,
+    unpublish,
+    write_files,
+)
 from candle_ckpt.storage.lock import WriterLock
 from candle_ckpt.storage.reader import CheckpointReader
 
 logger = logging.getLogger("candle_ckpt.storage.store")
-
-
-@dataclass(frozen=True)
-class FileSpec:
-    """One file of a checkpoint: its name and a function that writes it."""
-
-    name: str
-    write: Callable[[CrcFile], None]
 
 
 class CheckpointStore(CheckpointReader):
@@ -61,20 +49,11 @@ class CheckpointStore(CheckpointReader):
     Writing needs :meth:`open_for_write`, which takes the writer lock, removes a
     crashed writer's leftovers and learns the next commit generation.
 
-    Args:
-        directory: ``ckpt_directory``; the store lives in ``<directory>/ckpts``.
-        fs: The file-system operations (tests inject faults here).
-        checksum: Compute and check CRC32s (``ckpt_checksum``).
-        flat: The ``flat`` layout (no ``ckpts/`` level; ``ckpt_layout``).
+    Its arguments are :class:`CheckpointReader`'s (``directory``, ``fs``, ``checksum``, ``flat``).
     """
 
     def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        fs: LocalFS | None = None,
-        checksum: bool = True,
-        flat: bool = False,
+        self, directory: str | os.PathLike[str], *, fs: LocalFS | None = None, checksum: bool = True, flat: bool = False
     ) -> None:
         super().__init__(directory, fs=fs, checksum=checksum, flat=flat)
         self._generation: int | None = None
@@ -197,15 +176,9 @@ class CheckpointStore(CheckpointReader):
         # A generation is never reused, even by a commit that fails half-way.
         generation = self._generation
         self._generation += 1
-        if os.path.lexists(lay.work):
-            fs.rmtree(lay.work)
-        fs.makedirs(lay.work)
+        fresh_work(fs, lay)
         try:
-            entries = {}
-            for spec in files:
-                if not L.is_safe_filename(spec.name) or spec.name == L.SIDECAR:
-                    raise ValueError(f"checkpoint file name {spec.name!r} is not allowed")
-                entries[spec.name] = self._write_file(os.path.join(lay.work, spec.name), spec.write)
+            entries = write_files(fs, lay, files, self.checksum)
             elapsed = max(time.perf_counter() - start, 1e-9)
             total = sum(e.size for e in entries.values())
             final = replace(
@@ -213,125 +186,37 @@ class CheckpointStore(CheckpointReader):
                 epoch=epoch,
                 files=entries,
                 generation=generation,
-                save_duration_s=round(elapsed, 6),
-                save_mb_per_s=round(total / elapsed / 1e6, 3),
+                save_duration_s=seconds(elapsed),
+                save_mb_per_s=mb_per_s(total, elapsed),
             )
             fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
             fs.fsync_dir(lay.work)
         except BaseException:
-            self._discard_work()
+            discard_work(fs, lay)
             raise
         # From here on a failure (an fsync error above all) withdraws the new
         # checkpoint and puts the links back: a failed save changes nothing that
         # restart() would pick, and an fsync that failed is never trusted later.
-        old_links = {name: self._raw_link(name) for name in L.LINK_NAMES}
-        replaced = self._publish(epoch)
+        old_links = {name: raw_link(lay, name) for name in L.LINK_NAMES}
+        replaced = publish(fs, lay, epoch)
         try:
-            self.set_link("last", epoch)
-            if (
-                best_epoch is not None
-                and self.link_epoch("best") != best_epoch
-                and os.path.isdir(lay.epoch_dir(best_epoch))
-            ):
-                self.set_link("best", best_epoch)
+            self._move_links(epoch, best_epoch)
         except BaseException:
-            self._unpublish(epoch, replaced, old_links)
+            unpublish(fs, lay, epoch, replaced, old_links)
             raise
         if replaced is not None:
-            try:
-                fs.rmtree(replaced)
-            except OSError as err:  # the commit is durable; trash-* is removed at the next start
-                logger.warning("could not remove %s now (it goes at the next start): %s", replaced, err)
+            remove_trash(fs, replaced)
         return final
 
-    def _write_file(self, path: str, write: Callable[[CrcFile], None]):
-        from candle_ckpt.core.sidecar import FileEntry
-
-        f = self.fs.create(path)
-        try:
-            write(f)
-            if f.write_error is not None:  # the writer swallowed a failed write: the file is incomplete
-                raise f.write_error
-            value = format_crc(f.crc32()) if self.checksum else None
-            f.close()
-        except BaseException as err:
-            f.abort()
-            if f.write_error is not None and err is not f.write_error:
-                # e.g. h5py's "Problems closing file": say what really happened (ENOSPC, EIO).
-                raise f.write_error from err
-            raise
-        return FileEntry(f.size, value)
-
-    def _publish(self, epoch: int) -> str | None:
-        """Rename ``work/`` to ``epochs/NNN`` durably; return where an old ``epochs/NNN`` was moved.
-
-        On failure ``work/`` is discarded and an old ``epochs/NNN`` is put back.
-        """
-        lay, fs = self.layout, self.fs
-        target = lay.epoch_dir(epoch)
-        replaced = None
-        try:
-            if os.path.lexists(target):
-                # Replace only now that the new one is complete: move the old aside.
-                replaced = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
-                fs.rename(target, replaced)
-            fs.rename(lay.work, target)
-        except BaseException:
-            self._discard_work()
-            self._unpublish(epoch, replaced, None, withdraw=False)
-            raise
-        try:
-            fs.fsync_dir(lay.epochs)
-            if replaced is not None:
-                fs.fsync_dir(lay.ckpts)
-        except BaseException:
-            self._unpublish(epoch, replaced, None)
-            raise
-        return replaced
-
-    def _unpublish(
-        self, epoch: int, replaced: str | None, old_links: dict[str, str | None] | None, *, withdraw: bool = True
-    ) -> None:
-        """Undo a failed commit, best effort: withdraw ``epochs/NNN``, restore what it replaced and the links.
-
-        Errors here are logged, never raised: the caller re-raises the original error.
-        """
-        lay, fs = self.layout, self.fs
-        target = lay.epoch_dir(epoch)
-        try:
-            if withdraw and os.path.isdir(target):
-                trash = lay.trash_dir(f"{L.epoch_name(epoch)}-failed-{uuid.uuid4().hex[:8]}")
-                fs.rename(target, trash)
-                if replaced is not None:
-                    fs.rename(replaced, target)
-                fs.fsync_dir(lay.epochs)
-                fs.rmtree(trash)
-            elif replaced is not None and not os.path.lexists(target):
-                fs.rename(replaced, target)
-                fs.fsync_dir(lay.epochs)
-            for name, old in (old_links or {}).items():
-                if self._raw_link(name) == old:
-                    continue
-                if old is None:
-                    fs.unlink(lay.link(name))
-                    fs.fsync_dir(lay.ckpts)
-                else:
-                    fs.set_link(lay.link(name), old)
-        except Exception:
-            logger.exception("could not fully undo the failed commit of %s", target)
-
-    def _raw_link(self, name: str) -> str | None:
-        try:
-            return read_link(self.layout.link(name))
-        except (OSError, ValueError):
-            return None
-
-    def _discard_work(self) -> None:
-        try:
-            if os.path.lexists(self.layout.work):
-                self.fs.rmtree(self.layout.work)
-        except Exception:  # the original error matters more than the cleanup
-            logger.exception("could not remove %s after a failed save", self.layout.work)
+    def _move_links(self, epoch: int, best_epoch: int | None) -> None:
+        """Point ``last`` at ``epoch``, and ``best`` at ``best_epoch`` if given, moved and present (step 4)."""
+        self.set_link("last", epoch)
+        if (
+            best_epoch is not None
+            and self.link_epoch("best") != best_epoch
+            and os.path.isdir(self.layout.epoch_dir(best_epoch))
+        ):
+            self.set_link("best", best_epoch)
 
     def set_link(self, name: str, epoch: int) -> None:
         """Atomically point ``best``/``last`` at ``epochs/NNN`` (which must exist)."""
@@ -346,10 +231,7 @@ class CheckpointStore(CheckpointReader):
         trash = lay.trash_dir(f"{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
         self.fs.rename(lay.epoch_dir(epoch), trash)
         self.fs.fsync_dir(lay.epochs)
-        try:
-            self.fs.rmtree(trash)
-        except OSError as err:  # the epoch is already gone from epochs/; trash-* goes at the next start
-            logger.warning("could not remove %s now (it goes at the next start): %s", trash, err)
+        remove_trash(self.fs, trash)  # the epoch is already gone from epochs/
 
     def prune(self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()) -> list[int]:
         """Delete the checkpoints that ``select(epochs, protected)`` does not keep.

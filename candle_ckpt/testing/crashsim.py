@@ -14,9 +14,8 @@ instant could leave behind:
   did not (ext4 ``data=writeback``: a rename can overtake the data it names);
 * ``meta-cut``: as ``meta``, with a random prefix of the unsynced writes.
 
-The model is the simple one the crash-consistency literature starts from: an
-fsync of a file persists its data; an fsync of a directory persists its
-entries. A file's data is tracked per inode, so a rename carries it along.
+The model of what is durable, and of what each variant keeps, is in
+:mod:`candle_ckpt.testing.crashmodel`.
 
 Only operations that go through the file system object are modelled; the
 store routes every durable step of a save through it (``ckpt.log``, the
@@ -36,44 +35,22 @@ Typical use::
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
 import random
-from dataclasses import dataclass, field
 
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.fs import LocalFS
-
-VARIANTS = ("drop", "cut", "meta", "meta-cut")
-
-
-@dataclass
-class _Node:
-    kind: str  # "file", "dir" or "link"
-    data: bytearray = field(default_factory=bytearray)
-    durable: bytes = b""
-    pending: list[tuple[int, bytes | None, int]] = field(default_factory=list)  # (offset, data|None=truncate, size)
-    entries: dict[str, _Node] = field(default_factory=dict)
-    durable_entries: dict[str, _Node] = field(default_factory=dict)
-    target: str = ""
-
-
-@dataclass(frozen=True)
-class CrashPoint:
-    """Where a simulated power cut happens.
-
-    Attributes:
-        index: Number of operations that had completed.
-        op: The last completed operation (``"start"`` for none).
-        variant: ``drop``, ``cut``, ``meta`` or ``meta-cut`` (see the module docstring).
-        marks: The marks recorded before this point (e.g. "commit returned").
-    """
-
-    index: int
-    op: str
-    variant: str
-    marks: tuple[str, ...]
+from candle_ckpt.testing.crashmodel import (
+    VARIANTS,
+    CrashPoint,
+    Node,
+    clear,
+    durable_state,
+    load_tree,
+    materialize,
+    state_digest,
+)
+from candle_ckpt.testing.faultfs import NoSymlinkFS
 
 
 class OutsideRoot(AssertionError):
@@ -83,7 +60,7 @@ class OutsideRoot(AssertionError):
 class _RecordingFile(CrcFile):
     """A CrcFile that reports each write and truncate (offset and bytes) to the recorder."""
 
-    def __init__(self, path: str, recorder: RecordingFS, node: _Node) -> None:
+    def __init__(self, path: str, recorder: RecordingFS, node: Node) -> None:
         super().__init__(path, fsync=lambda fd: recorder.fsync(fd, path), on_write=recorder.hook)
         self._recorder = recorder
         self._node = node
@@ -123,12 +100,12 @@ class RecordingFS(LocalFS):
         self.ops: list[str] = []
         self.marks: list[tuple[int, str]] = []
         self._states: list[tuple[CrashPoint, dict[str, tuple]]] = []
-        self._tree: _Node | None = None
+        self._tree: Node | None = None
 
     # -- control -----------------------------------------------------------------
     def start(self) -> None:
         """Take the directory as it is now as the durable starting state and record from here."""
-        self._tree = _load_tree(self.root)
+        self._tree = load_tree(self.root)
         self.ops, self.marks, self._states = [], [], []
         self.recording = True
         self._emit("start")
@@ -156,7 +133,7 @@ class RecordingFS(LocalFS):
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if node is None or node.kind != "file":
-            node = _Node("file")
+            node = Node("file")
             parent.entries[name] = node
         f = _RecordingFile(path, self, node)
         if node.data:
@@ -172,23 +149,13 @@ class RecordingFS(LocalFS):
             node.pending.clear()
             self._log("fsync", path)
 
-    def makedirs(self, path: str, durable: bool = False) -> None:
+    def mkdir(self, path: str) -> None:
         # Record each mkdir right after it happened, before any fsync of its parent.
-        if not self.recording:
-            return super().makedirs(path, durable)
-        missing = []
-        p = os.path.abspath(path)
-        while not os.path.isdir(p):
-            missing.append(p)
-            p = os.path.dirname(p)
-        for d in reversed(missing):
-            LocalFS.makedirs(self, d)
-            parent, name = self._parent(d)
-            parent.entries[name] = _Node("dir")
-            self._log("mkdir", d)
-        if durable:
-            for d in missing:
-                self.fsync_dir(os.path.dirname(d))
+        super().mkdir(path)
+        if self.recording:
+            parent, name = self._parent(path)
+            parent.entries[name] = Node("dir")
+            self._log("mkdir", path)
 
     def fsync_dir(self, path: str) -> None:
         super().fsync_dir(path)
@@ -218,14 +185,14 @@ class RecordingFS(LocalFS):
             parent, name = self._parent(path)
             node = parent.entries.pop(name, None)
             if node is not None:
-                _clear(node)
+                clear(node)
             self._log("rmtree", path)
 
     def symlink(self, target: str, path: str) -> None:
         super().symlink(target, path)
         if self.recording:
             parent, name = self._parent(path)
-            parent.entries[name] = _Node("link", target=target)
+            parent.entries[name] = Node("link", target=target)
             self._log("symlink", path)
 
     # -- model ------------------------------------------------------------------------
@@ -236,13 +203,13 @@ class RecordingFS(LocalFS):
         rel = os.path.relpath(path, self.root)
         return [] if rel == "." else rel.split(os.sep)
 
-    def _lookup(self, path: str) -> _Node:
+    def _lookup(self, path: str) -> Node:
         node = self._tree
         for part in self._rel_parts(path):
             node = node.entries[part]
         return node
 
-    def _parent(self, path: str) -> tuple[_Node, str]:
+    def _parent(self, path: str) -> tuple[Node, str]:
         parts = self._rel_parts(path)
         if not parts:
             raise OutsideRoot(f"operation on the root {path} itself")
@@ -259,11 +226,11 @@ class RecordingFS(LocalFS):
         node = sparent.entries.pop(sname)
         old = dparent.entries.get(dname)
         if old is not None and old is not node and old.kind == "dir":
-            _clear(old)
+            clear(old)
         dparent.entries[dname] = node
         self._log(op, f"{src} -> {dst}")
 
-    def _write(self, node: _Node, offset: int, data: bytes) -> None:
+    def _write(self, node: Node, offset: int, data: bytes) -> None:
         if not self.recording:
             return
         end = offset + len(data)
@@ -273,7 +240,7 @@ class RecordingFS(LocalFS):
         node.pending.append((offset, data, 0))
         self._log("write", f"{len(data)} bytes at {offset}")
 
-    def _truncate(self, node: _Node, size: int) -> None:
+    def _truncate(self, node: Node, size: int) -> None:
         if not self.recording:
             return
         del node.data[size:]
@@ -289,122 +256,12 @@ class RecordingFS(LocalFS):
     def _emit(self, op: str) -> None:
         index = len(self.ops)
         for variant in VARIANTS:
-            state = _durable_state(self._tree, variant, self.rng)
+            state = durable_state(self._tree, variant, self.rng)
             self._states.append((CrashPoint(index, op, variant, ()), state))
 
 
-def _clear(node: _Node) -> None:
-    """An rmtree: the entries go from the in-memory view; what was durable stays durable."""
-    for child in node.entries.values():
-        if child.kind == "dir":
-            _clear(child)
-    node.entries = {}
-
-
-def _file_bytes(node: _Node, variant: str, rng: random.Random) -> bytes:
-    if not variant.endswith("cut") or not node.pending:
-        return node.durable
-    data = bytearray(node.durable)
-    keep = rng.randint(0, len(node.pending))
-    for i, (offset, chunk, size) in enumerate(node.pending[: keep + 1]):
-        if chunk is None:
-            if i == keep:
-                break
-            del data[size:]
-            data.extend(bytes(max(0, size - len(data))))
-            continue
-        if i == keep:  # the write being torn by the power cut
-            chunk = chunk[: rng.randint(0, len(chunk))]
-        end = offset + len(chunk)
-        if len(data) < end:
-            data.extend(bytes(end - len(data)))
-        data[offset:end] = chunk
-    return bytes(data)
-
-
-def _durable_state(tree: _Node, variant: str, rng: random.Random) -> dict[str, tuple]:
-    """Flatten what survives a power cut now: {relpath: ("dir",) | ("file", bytes) | ("link", target)}."""
-    out: dict[str, tuple] = {}
-
-    def walk(node: _Node, prefix: str, depth: int) -> None:
-        if depth > 32:  # a directory renamed into itself cannot happen; guard anyway
-            raise RuntimeError("model tree too deep")
-        entries = node.entries if variant.startswith("meta") else node.durable_entries
-        for name, child in sorted(entries.items()):
-            rel = f"{prefix}{name}"
-            if child.kind == "dir":
-                out[rel] = ("dir",)
-                walk(child, rel + "/", depth + 1)
-            elif child.kind == "link":
-                out[rel] = ("link", child.target)
-            else:
-                out[rel] = ("file", _file_bytes(child, variant, rng))
-
-    walk(tree, "", 0)
-    return out
-
-
-def _load_tree(root: str) -> _Node:
-    """Model the directory as it is now, everything durable."""
-    node = _Node("dir")
-    if not os.path.isdir(root):
-        return node
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name)
-        if os.path.islink(path):
-            child = _Node("link", target=os.readlink(path))
-        elif os.path.isdir(path):
-            child = _load_tree(path)
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
-            child = _Node("file", data=bytearray(data), durable=data)
-        node.entries[name] = child
-    node.durable_entries = dict(node.entries)
-    return node
-
-
-def state_digest(state: dict[str, tuple]) -> str:
-    """A digest of a crash state, to run each distinct state once."""
-    h = hashlib.sha256()
-    for rel, entry in sorted(state.items()):
-        h.update(rel.encode() + b"\0" + entry[0].encode() + b"\0")
-        if entry[0] == "file":
-            h.update(hashlib.sha256(entry[1]).digest())
-        elif entry[0] == "link":
-            h.update(entry[1].encode())
-    return h.hexdigest()
-
-
-def materialize(state: dict[str, tuple], root: str | os.PathLike[str]) -> None:
-    """Write a crash state into the empty (or missing) directory ``root``."""
-    root = os.fspath(root)
-    os.makedirs(root, exist_ok=True)
-    for rel, entry in sorted(state.items()):
-        path = os.path.join(root, rel)
-        if entry[0] == "dir":
-            os.makedirs(path, exist_ok=True)
-        elif entry[0] == "link":
-            os.symlink(entry[1], path)
-        else:
-            with open(path, "wb") as f:
-                f.write(entry[1])
-
-
-class NoSymlinkFS(LocalFS):
-    """A LocalFS on a file system without symlinks (as some network and Windows ones)."""
-
-    def symlink(self, target: str, path: str) -> None:
-        self.hook("symlink", path)
-        raise OSError(errno.EPERM, "symlinks are not supported on this file system", path)
-
-
-class RecordingNoSymlinkFS(RecordingFS):
-    """:class:`RecordingFS` on a file system without symlinks."""
-
-    def symlink(self, target: str, path: str) -> None:
-        self.hook("symlink", path)
-        raise OSError(errno.EPERM, "symlinks are not supported on this file system", path)
+class RecordingNoSymlinkFS(NoSymlinkFS, RecordingFS):
+    """:class:`RecordingFS` on a file system without symlinks (``symlink`` fails as in :class:`NoSymlinkFS`)."""
 
 
 __all__ = [

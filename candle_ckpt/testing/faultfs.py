@@ -46,3 +46,11 @@ class FaultFS(LocalFS):
             self.failed, self.failed_index = (op, path), len(self.ops) - 1
             name = errno_codes.errorcode.get(self.errno, str(self.errno))
             raise OSError(self.errno, f"injected {name} at step {self.failed_index} in {op}", path)
+
+
+class NoSymlinkFS(LocalFS):
+    """A LocalFS on a file system without symlinks (as some network and Windows ones)."""
+
+    def symlink(self, target: str, path: str) -> None:
+        self.hook("symlink", path)
+        raise OSError(errno_codes.EPERM, "symlinks are not supported on this file system", path)

@@ -1,7 +1,7 @@
 """Shared fixtures of the integration tests: a tiny seeded model, data and parameters.
 
-Every test here runs a real ``model.fit``; models are kept tiny (Dense 8->16->1)
-so the whole directory runs in seconds on a CPU.
+Every test here runs a real ``model.fit``; the model, data and parameters come
+from ``jobs/testkit.py``, which the job scripts share.
 """
 
 from __future__ import annotations
@@ -11,47 +11,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
 from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-
-def build_model(seed: int = 0, *, width: int = 16, inputs: int = 8, lr: float = 1e-2) -> keras.Model:
-    """Return a compiled Dense ``inputs -> width -> 1`` model with Adam, seeded."""
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [keras.Input((inputs,)), keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)]
-    )
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate=lr), loss="mse")
-    return model
-
-
-def make_data(seed: int = 0, n: int = 64, inputs: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """Return seeded synthetic regression data ``(x, y)`` as float32."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, inputs)).astype("float32")
-    y = (x @ rng.standard_normal((inputs, 1)) + 0.1 * rng.standard_normal((n, 1))).astype("float32")
-    return x, y
-
-
-def make_params(tmp_path: str | os.PathLike[str], **overrides: Any) -> dict[str, Any]:
-    """Return a gParameters dict checkpointing into ``<tmp_path>/save``.
-
-    Defaults: 3 epochs, save every epoch, best judged on ``loss`` (present
-    without validation data), restart mode auto. ``overrides`` win.
-    """
-    params: dict[str, Any] = {
-        "epochs": 3,
-        "ckpt_directory": str(Path(tmp_path) / "save"),
-        "ckpt_restart_mode": "auto",
-        "ckpt_save_best_metric": "loss",
-        "ckpt_save_interval": 1,
-    }
-    params.update(overrides)
-    return params
+from testkit import build_model, make_data, make_params  # noqa: E402
 
 
 @pytest.fixture
@@ -68,5 +33,5 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture
 def params() -> Callable[..., dict[str, Any]]:
-    """``params(tmp_path, **overrides)`` -> gParameters dict (see :func:`make_params`)."""
+    """``params(tmp_path, **overrides)`` -> gParameters dict (see :func:`testkit.make_params`)."""
     return make_params

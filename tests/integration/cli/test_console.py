@@ -1,0 +1,192 @@
+"""What a user sees on the console: log lines on their own, no TF start-up noise,
+one line for Ctrl-C, one line for a missing optional dependency, readable sizes.
+
+Each check runs the real program in a subprocess (stdout and stderr into one pipe,
+as a terminal shows them) with this tree on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from locations import REPO
+
+ROOT = REPO
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+ENV.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it: the demo and the CLI must quiet TF themselves
+TF_NOISE = re.compile(r"oneDNN|cuInit|cuda_|absl::InitializeLog|cpu_feature_guard|^[IWE]0000 ", re.M)
+
+FIT = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import keras, numpy as np
+    import candle_ckpt as candle
+    x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32"); y = x[:, :1]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    params = {"ckpt_directory": sys.argv[1], "epochs": 3, "ckpt_save_best_metric": "loss",
+              "ckpt_async": sys.argv[2] == "async"}
+    cb = candle.CandleCheckpointCallback(params)
+    model.fit(x, y, epochs=3, batch_size=8, verbose=1, callbacks=[cb])
+    cb.report_final()
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: str) -> None:
+    """A short fit with verbose=1: every log record starts a line; no line holds progress text and a record."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FIT, str(tmp_path / "save"), mode],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    records = [line for line in lines if "candle_ckpt INFO" in line]
+    assert len([r for r in records if ": saved " in r]) == 3, proc.stdout[-3000:]
+    assert any("━" in line for line in lines)  # the progress bar was drawn
+    for line in records:
+        assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ candle_ckpt INFO: ", line), line
+        assert "━" not in line and "step" not in line.split("candle_ckpt INFO")[0], line
+
+
+def test_sizes_are_printed_in_readable_units(tmp_path: Path) -> None:
+    """A tiny model's save is reported in kB, never as '0.0 MB'."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FIT, str(tmp_path / "save"), "sync"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"saved 001 \(best\) \d+\.\d kB in", proc.stdout), proc.stdout[-2000:]
+    assert "0.0 MB" not in proc.stdout
+
+
+def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_path: Path) -> None:
+    """`candle-ckpt demo` (TF_CPP_MIN_LOG_LEVEL unset) shows no oneDNN/CUDA lines and says where it saves."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt", "demo", "--epochs", "1", "--sleep", "0", "--samples", "256"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert not TF_NOISE.search(proc.stdout), proc.stdout[:3000]
+    assert f"checkpoints in {tmp_path / 'candle_ckpt_demo'}" in proc.stdout
+
+
+def test_demo_help_names_the_command_it_was_run_as() -> None:
+    """`candle-ckpt demo --help` says `usage: candle-ckpt demo`, and the module says its own name."""
+    via_cli = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt", "demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert via_cli.returncode == 0 and via_cli.stdout.startswith("usage: candle-ckpt demo "), via_cli.stdout[:200]
+    direct = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert direct.returncode == 0 and direct.stdout.startswith("usage: python3 -m candle_ckpt.cli.demo ")
+    assert "./candle_ckpt_demo" in via_cli.stdout
+
+
+def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path) -> None:
+    """SIGINT during the demo: exit 130, no traceback, one line naming the last saved epoch and how to resume."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = tmp_path / "candle_ckpt_demo" / "ckpts" / "last"
+    deadline = time.monotonic() + 120
+    while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert os.path.lexists(last), "the demo saved nothing"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out[-2000:], err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and "candle_ckpt INFO" not in line]
+    assert len(lines) == 1, err
+    saved = int(os.readlink(last).split("/")[-1])
+    assert f"interrupted; the last checkpoint is epoch {saved} in {tmp_path / 'candle_ckpt_demo'}" in lines[0]
+    assert "run the same command again to resume" in lines[0]
+
+
+def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
+    """A demo checkpoint that does not fit the demo's model: one error naming the directory and the ways out."""
+    env = dict(ENV)
+    subprocess.run(
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "1", "--sleep", "0", "--samples", "256"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "2", "--ckpt_restart_epoch", "7"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert f"checkpoint directory {tmp_path / 'candle_ckpt_demo'}" in proc.stderr
+    assert "--ckpt_directory DIR" in proc.stderr and "--ckpt_restart_mode off" in proc.stderr
+
+
+HIDE_MATPLOTLIB = textwrap.dedent(
+    """
+    import sys
+    sys.modules["matplotlib"] = None  # import matplotlib now fails, as if it were not installed
+    from candle_ckpt.cli.main import main
+    sys.exit(main(["plot", sys.argv[1], "-o", sys.argv[2]]))
+    """
+)
+
+
+def test_plot_without_matplotlib_is_one_line_naming_the_pip_command(tmp_path: Path) -> None:
+    """With matplotlib hidden, `candle-ckpt plot` exits 2 with one line naming the pip command; no traceback."""
+    from candle_ckpt.core.sidecar import Sidecar
+    from candle_ckpt.storage.store import CheckpointStore, FileSpec
+
+    with CheckpointStore(tmp_path / "job") as store:
+        store.open_for_write()
+        side = Sidecar(epoch=1, generation=0, model_file="w.bin", files={}, logs={"loss": 1.0})
+        store.commit(1, [FileSpec("w.bin", lambda f: f.write(b"x" * 10))], side)
+    proc = subprocess.run(
+        [sys.executable, "-c", HIDE_MATPLOTLIB, str(tmp_path / "job"), str(tmp_path / "m.png")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "needs matplotlib" in lines[0] and "python3 -m pip install matplotlib" in lines[0]
+    assert not (tmp_path / "m.png").exists()

@@ -1,0 +1,230 @@
+"""Checkpoint/restart under tf.distribute, with real worker processes.
+
+Every job runs in fresh processes (``dist_job.py``): MirroredStrategy needs
+its logical devices configured before TensorFlow starts, and a
+MultiWorkerMirroredStrategy cluster is two processes on localhost, each with
+its own ``TF_CONFIG`` and gRPC server. Every wait is bounded; when a peer is
+killed the survivors may hang in a collective, so the whole cluster is killed.
+
+Tolerance: none. The final weights are compared bit for bit with an
+uninterrupted run of the same cluster shape: with two replicas each gradient
+element is the sum of two numbers, and a + b == b + a exactly, so the CPU
+all-reduce is deterministic here (the tests would show it if it were not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from locations import REPO, job_script
+
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]  # tf.distribute multi-worker training: real clusters
+
+JOB = job_script("dist_job.py")
+RUN_TIMEOUT_S = 420  # one cluster run (generous: a loaded 2-core CI box); a hang fails instead of blocking CI
+SURVIVOR_GRACE_S = 5  # after a kill, how long the survivors may take to exit on their own
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Cluster:
+    """``n`` worker processes of ``dist_job.py`` (``n == 1``: no TF_CONFIG)."""
+
+    def __init__(self, tmp: Path, name: str, kind: str, directory: Path, epochs: int, n: int, extra=None) -> None:
+        self.outs = [tmp / f"{name}-w{i}.npz" for i in range(n)]
+        self.logs = [tmp / f"{name}-w{i}.log" for i in range(n)]
+        ports = _free_ports(n)
+        self.procs: list[subprocess.Popen] = []
+        for i in range(n):
+            env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+            env.pop("TF_CONFIG", None)
+            if n > 1:
+                cluster = {"worker": [f"localhost:{p}" for p in ports]}
+                env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            if kind == "tfk":
+                env["TF_USE_LEGACY_KERAS"] = "1"
+            args = [sys.executable, str(JOB), kind, str(directory), str(epochs), str(self.outs[i])]
+            args += list((extra or {}).get(i, []))
+            log = open(self.logs[i], "wb")  # noqa: SIM115 - closed in wait/kill
+            self.procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+
+    def output(self, i: int) -> str:
+        return self.logs[i].read_text(errors="replace")
+
+    def wait_for(self, i: int, marker: str, timeout: float = RUN_TIMEOUT_S) -> None:
+        """Wait until worker ``i`` prints ``marker``; kill the cluster and fail otherwise."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.output(i):
+            if self.procs[i].poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"worker {i} never printed {marker!r}:\n{self.output(i)[-3000:]}")
+            time.sleep(0.2)
+
+    def kill(self, i: int | None = None) -> None:
+        for j, p in enumerate(self.procs):
+            if (i is None or i == j) and p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+
+    def kill_when(self, i: int, marker: str) -> None:
+        """Kill worker ``i`` with SIGKILL once it prints ``marker``, then the survivors."""
+        self.wait_for(i, marker)
+        self.kill(i)
+        self.kill_after_peer_death()
+
+    def kill_after_peer_death(self) -> None:
+        """Give the survivors a moment to fail on their own, then kill them (collectives may hang)."""
+        deadline = time.monotonic() + SURVIVOR_GRACE_S
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.kill()
+
+    def wait(self) -> None:
+        """Wait for every worker to finish successfully (bounded)."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        for i, p in enumerate(self.procs):
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"cluster timed out; worker {i}:\n{self.output(i)[-3000:]}")
+        for i, p in enumerate(self.procs):
+            assert p.returncode == 0, f"worker {i} exited {p.returncode}:\n{self.output(i)[-3000:]}"
+            assert "DONE" in self.output(i)
+
+    def restored_epochs(self) -> list[int]:
+        found = []
+        for i in range(len(self.procs)):
+            match = re.search(r"^RESTORED epoch=(\d+)", self.output(i), re.MULTILINE)
+            assert match, f"worker {i} printed no RESTORED line:\n{self.output(i)[-3000:]}"
+            found.append(int(match.group(1)))
+        return found
+
+    def restored(self, i: int) -> dict[str, np.ndarray]:
+        return dict(np.load(str(self.outs[i]) + ".restored.npz"))
+
+    def final(self, i: int) -> dict[str, np.ndarray]:
+        return dict(np.load(self.outs[i]))
+
+
+def run_to_end(tmp: Path, name: str, kind: str, directory: Path, epochs: int, n: int) -> Cluster:
+    cluster = Cluster(tmp, name, kind, directory, epochs, n)
+    cluster.wait()
+    return cluster
+
+
+def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def committed(directory: Path) -> list[int]:
+    return sorted(int(p.name) for p in (directory / "ckpts" / "epochs").iterdir())
+
+
+def last_link(directory: Path) -> str:
+    return os.readlink(directory / "ckpts" / "last")
+
+
+def debris(directory: Path) -> list[str]:
+    return sorted(p.name for p in (directory / "ckpts").iterdir() if p.name.startswith((".tmp-", "work", "trash-")))
+
+
+# -- MirroredStrategy, Keras 3 model.fit (one process, 2 logical CPUs) -------------------
+def test_mirrored_fit_killed_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
+    """Keras 3 fit under MirroredStrategy: kill -9 in mid-epoch 3, restart, end equal to an uninterrupted run."""
+    ref = run_to_end(tmp_path, "ref", "mirrored", tmp_path / "ref", 4, 1)
+    run = Cluster(tmp_path, "run", "mirrored", tmp_path / "ckpt", 4, 1, extra={0: ["--pause-at", "2:1"]})
+    run.wait_for(0, "PAUSED")
+    run.kill()
+    assert committed(tmp_path / "ckpt") == [1, 2]
+    again = run_to_end(tmp_path, "again", "mirrored", tmp_path / "ckpt", 4, 1)
+    assert again.restored_epochs() == [2]
+    assert_same(again.final(0), ref.final(0))
+
+
+# -- MultiWorkerMirroredStrategy: 2 worker processes on localhost --------------------------
+def test_tf_keras_fit_worker_killed_mid_epoch_cluster_resumes_from_chief_checkpoint(tmp_path: Path) -> None:
+    """tf_keras fit on 2 workers: kill -9 worker 1 in mid-epoch; the restarted cluster resumes
+    from the chief's last commit, every worker loads identical weights, and ends equal to an uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    ref = Cluster(tmp_path, "ref", "tfk", tmp_path / "ref", 4, 2)  # runs alongside
+    run = Cluster(tmp_path, "run", "tfk", ckpt, 4, 2, extra={1: ["--pause-at", "2:1"]})
+    run.kill_when(1, "PAUSED")
+    last = last_link(ckpt)
+    assert last in ("epochs/002", "epochs/003")  # the chief may or may not have reached epoch 3's end
+    assert not (ckpt / "ckpts" / "epochs" / "004").exists()
+    assert not any((ckpt / "ckpts").glob(".tmp-worker-*"))  # the non-chief removed its scratch copy
+    assert sorted(p.name for p in (ckpt / "ckpts" / "epochs" / "002").iterdir()) == [
+        "ckpt-info.json",
+        "model.h5",
+        "model_weights.h5",
+        "optimizer.npz",
+    ]
+
+    again = run_to_end(tmp_path, "again", "tfk", ckpt, 4, 2)
+    assert again.restored_epochs() == [int(last[-3:])] * 2
+    assert_same(again.restored(0), again.restored(1))
+    ref.wait()
+    for i in range(2):
+        assert_same(again.final(i), ref.final(0))
+    assert_same(ref.final(0), ref.final(1))
+
+
+def test_keras3_job_runner_worker_killed_then_chief_killed_during_commit(tmp_path: Path) -> None:
+    """Keras 3 custom loop on 2 workers through JobRunner(strategy=...) with async writes: kill worker 1
+    inside its scratch save, restart, kill the chief inside a commit, restart; every restore loads the
+    chief's last committed epoch (model, optimizer and loop state) on both workers, debris is ignored
+    then removed, and the end equals an uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    ref = Cluster(tmp_path, "ref", "k3", tmp_path / "ref", 5, 2)  # runs alongside
+
+    # 1. worker 1 dies while writing its scratch copy of epoch 2 (its 3rd save: epoch 0 is the first).
+    run1 = Cluster(tmp_path, "run1", "k3", ckpt, 5, 2, extra={1: ["--pause-in-temp", "3"]})
+    run1.kill_when(1, "IN-TEMP")
+    assert (ckpt / "ckpts" / ".tmp-worker-1" / "model.weights.h5").exists()  # its debris
+    last1 = last_link(ckpt)
+    # The chief's commits race with the kill; async writes let both run one epoch ahead.
+    assert last1 in ("epochs/001", "epochs/002", "epochs/003")
+
+    # 2. the cluster restarts; the chief dies inside the commit of epoch 4.
+    run2 = Cluster(tmp_path, "run2", "k3", ckpt, 5, 2, extra={0: ["--pause-in-commit", "4"]})
+    run2.wait_for(0, "IN-COMMIT")
+    assert run2.restored_epochs() == [int(last1[-3:])] * 2
+    assert_same(run2.restored(0), run2.restored(1))
+    work = ckpt / "ckpts" / "work"
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt-info.json", "loop_state.json", "model.weights.h5"]
+    run2.kill(0)
+    run2.kill_after_peer_death()
+    assert last_link(ckpt) == "epochs/003"
+    assert 4 not in committed(ckpt)
+
+    # 3. the cluster restarts from epoch 3 and finishes (each worker checks its restored loop state).
+    run3 = run_to_end(tmp_path, "run3", "k3", ckpt, 5, 2)
+    assert run3.restored_epochs() == [3, 3]
+    assert_same(run3.restored(0), run3.restored(1))
+    assert debris(ckpt) == []
+    assert last_link(ckpt) == "epochs/005"
+    ref.wait()
+    for i in range(2):
+        assert_same(run3.final(i), ref.final(0))

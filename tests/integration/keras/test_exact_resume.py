@@ -1,0 +1,148 @@
+"""Issue 11: a resumed run ends bit-identical to an uninterrupted one, however the job is written.
+
+Each setup of ``exact_job.py`` runs three ways in fresh processes (forked by
+one server that imported TensorFlow once): uninterrupted; killed with SIGKILL
+in the middle of epoch 3; resumed with ``restart()`` + ``fit``. The final
+weights and optimizer variables must be bit-identical, the ``best`` sidecars
+must agree, and the resumed run's checkpoints must record where it resumed
+from (and keep that checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from locations import FIGURES, REPO, job_script  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("exact_job", job_script("exact_job.py"))
+job = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(job)
+
+SETUPS = [
+    "arrays_shuffle",
+    "tfdata_reshuffle",
+    "tfdata_repeat",
+    "tfdata_map_parallel",
+    "pydataset_np",
+    "pydataset_inplace",
+    "reduce_lr_after",
+    "reduce_lr_before",
+    "early_stopping",
+    "lr_scheduler",
+    "restart_before_compile",
+    "callback_before_restart",
+    "sample_weights",
+    "validation_freq",
+]
+ASYNC_SETUPS = ["tfdata_reshuffle", "reduce_lr_after", "early_stopping", "restart_before_compile"]
+CASES = [(s, False) for s in SETUPS] + [(s, True) for s in ASYNC_SETUPS]
+
+
+class Server:
+    """``exact_job.py`` in a subprocess: one forked child per :meth:`run`, every wait bounded."""
+
+    def __init__(self, stderr: Path) -> None:
+        self.err = open(stderr, "w")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(job_script("exact_job.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self.stderr_path = stderr
+        assert self.line(120) == "serving"
+
+    def line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            pytest.fail(f"exact_job.py said nothing for {timeout} s; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+        got = self.proc.stdout.readline()
+        if not got:
+            pytest.fail(f"exact_job.py exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+        return got.strip()
+
+    def run(self, *words: str) -> tuple[list[str], int]:
+        """Run one job; return its progress lines and its wait status."""
+        self.proc.stdin.write(" ".join(words) + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        while not (got := self.line(120)).startswith("reaped "):
+            lines.append(got)
+        return lines, int(got.split()[1])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        self.err.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One job server for the module (TensorFlow imported once)."""
+    srv = Server(tmp_path_factory.mktemp("exact") / "server.stderr")
+    yield srv
+    srv.close()
+
+
+def _sidecar(directory: Path, name: str) -> dict:
+    return json.loads((directory / "ckpts" / name / "ckpt-info.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("setup", "use_async"), CASES, ids=[f"{s}{'-async' if a else ''}" for s, a in CASES])
+def test_killed_and_resumed_run_is_bit_identical(server, tmp_path, setup, use_async):
+    """Uninterrupted vs killed mid-epoch 3 and resumed: same final weights and optimizer variables,
+    the same best checkpoint, and the resumed run records and keeps the checkpoint it resumed from."""
+    mode = ["async"] if use_async else []
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    lines, status = server.run(setup, "full", str(full), str(full) + ".npz", *mode)
+    assert status == 0 and lines[-1].startswith("done 0"), lines
+    lines, status = server.run(setup, "kill", str(resumed), str(resumed) + ".npz", *mode)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (lines, status)
+    lines, status = server.run(setup, "resume", str(resumed), str(resumed) + ".npz", *mode)
+    assert status == 0, lines
+    start = int(lines[0].split()[1])
+    assert 1 <= start < job.KILL_AT, f"the resumed run started at epoch {start}"
+    a, b = np.load(str(full) + ".npz"), np.load(str(resumed) + ".npz")
+    assert a.files == b.files and any(k.startswith("opt") for k in a.files)
+    differ = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
+    assert differ == [], f"{setup}: resumed != uninterrupted in {differ}"
+    best_a, best_b = _sidecar(full, "best"), _sidecar(resumed, "best")
+    assert (best_a["epoch"], best_a["best_metric_last"]) == (best_b["epoch"], best_b["best_metric_last"])
+    last = _sidecar(resumed, "last")
+    assert last["resumed_from"] == start
+    assert (resumed / "ckpts" / "epochs" / f"{start:03d}").is_dir(), "the checkpoint resumed from was pruned"
+    _figure(f"{setup}{'-async' if use_async else ''}", {"resumed_from": start, "variables_compared": len(a.files)})
+
+
+def _figure(key: str, value) -> None:
+    FIGURES.mkdir(exist_ok=True)
+    path = FIGURES / "exact_resume.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def test_job_server_reports_a_crashed_child(server, tmp_path):
+    """A job that fails (its ckpt_directory is under a regular file) is reported as failed, not hidden."""
+    bad = tmp_path / "file"
+    bad.write_text("x")
+    lines, status = server.run("arrays_shuffle", "full", str(bad / "sub"), str(tmp_path / "o.npz"))
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1, (lines, status)

@@ -1,0 +1,218 @@
+"""JobRunner: a GAN-style GradientTape loop checkpointed after init and every epoch, resumed bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from locations import REPO, job_script
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import runner_loops as RL  # noqa: E402
+
+from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
+
+JOB = job_script("runner_loops.py")
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    different = [k for k in a if not np.array_equal(a[k], b[k])]
+    assert different == []
+
+
+def test_resumed_gan_loop_ends_bit_identical(tmp_path: Path) -> None:
+    """2 epochs, a new runner resuming to 4 == 4 uninterrupted epochs: weights, both optimizers, loop state."""
+    ref, _, ref_logs = RL.run(str(tmp_path / "ref"), 4)
+    d = str(tmp_path / "run")
+    RL.run(d, 2)
+    loop, runner, logs = RL.run(d, 4)
+    assert runner.resumed_from == 2
+    assert loop.init_calls == 0
+    assert logs == ref_logs
+    assert_same(ref.final_arrays(), loop.final_arrays())
+
+
+def _last_epoch(link: Path) -> int:
+    """The epoch 'last' points to, or -1 while there is none."""
+    try:
+        return int(os.readlink(link).split("/")[-1])
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def test_kill9_then_restart_ends_bit_identical(tmp_path: Path) -> None:
+    """A runner subprocess killed with SIGKILL mid-run and started again ends like an uninterrupted run."""
+    ref, _, _ = RL.run(str(tmp_path / "ref"), 5)
+    d, out = tmp_path / "job", tmp_path / "out.npz"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    cmd = [sys.executable, str(JOB), str(d), "5", str(out), "0.5"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Epoch 2 is committed once 'last' points to it (step 3 of the commit protocol). Waiting only for
+    # epochs/002 to appear raced the link move: a kill in between rightly resumes from epoch 1.
+    last = d / "ckpts" / "last"
+    deadline = time.monotonic() + 120
+    while _last_epoch(last) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _last_epoch(last) >= 2, proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "timed out"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    done = subprocess.run(cmd[:-1], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed = int(done.stdout.split("resumed_from=")[1].split()[0])
+    assert 2 <= resumed < 5
+    assert "init_calls=0" in done.stdout
+    with np.load(out) as got:
+        assert_same(ref.final_arrays(), dict(got))
+
+
+def test_epoch_zero_saved_after_init(tmp_path: Path) -> None:
+    """init_fn runs once, then epoch 0 is committed with reason 'init' and the loop state at that point."""
+    d = tmp_path / "save"
+    loop, runner, _ = RL.run(str(d), 2)
+    assert loop.init_calls == 1
+    assert [r["epoch"] for r in runner.stats()["saves"]] == [0, 1, 2]
+    side = json.loads((d / "ckpts" / "epochs" / "000" / "ckpt-info.json").read_text())
+    assert side["reason"] == "init"
+    assert set(side["files"]) == {
+        "gen.weights.h5",
+        "disc.weights.h5",
+        "disc.extra.npz",
+        "g_opt.weights.h5",
+        "d_opt.weights.h5",
+        "loop_state.json",
+        "loop_state.npz",
+        "loop_state.weights.h5",
+    }
+    state0 = json.loads((d / "ckpts" / "epochs" / "000" / "loop_state.json").read_text())
+    assert state0["epoch"] == 0
+    assert state0["values"] == {"pos": 0, "history": []}
+
+
+@pytest.mark.parametrize("how", ["argument", "ckpt_restart_epoch"])
+def test_resume_exact_epoch_restores_loop_state(tmp_path: Path, how: str) -> None:
+    """resume_from_epoch / ckpt_restart_epoch restore exactly that epoch's models and loop state, in place."""
+    d = str(tmp_path / "save")
+    RL.run(d, 1)
+    at1 = RL.GanLoop()
+    first, _, _ = RL.run(d, 3)
+    loop = RL.GanLoop(seed=5)  # different initial weights: everything must come from the checkpoint
+    noise_before = loop.state["noise"]
+    kwargs = {"resume_from_epoch": 1} if how == "argument" else {}
+    extra = {"ckpt_restart_epoch": 1} if how == "ckpt_restart_epoch" else {}
+    runner = JobRunner(
+        RL.params(d, 1, **extra),
+        init_fn=loop.init,
+        epoch_fn=loop.epoch,
+        objects=loop.objects(),
+        state=loop.state,
+        logger=None,
+        **kwargs,
+    )
+    runner.train()
+    assert runner.resumed_from == 1 and loop.init_calls == 0
+    assert loop.state["noise"] is noise_before  # restored in place, not replaced
+    assert loop.state["pos"] == RL.STEPS * RL.BATCH % 40
+    assert len(loop.state["history"]) == 1
+    # the same state as an uninterrupted run after one epoch
+    at1.epoch(0)
+    got, want = loop.final_arrays(), at1.final_arrays()
+    assert np.array_equal(got["noise_state"], want["noise_state"])
+    assert np.array_equal(got["shuffle_next"], want["shuffle_next"])
+    assert np.array_equal(got["ema_loss"], want["ema_loss"])
+    assert not np.array_equal(got["gen/0"], first.final_arrays()["gen/0"])  # not the epoch-3 weights
+
+
+def test_resume_from_missing_epoch_raises(tmp_path: Path) -> None:
+    """Asking for an epoch that was never saved raises NoValidCheckpoint naming it; nothing is trained."""
+    d = str(tmp_path / "save")
+    RL.run(d, 1)
+    loop = RL.GanLoop()
+    runner = JobRunner(
+        RL.params(d, 3), epoch_fn=loop.epoch, objects=loop.objects(), state=loop.state, resume_from_epoch=7, logger=None
+    )
+    with pytest.raises(NoValidCheckpoint, match=r"resume_from_epoch=7: no checkpoint .*epochs/007"):
+        runner.train()
+    assert sorted(os.listdir(os.path.join(d, "ckpts", "epochs"))) == ["000", "001"]
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path) -> None:
+    """A flipped byte in the newest checkpoint's weights makes the runner resume from the previous one."""
+    d = tmp_path / "save"
+    RL.run(str(d), 3)
+    path = d / "ckpts" / "epochs" / "003" / "g_opt.weights.h5"
+    raw = bytearray(path.read_bytes())
+    raw[-20] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    _, runner, _ = RL.run(str(d), 3)
+    assert runner.resumed_from == 2
+    assert "CRC32" in (d / "ckpt.log").read_text()
+
+
+def test_async_saves_and_stats(tmp_path: Path) -> None:
+    """With ckpt_async every epoch is committed; stats and sidecars carry durations, MB/s and the load."""
+    d = tmp_path / "save"
+    RL.run(str(d), 2, ckpt_async=True)
+    _, runner, _ = RL.run(str(d), 3, ckpt_async=True)
+    stats = runner.stats()
+    assert stats["async"] is True
+    assert [r["epoch"] for r in stats["saves"]] == [3]
+    assert stats["saves"][0]["mb_per_s"] > 0 and stats["saves"][0]["save_s"] > 0
+    assert stats["load"]["epoch"] == 2 and stats["load"]["bytes"] > 0 and stats["load"]["mb_per_s"] > 0
+    side = json.loads((d / "ckpts" / "epochs" / "003" / "ckpt-info.json").read_text())
+    assert side["save_duration_s"] > 0 and side["save_mb_per_s"] > 0
+    assert side["extra"]["io"]["load"]["epoch"] == 2
+    log = (d / "ckpt.log").read_text()
+    assert "MB/s" in log and "restart: resumed from" in log
+
+
+def test_stop_condition_on_logs(tmp_path: Path) -> None:
+    """A callable stop condition ends the loop after the epoch whose logs satisfy it."""
+    loop = RL.GanLoop()
+    runner = JobRunner(
+        RL.params(str(tmp_path / "s"), 50),
+        epoch_fn=loop.epoch,
+        objects=loop.objects(),
+        state=loop.state,
+        stop_conditions=[50, lambda epoch, logs: epoch >= 2 and "g_loss" in logs],
+        logger=None,
+    )
+    runner.train()
+    assert runner.epoch == 2
+    assert sorted(os.listdir(tmp_path / "s" / "ckpts" / "epochs")) == ["000", "001", "002"]
+
+
+def test_bad_arguments_are_named(tmp_path: Path) -> None:
+    """Unsavable state, a bad object, an unbuilt bare optimizer and no stop condition raise clear errors."""
+    loop = RL.GanLoop()
+    p = RL.params(str(tmp_path / "s"), 2)
+    with pytest.raises(TypeError, match=r"state\['where'\]: tuple cannot be saved exactly"):
+        JobRunner(p, epoch_fn=loop.epoch, objects=loop.objects(), state={"where": (1, 2)})
+    with pytest.raises(TypeError, match=r"objects\['x'\] must be a Keras model"):
+        JobRunner(p, epoch_fn=loop.epoch, objects={"x": 3})
+    with pytest.raises(ValueError, match=r"objects: name 'a/b'"):
+        JobRunner(p, epoch_fn=loop.epoch, objects={"a/b": loop.gen})
+    with pytest.raises(ValueError, match=r"needs a stop condition"):
+        JobRunner({"ckpt_directory": p["ckpt_directory"]}, epoch_fn=loop.epoch, objects={"g": loop.gen})
+    runner = JobRunner(p, epoch_fn=loop.epoch, objects={"g": loop.gen, "opt": keras.optimizers.Adam()}, logger=None)
+    with pytest.raises(ValueError, match=r"objects\['opt'\]: the optimizer is not built"):
+        runner.train()
+
+
+def test_importing_the_runner_keeps_restart_a_function() -> None:
+    """Importing candle_ckpt.keras.runner first does not shadow the lazily exported restart() with a submodule."""
+    code = "import candle_ckpt.keras.runner\nfrom candle_ckpt import restart, load_weights\nprint(callable(restart))"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
