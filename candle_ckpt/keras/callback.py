@@ -98,6 +98,10 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._pre = FitPreemption(self.cfg, self.ops, self.engine)  # signals, deadline, step checkpoints
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
+        if not self._pre.enabled:
+            # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
+            # skip converting each step's logs (a callback with its own batch hook turns both off).
+            self.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
