@@ -3,7 +3,7 @@
 The same server as ``exact_job.py``: it imports TensorFlow once, then for every
 stdin line ``SETUP PHASE DIR OUT [key=value ...]`` forks a child that runs one
 job and prints ``reaped <status>``. The model, data and inputs are
-``exact_job.py``'s (found by name), plus ``arrays_noshuffle``.
+``exact_job.py``'s (found by name, with its other callbacks), plus ``arrays_noshuffle``.
 
 Phases: ``full`` and ``resume`` run to the end and write the final weights and
 optimizer variables to ``OUT`` (each epoch's logged loss to ``OUT.loss.json``).
@@ -109,9 +109,9 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
 
     say(f"deadline {ckpt._pre.watcher.deadline}")
     epochs = 40 if phase == "deadline" else job.EPOCHS
-    history = model.fit(
-        **fit_inputs(setup), epochs=epochs, initial_epoch=start, verbose=0, callbacks=[Interrupt(), ckpt]
-    )
+    before, after = job.other_callbacks(setup)
+    callbacks = [Interrupt(), *before, ckpt, *after]
+    history = model.fit(**fit_inputs(setup), epochs=epochs, initial_epoch=start, verbose=0, callbacks=callbacks)
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
     np.savez(out, **arrays)

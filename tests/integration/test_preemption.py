@@ -138,6 +138,8 @@ CASES = [  # setup, signal, at (epoch.batch), extra options
     ("pydataset_np", signal.SIGTERM, "3.1", []),
     ("pydataset_inplace", signal.SIGUSR1, "2.2", []),
     ("arrays_shuffle", signal.SIGTERM, "2.0", ["async", "slowfs=1.0"]),
+    ("lr_scheduler", signal.SIGTERM, "3.1", []),
+    ("reduce_lr_before", signal.SIGUSR1, "3.2", []),
 ]
 
 
