@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 from candle_ckpt import __version__
-from candle_ckpt.cli import commands
+from candle_ckpt.cli import commands, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
@@ -158,7 +158,7 @@ COMMANDS = (
         "never deleted. Prints what it keeps and removes; --dry-run removes nothing. Takes the\n"
         "writer lock, so it refuses while a training job writes to DIR.",
         f"{PROG} prune ./save --keep-limit 3 --keep-mode exponential --dry-run",
-        commands.cmd_prune,
+        prune.cmd_prune,
         _prune_options,
     ),
     Command(

@@ -15,12 +15,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_none_like, plain_text
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
+from candle_ckpt.config.signals import parse_signals
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
-    """Raise ValueError if ``number`` violates the spec's lower bound."""
+    """Raise ValueError if ``number`` violates the spec's bounds."""
+    if spec.maximum is not None and not number <= spec.maximum:
+        raise ValueError(f"{key} must be <= {spec.maximum:g} ({spec.allowed}); got {describe(number)}")
     if spec.minimum is None:
         return
     if spec.strict and not number > spec.minimum:
@@ -217,6 +221,8 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "text": _to_text,
     "url": _to_url,
     "json": _to_json,
+    "signals": lambda spec, key, value: parse_signals(value, key),
+    "deadline": lambda spec, key, value: parse_deadline(value, key),
 }
 
 

@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.checksum import crc32, format_crc, iter_file_chunks
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.sidecar import FileEntry, Sidecar
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.storage.filecheck import verify_file
 
 logger = logging.getLogger("candle_ckpt.storage.reader")
 
@@ -168,15 +168,30 @@ class CheckpointReader:
             CorruptCheckpoint: naming the file and what is wrong with it.
         """
         side = self.read_sidecar(epoch)
+        return side, self.verify_files(self.layout.epoch_dir(epoch), side, keep=keep, mapped=mapped, progress=progress)
+
+    def verify_files(
+        self,
+        directory: str,
+        side: Sidecar,
+        *,
+        keep: Iterable[str] = (),
+        mapped: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, bytes | mmap.mmap]:
+        """Check the size and CRC of every file ``side`` lists in ``directory`` (see :meth:`verify`).
+
+        Returns:
+            ``{name: bytes or mmap}`` for the names in ``keep``.
+        """
         wanted = set(keep)
         kept: dict[str, bytes | mmap.mmap] = {}
-        directory = self.layout.epoch_dir(epoch)
         for name, entry in side.files.items():
             check = self.checksum and entry.crc32 is not None
-            data = _verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
+            data = verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
             if data is not None:
                 kept[name] = data
-        return side, kept
+        return kept
 
     def candidates(self) -> Iterator[int]:
         """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
@@ -241,56 +256,6 @@ def _checked_sidecar(path: str, epoch: int, parse: Callable[[], Sidecar]) -> Sid
     if side.epoch != epoch:
         raise CorruptCheckpoint(path, f"sidecar says epoch {side.epoch} but the directory is {L.epoch_name(epoch)}")
     return side
-
-
-def _verify_file(
-    path: str,
-    entry: FileEntry,
-    keep: bool,
-    mapped: bool,
-    check: bool,
-    progress: Callable[[int], None] | None,
-) -> bytes | mmap.mmap | None:
-    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``keep``, else None."""
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
-    size = os.path.getsize(path)
-    if size != entry.size:
-        raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
-    data = None
-    if keep:
-        data = _map_file(path, size) if mapped else _read_file(path, size)
-        if len(data) != entry.size:  # changed since the size check
-            raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
-        value = crc32(data) if check else None
-        if progress is not None:
-            progress(len(data))
-    elif check:
-        value = 0
-        for block in iter_file_chunks(path):
-            value = crc32(block, value)
-            if progress is not None:
-                progress(len(block))
-    if check and format_crc(value) != entry.crc32:
-        raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
-    return data
-
-
-def _read_file(path: str, size: int) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        return f.read(size + 1)  # one more: a file that grew since the size check is caught
-
-
-def _map_file(path: str, size: int) -> mmap.mmap | bytes:
-    """Map ``path`` read-only, its pages populated up front (Linux) so the CRC pass does not fault."""
-    if size == 0:
-        return b""
-    with open(path, "rb", buffering=0) as f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            return _read_file(path, size)  # the caller reports the size mismatch
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
 
 
 L_MAX_READ = 1 << 21  # never read more than this of a sidecar (it is refused above 1 MiB)

@@ -27,7 +27,6 @@ PENDING = {
     "distributed/worker_state.py",
     "distributed/worker_state.py::WorkerTrainingState.restore",
     "engine/engine.py",
-    "engine/engine.py::CheckpointEngine.save",
     "engine/resume.py::select_checkpoint",
     "keras/runner.py",
 }

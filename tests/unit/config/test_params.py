@@ -41,6 +41,11 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "upload_options": None,
     "best_metric_last": None,
     "layout": "nested",
+    "save_steps": 0,
+    "preempt_signals": ("SIGTERM",),
+    "preempt_exit_code": None,
+    "deadline": "auto",
+    "deadline_margin": 60.0,
     "epochs": None,
 }
 
@@ -66,6 +71,11 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_upload_options": "upload_options",
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
+    "ckpt_save_steps": "save_steps",
+    "ckpt_preempt_signals": "preempt_signals",
+    "ckpt_preempt_exit_code": "preempt_exit_code",
+    "ckpt_deadline": "deadline",
+    "ckpt_deadline_margin": "deadline_margin",
     "epochs": "epochs",
 }
 CKPT_ONLY_KEYS = [key for key in CKPT_KEYS if key.startswith("ckpt_")]
@@ -75,6 +85,8 @@ INT_KEYS = [
     "ckpt_save_interval",
     "ckpt_keep_limit",
     "ckpt_restart_epoch",
+    "ckpt_save_steps",
+    "ckpt_preempt_exit_code",
     "epochs",
 ]
 CHOICE_KEYS = {
@@ -202,6 +214,11 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_upload_options",
         "ckpt_best_metric_last",
         "ckpt_layout",
+        "ckpt_save_steps",
+        "ckpt_preempt_signals",
+        "ckpt_preempt_exit_code",
+        "ckpt_deadline",
+        "ckpt_deadline_margin",
     }
     assert isinstance(CKPT_KEYS, tuple)
     assert len(CKPT_KEYS) == len(set(CKPT_KEYS))
@@ -474,6 +491,22 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_best_metric_last", [0.1], TypeError),
     ("ckpt_layout", "ckpts", ValueError),
     ("ckpt_layout", 1, TypeError),
+    # preemption
+    ("ckpt_preempt_exit_code", 256, ValueError),
+    ("ckpt_preempt_signals", "SIGFOO", ValueError),
+    ("ckpt_preempt_signals", "SIGKILL", ValueError),
+    ("ckpt_preempt_signals", 1.5, TypeError),
+    ("ckpt_preempt_signals", True, TypeError),
+    ("ckpt_preempt_signals", b"SIGTERM", TypeError),
+    ("ckpt_deadline", "tomorrow", ValueError),
+    ("ckpt_deadline", "+x", ValueError),
+    ("ckpt_deadline", -5, ValueError),
+    ("ckpt_deadline", True, TypeError),
+    ("ckpt_deadline", b"auto", TypeError),
+    ("ckpt_deadline_margin", -1, ValueError),
+    ("ckpt_deadline_margin", "soon", ValueError),
+    ("ckpt_deadline_margin", math.nan, ValueError),
+    ("ckpt_deadline_margin", True, TypeError),
 ]
 
 

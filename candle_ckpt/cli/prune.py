@@ -1,0 +1,62 @@
+"""``candle-ckpt prune``: apply a keep policy to a checkpoint directory, or show what it would remove.
+
+Like the training callback it goes through :meth:`CheckpointStore.prune` (best and last are always
+kept) and refuses while a job writes to the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from candle_ckpt.cli.common import EXIT_OK, PROG, epoch_ranges, fmt_bytes, marks_of, open_store, oplog, read_links
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.keep import keep_policy
+from candle_ckpt.storage.store import CheckpointStore
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    store = open_store(args.dir)
+    policy = keep_policy(args.keep_mode, args.keep_limit)
+    if not args.dry_run:
+        store.open_for_write()  # refuses while a job writes to the directory, before printing anything
+    try:
+        return _prune(store, policy, args)
+    finally:
+        store.close()
+
+
+def _prune(store: CheckpointStore, policy: Any, args: argparse.Namespace) -> int:
+    pointers = read_links(store)
+    sizes = {}
+    for epoch in store.epochs():
+        try:
+            sizes[epoch] = store.read_sidecar(epoch).total_bytes
+        except CheckpointError:
+            sizes[epoch] = None
+
+    def describe(epoch: int) -> str:
+        tags = marks_of(epoch, pointers)
+        return f"{L.link_target(epoch)}  {fmt_bytes(sizes.get(epoch))}" + (f"  ({', '.join(tags)})" if tags else "")
+
+    print(f"keep_mode {args.keep_mode}, keep_limit {args.keep_limit} ({policy!r}); best and last are always kept")
+    keep, doomed = store.prune_plan(policy.select)
+    if not args.dry_run:
+        doomed = store.prune(policy.select)
+    for epoch in keep:
+        print(f"keep          {describe(epoch)}")
+    verb = "would remove" if args.dry_run else "removed"
+    for epoch in doomed:
+        print(f"{verb.ljust(13)} {describe(epoch)}")
+    freed = sum(sizes.get(e) or 0 for e in doomed)
+    if args.dry_run:
+        print(f"dry run: would remove {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)})")
+    else:
+        print(f"pruned {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)} freed)")
+        if doomed:
+            oplog(store).info(
+                f"pruned epochs {epoch_ranges(doomed)} by {PROG} "
+                f"(keep_mode {args.keep_mode}, keep_limit {args.keep_limit})"
+            )
+    return EXIT_OK
