@@ -7,11 +7,8 @@ the caller passes a ``capture`` function that returns the files to write.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -19,49 +16,19 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
 from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
-from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
-from candle_ckpt.core.sidecar import Sidecar, clean_logs
+from candle_ckpt.core.policy import BestState, resolve_mode
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.aftercommit import (
+    prune_after_commit,
+    report_summary,
+    save_record,
+    supersede_steps,
+    write_scratch,
+)
+from candle_ckpt.engine.capture import Capture, _SaveFailure, sidecar_template
+from candle_ckpt.engine.decision import beats_durable_best_only, decide, resumed_best
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
-from candle_ckpt.storage.store import CheckpointStore, FileSpec
-
-
-class _SaveFailure(Exception):
-    """Carries the epoch of a failed commit from the writer to the caller."""
-
-    def __init__(self, epoch: int, err: BaseException) -> None:
-        super().__init__(str(err))
-        self.epoch = epoch
-        self.err = err
-
-
-@dataclass
-class Capture:
-    """What an adapter captured on the training thread for one save."""
-
-    files: list[FileSpec]
-    model_file: str
-    nbytes: int
-    snapshot_s: float = 0.0
-    keras_version: str | None = None
-    backend: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def missing_metric_message(cfg: CkptConfig, epoch: int, logs: Mapping[str, Any]) -> str:
-    """Why ``ckpt_save_best_metric`` is not in the logs, and the three ways out."""
-    metric = cfg.save_best_metric
-    present = ", ".join(sorted(logs)) or "none"
-    fixes = [
-        "pass validation data to fit (validation_data=... or validation_split=0.2)"
-        if metric.startswith("val_")
-        else f"log {metric!r} (compile the model with that metric)",
-        f"set ckpt_save_best_metric to a metric that is logged ({present})",
-        "or set ckpt_save_best=False to checkpoint without tracking the best epoch",
-    ]
-    return (
-        f"ckpt_save_best_metric {metric!r} is not in the training logs of epoch {epoch}; metrics present: "
-        f"{present}. To fix it: {'; '.join(fixes)} (checkpoint directory: {os.path.abspath(cfg.directory)})"
-    )
+from candle_ckpt.storage.store import CheckpointStore
 
 
 class CheckpointEngine:
@@ -114,41 +81,14 @@ class CheckpointEngine:
         cfg = self.cfg
         self.resumed = resumed
         self.load = load
-        self.best = BestState(cfg.save_best_metric, self.mode)
-        self.time_base = 0.0
-        if resumed is not None:
-            self.time_base = float(resumed.time_elapsed or 0.0)
-            if resumed.best_epoch is not None and resumed.save_best_metric == cfg.save_best_metric:
-                value = resumed.best_metric_last
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.best = BestState(cfg.save_best_metric, self.mode, float(value), resumed.best_epoch)
-        if cfg.best_metric_last is not None and math.isfinite(cfg.best_metric_last):
-            # CANDLE's ckpt_best_metric_last: the value to beat. Its epoch is known only
-            # when it is the value of the checkpoint restart() loaded.
-            epoch = self.best.epoch if self.best.value == cfg.best_metric_last else None
-            self.best = BestState(cfg.save_best_metric, self.mode, cfg.best_metric_last, epoch)
+        self.best = resumed_best(cfg, self.mode, resumed)
+        self.time_base = float(resumed.time_elapsed or 0.0) if resumed is not None else 0.0
         self._durable_best = self.best  # the best as of the last commit that succeeded
 
     # -- decisions ---------------------------------------------------------------
     def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
         """Return (reason to save or None, best state if this epoch is saved)."""
-        cfg = self.cfg
-        improved, best = False, self.best
-        # Checked at every epoch end, skipped epochs included: a wrong metric fails at epoch 1, as in CANDLE.
-        if cfg.save_best and cfg.save_interval != 0 and cfg.save_best_metric not in logs:
-            raise ValueError(missing_metric_message(cfg, epoch, logs))
-        if cfg.save_best and cfg.save_interval != 0 and epoch >= cfg.skip_epochs:
-            value = float(logs[cfg.save_best_metric])
-            best, improved = self.best.update(value, epoch)
-        reason = save_reason(
-            epoch,
-            epochs=cfg.epochs if cfg.epochs is not None else -1,
-            skip_epochs=cfg.skip_epochs,
-            save_interval=cfg.save_interval,
-            improved_best=improved,
-            save_best=cfg.save_best,
-        )
-        return reason, best
+        return decide(self.cfg, self.best, epoch, logs)
 
     # -- saving --------------------------------------------------------------------
     def save(
@@ -168,17 +108,7 @@ class CheckpointEngine:
         logs = dict(logs or {})
         self._check_writer()  # a finished async job's failure surfaces at the next epoch end
         self._check_remote()
-        if reason is not None and self.cfg.save_best_metric not in logs:
-            # A forced save without the metric (the runner's epoch 0 after init)
-            # leaves best-tracking as it is instead of failing.
-            def decide() -> tuple[str | None, BestState]:
-                return None, self.best
-        else:
-
-            def decide() -> tuple[str | None, BestState]:
-                return self.decide(epoch, logs)
-
-        decided, best = decide()
+        decided, best = self._decide_for(epoch, logs, forced=reason is not None)
         if (reason or decided) is None and not self._beats_durable_best_only(logs):
             return False
         try:
@@ -187,7 +117,7 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         if self._check_writer():  # it failed and best tracking went back: decide again
-            decided, best = decide()
+            decided, best = self._decide_for(epoch, logs, forced=reason is not None)
         if (reason or decided) is None:
             return False
         reason = reason or decided
@@ -207,26 +137,18 @@ class CheckpointEngine:
             return False
         return True
 
+    def _decide_for(self, epoch: int, logs: Mapping[str, Any], forced: bool) -> tuple[str | None, BestState]:
+        # A forced save without the metric (the runner's epoch 0 after init) leaves best-tracking as it is.
+        if forced and self.cfg.save_best_metric not in logs:
+            return None, self.best
+        return self.decide(epoch, logs)
+
     def template(self, epoch: int, cap: Capture, logs: Mapping[str, Any], reason: str, best: BestState) -> Sidecar:
         """The sidecar of a save, before the store fills in its files, generation and timings."""
-        return Sidecar(
-            epoch=epoch,
-            generation=0,
-            model_file=cap.model_file,
-            files={},
-            save_best_metric=self.cfg.save_best_metric,
-            best_metric_last=best.value,
-            best_epoch=best.epoch,
-            save_best_mode=self.mode,
-            timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            time_elapsed=round(self.time_base + time.time() - self.start_time, 3),
-            metadata=self.cfg.metadata,
-            logs=clean_logs(logs),
-            reason=reason,
-            resumed_from=self.resumed.epoch if self.resumed else None,
-            keras_version=cap.keras_version,
-            backend=cap.backend,
-            extra={**cap.extra, **self._io_stats()},
+        elapsed = self.time_base + time.time() - self.start_time
+        resumed_from = self.resumed.epoch if self.resumed else None
+        return sidecar_template(
+            self.cfg, self.mode, epoch, cap, logs, reason, best, elapsed, resumed_from, self._io_stats()
         )
 
     def save_step(
@@ -250,19 +172,10 @@ class CheckpointEngine:
             self.ops.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
 
     def _beats_durable_best_only(self, logs: Mapping[str, Any]) -> bool:
-        """True if this epoch is no new best only because of a best still being written.
-
-        If that write fails, this epoch *is* the new best: the caller must
-        wait for the outcome before deciding (rare; costs one wait).
-        """
-        pending, durable = self.best, self._durable_best
-        if not (self.cfg.save_best and self.writer.in_flight() and pending.epoch != durable.epoch):
-            return False
-        try:
-            value = float(logs[self.cfg.save_best_metric])
-        except (KeyError, TypeError, ValueError):
-            return False  # decide() has already said what is wrong with the logs
-        return is_improvement(value, durable.value, self.mode)
+        """True if this epoch is no new best only because of a best still being written (see decision)."""
+        return self.writer.in_flight() and beats_durable_best_only(
+            self.cfg, self.mode, self.best, self._durable_best, logs
+        )
 
     def _check_writer(self) -> bool:
         """Surface a finished async job's failure; True if one was reported (warn mode)."""
@@ -292,58 +205,20 @@ class CheckpointEngine:
             self._durable_best = best
             return
         side = self.store.commit(epoch, cap.files, template, best_epoch=best.epoch if self.cfg.save_best else None)
-        rec = {
-            "epoch": epoch,
-            "reason": template.reason,
-            "bytes": side.total_bytes,
-            "snapshot_s": round(cap.snapshot_s, 6),
-            "save_s": side.save_duration_s,
-            "mb_per_s": side.save_mb_per_s,
-        }
-        self.records.append(rec)
+        self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self._durable_best = best
-        try:
-            superseded = self.store.steps.supersede(epoch)  # the step checkpoints of earlier epochs
-        except OSError as err:  # this commit is durable; a leftover step checkpoint is older than it
-            superseded = []
-            self.ops.warning(f"could not remove the superseded step checkpoints: {err}")
-        if superseded:
-            self.ops.info(f"removed step checkpoint {', '.join(f'steps/{L.epoch_name(g)}' for g in superseded)}")
+        supersede_steps(self.store, self.ops, epoch)
         self.ops.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
-        protected = [self.resumed.epoch] if self.resumed else []
-        deleted = self.store.prune(self.keep.select, protected)
-        if deleted:
-            self.ops.info(
-                f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} "
-                f"(keep_mode {self.cfg.keep_mode}, keep_limit {self.cfg.keep_limit})"
-            )
+        prune_after_commit(self.store, self.cfg, self.ops, self.keep, [self.resumed.epoch] if self.resumed else [])
         for hook in self.after_commit:
             hook(side)
 
     def _write_scratch(self, epoch: int, cap: Capture) -> None:
-        """A non-chief's save: write the files into its scratch directory, then remove it."""
-        tmp, fs = self.scratch_dir, self.store.fs
-        try:
-            if os.path.lexists(tmp):
-                fs.rmtree(tmp)
-            fs.makedirs(tmp)
-            for spec in cap.files:
-                f = fs.create(os.path.join(tmp, spec.name))
-                try:
-                    spec.write(f)
-                finally:
-                    f.abort()  # closed without fsync: the copy is deleted at once
-        except Exception as err:  # a worker's scratch copy failing must not stop the cluster
-            self.ops.warning(
-                f"epoch {epoch}: temporary save in {tmp} failed: {type(err).__name__}: {err} "
-                "(the chief's checkpoints are unaffected)"
-            )
-        finally:
-            if os.path.lexists(tmp):
-                fs.rmtree(tmp)
+        """A non-chief's save: its scratch copy (see :func:`~candle_ckpt.engine.aftercommit.write_scratch`)."""
+        write_scratch(self.store.fs, self.scratch_dir, epoch, cap, self.ops)
 
     def _io_stats(self) -> dict[str, Any]:
         """Load and upload statistics recorded in the sidecar's ``extra``."""
@@ -421,15 +296,4 @@ class CheckpointEngine:
     def report(self) -> None:
         """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
         self.finish()
-        recs = self.records
-        if not recs:
-            self.ops.info("report: no checkpoints were written in this run")
-            return
-        total = sum(r["bytes"] for r in recs)
-        secs = sum(r["save_s"] for r in recs)
-        best = self.best
-        self.ops.info(
-            f"report: {len(recs)} checkpoints, {human_bytes(total)} in {secs:.2f} s "
-            f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {recs[-1]['epoch']}; "
-            f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(self.errors)}"
-        )
+        self.ops.info(report_summary(self.records, self.best, self.errors))

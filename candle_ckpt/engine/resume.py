@@ -21,7 +21,8 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine.engine import Capture
+from candle_ckpt.core.stats import transfer_record
+from candle_ckpt.engine.capture import Capture
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -160,39 +161,62 @@ def select_checkpoint(
         NoValidCheckpoint: ``required`` mode or an exact epoch, and no valid checkpoint.
         ValueError: ``ckpt_directory`` holds checkpoints in the other layout only.
     """
-    if cfg.restart_mode == "off" and epoch is None:
+    if not cfg.restores(epoch):
         return None
     if store is None:
         store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
     store.check_layout()  # checkpoints in the other layout: say so rather than start from scratch
-    where = store.layout.root
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
-    if cfg.upload_url and not store.epochs():
-        from candle_ckpt.storage.remote import pull_newest
-
-        pull_newest(cfg, store, ops, epoch=wanted)
-    if not store.exists():
-        if cfg.restart_mode == "required" or wanted is not None:
-            mode = f"ckpt_restart_mode={cfg.restart_mode}" if wanted is None else what
-            raise NoValidCheckpoint(f"{mode}: no checkpoints in {where}")
-        if os.path.isdir(where):  # logging would create the directory otherwise
-            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+    if _nothing_to_resume(cfg, store, ops, wanted, what):
         return None
     keep = tuple(keep)
     if wanted is not None:
-        if wanted not in store.epochs():
-            raise NoValidCheckpoint(f"{what}: no checkpoint {store.layout.epoch_dir(wanted)}")
-        try:
-            side, kept = store.verify(wanted, keep=keep, mapped=mapped)
-        except CheckpointError as err:
-            raise NoValidCheckpoint(f"{what}: checkpoint is not valid: {err}") from None
-        return Chosen(wanted, side, kept)
-
+        return _exact(store, wanted, what, keep, mapped)
     if steps:
         chosen = _newest_step(store, ops, keep, mapped)
         if chosen is not None:
             return chosen
+    return _newest_epoch(cfg, store, ops, keep, mapped)
+
+
+def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, wanted: int | None, what: str) -> bool:
+    """Pull from the remote mirror when nothing is local; True if there is still nothing, and that is allowed.
+
+    Raises:
+        NoValidCheckpoint: nothing to resume from, in ``required`` mode or for an exact epoch.
+    """
+    if cfg.upload_url and not store.epochs():
+        from candle_ckpt.storage.remote import pull_newest
+
+        pull_newest(cfg, store, ops, epoch=wanted)
+    if store.exists():
+        return False
+    where = store.layout.root
+    if cfg.restart_mode == "required" or wanted is not None:
+        mode = f"ckpt_restart_mode={cfg.restart_mode}" if wanted is None else what
+        raise NoValidCheckpoint(f"{mode}: no checkpoints in {where}")
+    if os.path.isdir(where):  # logging would create the directory otherwise
+        ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+    return True
+
+
+def _exact(store: CheckpointStore, wanted: int, what: str, keep: tuple[str, ...], mapped: bool) -> Chosen:
+    """The exact epoch asked for (``what`` says by which parameter), verified, or NoValidCheckpoint."""
+    if wanted not in store.epochs():
+        raise NoValidCheckpoint(f"{what}: no checkpoint {store.layout.epoch_dir(wanted)}")
+    try:
+        side, kept = store.verify(wanted, keep=keep, mapped=mapped)
+    except CheckpointError as err:
+        raise NoValidCheckpoint(f"{what}: checkpoint is not valid: {err}") from None
+    return Chosen(wanted, side, kept)
+
+
+def _newest_epoch(
+    cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, keep: tuple[str, ...], mapped: bool
+) -> Chosen | None:
+    """The newest valid epoch checkpoint (``last`` first, then by generation); each one skipped is logged."""
+    where = store.layout.root
     problems: list[str] = []
 
     def report(bad_epoch: int, why: str) -> None:
@@ -251,14 +275,7 @@ def load_chosen(
 
 def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]:
     """The statistics of one restore: bytes, read+verify and load durations, MB/s."""
-    total = max(verify_s + load_s, 1e-9)
-    return {
-        "epoch": side.epoch,
-        "bytes": side.total_bytes,
-        "verify_s": round(verify_s, 6),
-        "load_s": round(load_s, 6),
-        "mb_per_s": round(side.total_bytes / total / 1e6, 3),
-    }
+    return transfer_record(side.total_bytes, {"epoch": side.epoch}, verify_s=verify_s, load_s=load_s)
 
 
 def log_resumed(

@@ -16,6 +16,7 @@ from typing import Any
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import human_bytes
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.aftercommit import save_record
 
 
 def save_step(
@@ -56,17 +57,7 @@ def save_step(
     except Exception as err:
         engine._failed(epoch, err)
         return None
-    engine.records.append(
-        {
-            "epoch": epoch,
-            "step": step,
-            "reason": reason,
-            "bytes": side.total_bytes,
-            "snapshot_s": round(cap.snapshot_s, 6),
-            "save_s": side.save_duration_s,
-            "mb_per_s": side.save_mb_per_s,
-        }
-    )
+    engine.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
     engine.ops.info(
         f"epoch {epoch} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
         f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"

@@ -12,7 +12,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.core.errors import NoValidCheckpoint
-from candle_ckpt.engine.engine import Capture
+from candle_ckpt.engine.capture import Capture
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5

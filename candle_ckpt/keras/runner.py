@@ -50,7 +50,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.engine.engine import Capture, CheckpointEngine
+from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
 from candle_ckpt.keras.plan import build_in_scope
 from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name

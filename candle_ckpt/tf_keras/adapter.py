@@ -37,7 +37,7 @@ from tf_keras.src.saving.legacy import hdf5_format
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
-from candle_ckpt.engine.engine import Capture
+from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import OPTIMIZER, take
 from candle_ckpt.engine.resume import resumed_of

@@ -26,8 +26,6 @@ TABLES = {
 PENDING = {
     "distributed/worker_state.py",
     "distributed/worker_state.py::WorkerTrainingState.restore",
-    "engine/engine.py",
-    "engine/resume.py::select_checkpoint",
     "keras/runner.py",
 }
 

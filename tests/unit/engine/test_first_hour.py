@@ -15,7 +15,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointError, DirectoryLocked
 from candle_ckpt.core.log import ConsoleHandler, human_bytes, track_stdout, untrack_stdout
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine.engine import missing_metric_message
+from candle_ckpt.engine.decision import missing_metric_message
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 

@@ -18,7 +18,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.fs import read_link
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.engine import Capture, CheckpointEngine
+from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.testing.faultfs import FaultFS
 
