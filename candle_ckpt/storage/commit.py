@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.sidecar import FileEntry
+from candle_ckpt.core.sidecar import FileEntry, Sidecar
+from candle_ckpt.core.stats import mb_per_s, seconds
 
 logger = logging.getLogger("candle_ckpt.storage.commit")
 
@@ -49,6 +51,35 @@ def fresh_work(fs: LocalFS, lay: L.Layout) -> None:
     if os.path.lexists(lay.work):
         fs.rmtree(lay.work)
     fs.makedirs(lay.work)
+
+
+def write_work(
+    fs: LocalFS, lay: L.Layout, files: Iterable[FileSpec], checksum: bool, sidecar: Sidecar, generation: int
+) -> Sidecar:
+    """Step 1 of a commit: every file, then the sidecar, into a fresh ``work/``, fsynced; ``work/`` fsynced.
+
+    Returns the sidecar as written (``sidecar`` with its files, generation and
+    save timings). On any failure ``work/`` is removed and the error raised.
+    """
+    start = time.perf_counter()
+    fresh_work(fs, lay)
+    try:
+        entries = write_files(fs, lay, files, checksum)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        total = sum(e.size for e in entries.values())
+        final = replace(
+            sidecar,
+            files=entries,
+            generation=generation,
+            save_duration_s=seconds(elapsed),
+            save_mb_per_s=mb_per_s(total, elapsed),
+        )
+        fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
+        fs.fsync_dir(lay.work)
+    except BaseException:
+        discard_work(fs, lay)
+        raise
+    return final
 
 
 def write_files(fs: LocalFS, lay: L.Layout, files: Iterable[FileSpec], checksum: bool) -> dict[str, FileEntry]:

@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import mb_per_s, seconds
-from candle_ckpt.storage.commit import discard_work, fresh_work, write_files
+from candle_ckpt.storage.commit import discard_work, write_work
 
 logger = logging.getLogger("candle_ckpt.storage.steps")
 
@@ -137,23 +134,10 @@ class StepCheckpoints:
             raise CheckpointError(f"{lay.root}: open_for_write() must be called before a step commit")
         if sidecar.step is None:
             raise ValueError("a step checkpoint's sidecar needs its step")
-        start = time.perf_counter()
         generation = store._generation
         store._generation += 1
-        fresh_work(fs, lay)
+        final = write_work(fs, lay, files, store.checksum, sidecar, generation)
         try:
-            entries = write_files(fs, lay, files, store.checksum)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            total = sum(e.size for e in entries.values())
-            final = replace(
-                sidecar,
-                files=entries,
-                generation=generation,
-                save_duration_s=seconds(elapsed),
-                save_mb_per_s=mb_per_s(total, elapsed),
-            )
-            fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
-            fs.fsync_dir(lay.work)
             if not os.path.isdir(lay.steps):
                 fs.makedirs(lay.steps, durable=True)
             fs.rename(lay.work, lay.step_dir(generation))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -25,16 +24,13 @@ from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import mb_per_s, seconds
 from candle_ckpt.storage.commit import (
     FileSpec,
-    discard_work,
-    fresh_work,
     publish,
     raw_link,
     remove_trash,
     unpublish,
-    write_files,
+    write_work,
 )
 from candle_ckpt.storage.lock import WriterLock
 from candle_ckpt.storage.reader import CheckpointReader
@@ -174,28 +170,10 @@ class CheckpointStore(CheckpointReader):
         if not self._lock.held or self._generation is None:
             raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before commit()")
         lay, fs = self.layout, self.fs
-        start = time.perf_counter()
         # A generation is never reused, even by a commit that fails half-way.
         generation = self._generation
         self._generation += 1
-        fresh_work(fs, lay)
-        try:
-            entries = write_files(fs, lay, files, self.checksum)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            total = sum(e.size for e in entries.values())
-            final = replace(
-                sidecar,
-                epoch=epoch,
-                files=entries,
-                generation=generation,
-                save_duration_s=seconds(elapsed),
-                save_mb_per_s=mb_per_s(total, elapsed),
-            )
-            fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
-            fs.fsync_dir(lay.work)
-        except BaseException:
-            discard_work(fs, lay)
-            raise
+        final = write_work(fs, lay, files, self.checksum, replace(sidecar, epoch=epoch), generation)
         # From here on a failure (an fsync error above all) withdraws the new
         # checkpoint and puts the links back: a failed save changes nothing that
         # restart() would pick, and an fsync that failed is never trusted later.
