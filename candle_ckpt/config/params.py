@@ -54,6 +54,7 @@ class CkptConfig:
         upload_options: fsspec storage options as canonical JSON text, or None.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
+        preempt_check: Multi-worker: steps between two preemption agreements.
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -78,6 +79,7 @@ class CkptConfig:
     upload_options: str | None = None
     best_metric_last: float | None = None
     layout: str = "nested"
+    preempt_check: int = 1
     epochs: int | None = None
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ service, which stops the survivors when a peer's heartbeat is lost).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.distributed.step_fallback import newest_step, position, verify_step
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
 from candle_ckpt.storage.store import CheckpointStore
@@ -178,6 +180,7 @@ class WorkerTrainingState:
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
         self.temp_dir = None if self.info.is_chief else scratch
         self.restored_epoch: int | None = None
+        self.restored_step: int | None = None  # steps done in epoch restored_epoch + 1 (a step checkpoint)
         # What restore() loaded; restart() attaches it to the model for the callback.
         self.resumed: Resumed | None = None
         self.load: dict[str, Any] | None = None
@@ -286,15 +289,19 @@ class WorkerTrainingState:
             try:
                 own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
                 chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own)
+                if epoch is None and cfg.restart_epoch is None:  # a preemption's step checkpoint may be newer
+                    chosen = newest_step(cfg, keep, chosen.epoch if chosen else None) or chosen
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
             if self.engine is not None and cfg.upload_url:
                 self.engine.store.resync_generation()  # a pull from the remote copy may have committed here
-        code, chosen_epoch, generation = 0, 0, 0  # 0: start from scratch, 1: (epoch, generation), 2: error
+        # 0: start from scratch, 1: (epoch, generation), 2: error, 3: a step checkpoint (number, generation)
+        code, chosen_epoch, generation = 0, 0, 0
         if error is not None:
             code = 2
         elif chosen is not None:
-            code, chosen_epoch, generation = 1, chosen.epoch, chosen.sidecar.generation
+            code = 3 if position(chosen.sidecar) is not None else 1
+            chosen_epoch, generation = chosen.epoch, chosen.sidecar.generation
         if multi:
             chiefs, code, chosen_epoch, generation = self._sum_over_workers(
                 [1, code, chosen_epoch, generation] if self.info.is_chief else [0, 0, 0, 0], "choose"
@@ -315,8 +322,11 @@ class WorkerTrainingState:
         failure: CheckpointError | None = None
         if chosen is None:
             try:
-                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
-                chosen = verify_exact(store, chosen_epoch, generation, keep)
+                if code == 3:
+                    chosen = verify_step(cfg, chosen_epoch, generation, keep)
+                else:
+                    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+                    chosen = verify_exact(store, chosen_epoch, generation, keep)
             except CheckpointError as err:
                 failure = err
         if multi:
@@ -330,11 +340,16 @@ class WorkerTrainingState:
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
         self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
         pending = dict(getattr(self.adapter, "pending", None) or {})  # state the adapter applies later
-        self.resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, self.load, pending)
+        side, found = chosen.sidecar, chosen.sidecar.to_dict()
+        at = position(side)
+        if at is not None:  # a step checkpoint: report (and continue from) its epoch and step
+            side = dataclasses.replace(side, epoch=at[0])
+            found.update(epoch=at[0], step=at[1])
+        self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
         if self.engine is not None:
-            self.engine.adopt_resumed(chosen.sidecar, self.load)
-        self.restored_epoch = chosen_epoch
-        return chosen.sidecar.to_dict()
+            self.engine.adopt_resumed(side, self.load)
+        self.restored_epoch, self.restored_step = side.epoch, at[1] if at else None
+        return found
 
     def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: str = "epoch") -> int:
         """The epoch to start at: the restored checkpoint's (completed epochs) if

@@ -35,6 +35,7 @@ would silently skip them). An optimizer passed alone must already be built.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -200,7 +201,14 @@ class JobRunner:
         self.workers = None  # the WorkerTrainingState of a distributed run
         self.engine: CheckpointEngine | None = None
         self.epoch = 0
+        self.step = 0  # steps done in the epoch in progress (counted by step_end)
         self.resumed_from: int | None = None
+        # Steps already done in epoch resumed_from when a mid-epoch checkpoint was restored:
+        # epoch_fn skips that many batches of that epoch. None after an epoch checkpoint.
+        self.resumed_step: int | None = None
+        self.preempted: tuple[int, int] | None = None  # (epoch, step) of a preemption save
+        self._sync = None  # distributed.preempt_sync.PreemptSync while train() runs
+        self._restored_at: tuple[int, int] | None = None  # (epoch, step) of a restored mid-epoch checkpoint
         self.load: dict[str, Any] | None = None
         self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
 
@@ -236,7 +244,7 @@ class JobRunner:
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
 
-    def _capture(self, epoch: int) -> Capture:
+    def _capture(self, epoch: int, step: int | None = None) -> Capture:
         start = time.perf_counter()
         files: list[FileSpec] = []
         nbytes = 0
@@ -248,6 +256,8 @@ class JobRunner:
             if snap.extra:
                 files.append(FileSpec(o.extra_file, snap.write_extra))
         doc: dict[str, Any] = {"epoch": epoch, "values": {}, "numpy_rngs": {}, "arrays": [], "keras": []}
+        if step is not None:
+            doc["step"] = step  # a mid-epoch checkpoint: steps done in epoch ``epoch``
         arrays: dict[str, np.ndarray] = {}
         keras_entries = []
         for key, value in self.state.items():
@@ -289,6 +299,7 @@ class JobRunner:
                 "was it written by a JobRunner with the same objects?"
             )
         doc = json.loads(kept[STATE_JSON])
+        self._restored_at = (doc["epoch"], doc["step"]) if "step" in doc else None
         for key in self.state:
             if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
                 raise NoValidCheckpoint(
@@ -324,17 +335,48 @@ class JobRunner:
             found = self.workers.restore(epoch=self.resume_from_epoch)
             self.load = self.workers.load
             return self._resumed_at(found["epoch"], found.get("logs")) if found else None
+        from candle_ckpt.distributed.step_fallback import newest_step, position
+
         start = time.perf_counter()
         chosen = select_checkpoint(self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs)
+        if self.resume_from_epoch is None and self.cfg.restart_epoch is None:  # a newer preemption save?
+            chosen = newest_step(self.cfg, self.keep_files, chosen.epoch if chosen else None) or chosen
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
-        self._chosen_sidecar = chosen.sidecar
+        at = position(chosen.sidecar) if self._restored_at else None
+        self._chosen_sidecar = dataclasses.replace(chosen.sidecar, epoch=at[0]) if at else chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
     def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        at = self._restored_at
+        if at is not None:  # a mid-epoch checkpoint: epoch ``at[0]`` is resumed after ``at[1]`` steps
+            self.epoch = self.resumed_from = at[0]
+            self.step = self.resumed_step = at[1]
+            return None  # a part of an epoch has no logs for the stop conditions
         self.epoch = self.resumed_from = epoch
         return logs or None  # epoch 0 (after init) has no logs for the stop conditions
+
+    def step_end(self, logs: Mapping[str, Any] | None = None) -> bool:
+        """Count one training step; call it on every worker after every step of ``epoch_fn``.
+
+        Returns True when training must stop: a preemption signal (``ckpt_preempt_signals``)
+        reached this worker or, under a multi-worker strategy, any worker. By then
+        every worker has saved this step (the chief commits it) and ``epoch_fn``
+        should return at once; the runner then ends without an epoch checkpoint
+        and without ``exit_fn``. With ``ckpt_preempt_exit_code`` set, the process
+        exits with that code here instead of returning.
+
+        Args:
+            logs: The epoch's metrics so far, recorded with a preemption save.
+        """
+        self.step += 1
+        if self._sync is None:
+            return False
+        try:
+            return self._sync.step_end(self.epoch, self.step, logs)
+        finally:  # set before an exit with ckpt_preempt_exit_code too
+            self.preempted = self._sync.saved_at
 
     def train(self) -> dict[str, Any]:
         """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.
@@ -362,6 +404,7 @@ class JobRunner:
             self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
+        self._sync = self._make_sync()
         done = False
         try:
             if self.resumed_from is None:
@@ -371,11 +414,7 @@ class JobRunner:
                     o.ensure_built()
                 self.epoch = 0
                 self.engine.save(0, {}, lambda: self._capture(0), reason="init")
-            while not self._should_stop(self.epoch, logs):
-                epoch = self.epoch
-                logs = dict(self.epoch_fn(epoch) or {})
-                self.epoch = epoch + 1
-                self.engine.save(self.epoch, logs, lambda e=self.epoch: self._capture(e))
+            logs = self._run_epochs(logs)
             done = True
         finally:
             try:
@@ -389,10 +428,41 @@ class JobRunner:
                     except Exception as err:
                         self.ops.warning(f"while stopping after an error: {err}")
             finally:
+                self._sync.close()
                 self.engine.close()  # the writer lock is held only while train() runs
-        if self.exit_fn is not None:
+        if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
         return dict(logs or {})
+
+    def _run_epochs(self, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        while not self._should_stop(self.epoch, logs):
+            epoch = self.epoch
+            if epoch != self.resumed_from:
+                self.step = 0
+            logs = dict(self.epoch_fn(epoch) or {})
+            if self._sync.stopped:  # preempted in mid-epoch: that step's checkpoint is the newest
+                break
+            self.epoch = done = epoch + 1
+            saved = self.engine.save(done, logs, lambda: self._capture(done))  # noqa: B023 - called at once
+
+            def force(done: int = done, logs: dict = logs) -> None:  # the policy skipped this epoch
+                self.engine.save(done, logs, lambda: self._capture(done), reason="preempt")
+
+            # A loop that never calls step_end: a preemption signal is acted on here (unless the job is done).
+            if not self._should_stop(done, logs) and self._sync.epoch_end(done, (lambda: None) if saved else force):
+                self.preempted = self._sync.saved_at
+                break
+        return logs
+
+    def _make_sync(self):
+        from candle_ckpt.distributed.preempt_sync import make_sync
+        from candle_ckpt.distributed.worker_state import worker_info
+
+        info = self.workers.info if self.workers is not None else worker_info(None)
+        capture = lambda: self._capture(self.epoch, self.step)  # noqa: E731
+        sync = make_sync(self.cfg, self.engine, capture, self.strategy, info, self.ops, self.params)
+        sync.watcher.arm()
+        return sync
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, of the restore and of every upload, and errors."""

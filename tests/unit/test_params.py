@@ -41,6 +41,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "upload_options": None,
     "best_metric_last": None,
     "layout": "nested",
+    "preempt_check": 1,
     "epochs": None,
 }
 
@@ -66,6 +67,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_upload_options": "upload_options",
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
+    "ckpt_preempt_check": "preempt_check",
     "epochs": "epochs",
 }
 CKPT_ONLY_KEYS = [key for key in CKPT_KEYS if key.startswith("ckpt_")]
@@ -202,6 +204,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_upload_options",
         "ckpt_best_metric_last",
         "ckpt_layout",
+        "ckpt_preempt_check",
     }
     assert isinstance(CKPT_KEYS, tuple)
     assert len(CKPT_KEYS) == len(set(CKPT_KEYS))
@@ -474,6 +477,9 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_best_metric_last", [0.1], TypeError),
     ("ckpt_layout", "ckpts", ValueError),
     ("ckpt_layout", 1, TypeError),
+    ("ckpt_preempt_check", 0, ValueError),
+    ("ckpt_preempt_check", "often", ValueError),
+    ("ckpt_preempt_check", 1.5, ValueError),
 ]
 
 
