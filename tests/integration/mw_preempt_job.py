@@ -35,15 +35,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 N, FEATURES, GLOBAL_BATCH = 64, 8, 16
 
 
-def dataset(skip: int = 0):
-    """The same global batches in the same order on every worker (no sharding), the first ``skip`` left out."""
+def dataset(skip: int = 0, take: int = N):
+    """The same global batches in the same order on every worker (no sharding), from sample ``skip`` on."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, FEATURES)).astype("float32")
     y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).skip(skip)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).skip(skip).take(take).batch(GLOBAL_BATCH)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)
@@ -198,7 +198,10 @@ def run_tfk(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
     ckpt = candle.CandleCheckpointCallback(p, verbose=False)
     try:
         if step:  # the rest of the interrupted epoch, then the other epochs
-            model.fit(dataset(step), epochs=epoch + 1, initial_epoch=epoch, verbose=0, callbacks=[ckpt])
+            # With sharding off each worker's step reads GLOBAL_BATCH / workers samples from the start
+            # of the data, and tf_keras runs (cardinality) steps: the rest starts at sample step * 8.
+            rest = dataset(step * GLOBAL_BATCH // 2, (N // GLOBAL_BATCH - step) * GLOBAL_BATCH)
+            model.fit(rest, epochs=epoch + 1, initial_epoch=epoch, verbose=0, callbacks=[ckpt])
             epoch += 1
         model.fit(dataset(), epochs=epochs, initial_epoch=epoch, verbose=0, callbacks=[ckpt, Wait()])
     finally:
