@@ -35,6 +35,7 @@ from candle_ckpt.cli.common import (
     resolve_epoch,
     verify_with_bar,
 )
+from candle_ckpt.cli.steps import print_step_rows, step_rows, verify_steps
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.keep import keep_policy
@@ -92,12 +93,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
     pointers = read_links(store)
     rows = _rows(store, pointers, args.verify)
-    failed = args.verify and any(not r["valid"] for r in rows)
+    steps = step_rows(store, args.verify)
+    failed = args.verify and any(not r["valid"] for r in rows + steps)
     if args.json:
         out = {"directory": store.layout.root, "best": pointers["best"], "last": pointers["last"], "checkpoints": rows}
+        out["steps"] = steps
         print(json.dumps(out, indent=2, default=str))
         return EXIT_CORRUPT if failed else EXIT_OK
-    if not rows:
+    if not rows and not steps:
         print(f"no checkpoints in {store.layout.root}")
         return EXIT_OK
     table = [("EPOCH", "SAVED", "SIZE", "METRIC", "REASON", "MARK", "CRC" if args.verify else "SIDECAR")]
@@ -120,6 +123,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     total = sum(r.get("bytes") or 0 for r in rows)
     where = ", ".join(f"{n} -> {L.epoch_name(e) if e is not None else 'none'}" for n, e in pointers.items())
     print(f"{len(rows)} checkpoints, {fmt_bytes(total)}; {where}")
+    print_step_rows(steps, args.verify)
     if not args.verify:
         print("(read from the sidecars only; add --verify to check every file's CRC32)")
     return EXIT_CORRUPT if failed else EXIT_OK
@@ -131,7 +135,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
     epochs = [resolve_epoch(store, args.epoch)] if args.epoch is not None else store.epochs()
-    if not epochs:
+    with_steps = args.epoch is None and bool(store.steps.generations())
+    if not epochs and not with_steps:
         print(f"no checkpoints in {store.layout.root}")
         return EXIT_OK
     bar_factory = progress_factory()
@@ -147,10 +152,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         unchecked = [n for n, e in side.files.items() if e.crc32 is None]
         how = "sizes only (saved with ckpt_checksum off)" if unchecked else "CRC32 ok"
         print(f"epoch {L.epoch_name(epoch)}: ok  {len(side.files)} files, {fmt_bytes(side.total_bytes)}, {how}")
+    count = len(epochs)
+    if with_steps:
+        failures += verify_steps(store)
+        count += len(store.steps.generations())
     if failures:
-        print(f"{len(failures)} of {len(epochs)} checkpoints FAILED verification")
+        print(f"{len(failures)} of {count} checkpoints FAILED verification")
         raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
-    print(f"all {len(epochs)} checkpoints verified" if len(epochs) > 1 else "checkpoint verified")
+    print(f"all {count} checkpoints verified" if count > 1 else "checkpoint verified")
     return EXIT_OK
 
 
@@ -206,10 +215,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         except CheckpointError as err:
             raise CliError(f"refusing to roll back to epoch {epoch}: {err}", code=EXIT_CORRUPT) from None
         store.set_link("last", epoch)
+        dropped = store.steps.remove_all()  # they continue the lineage rolled back from
     finally:
         store.close()
     was = L.link_target(before) if before is not None else "nothing"
     oplog(store).info(f"rollback: 'last' re-pointed from {was} to {L.link_target(epoch)} by {PROG}")
+    if dropped:
+        names = ", ".join(f"steps/{L.epoch_name(g)}" for g in dropped)
+        oplog(store).info(f"rollback: removed the step checkpoints {names} (mid-epoch, after the rollback point)")
+        print(f"removed the step checkpoints {names}: they continued the run rolled back from")
     print(f"last -> {L.link_target(epoch)} (was {was}); checkpoint verified")
     print(f"the next restart() resumes after epoch {epoch}")
     return EXIT_OK

@@ -45,6 +45,8 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "text": str,
     "url": str,
     "json": str,
+    "signals": str,
+    "deadline": str,
 }
 
 

@@ -15,7 +15,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _FALSE_STRINGS, _MAX_REPR, _NONE_STRINGS, _TRUE_STRINGS, _Spec
+from candle_ckpt.config.signals import parse_signals
 
 
 def _describe(value: object) -> str:
@@ -64,7 +66,9 @@ def _is_none_word(value: object) -> bool:
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
-    """Raise ValueError if ``number`` violates the spec's lower bound."""
+    """Raise ValueError if ``number`` violates the spec's bounds."""
+    if spec.maximum is not None and not number <= spec.maximum:
+        raise ValueError(f"{key} must be <= {spec.maximum:g} ({spec.allowed}); got {_describe(number)}")
     if spec.minimum is None:
         return
     if spec.strict and not number > spec.minimum:
@@ -271,6 +275,8 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "text": _to_text,
     "url": _to_url,
     "json": _to_json,
+    "signals": lambda spec, key, value: parse_signals(value, key),
+    "deadline": lambda spec, key, value: parse_deadline(value, key),
 }
 
 

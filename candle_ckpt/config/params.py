@@ -54,6 +54,11 @@ class CkptConfig:
         upload_options: fsspec storage options as canonical JSON text, or None.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
+        save_steps: Also save every N steps of an epoch; 0: never.
+        preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
+        preempt_exit_code: Exit status after a preemption save, or None to stop training.
+        deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
+        deadline_margin: Seconds kept in reserve before the deadline.
         preempt_check: Multi-worker: steps between two preemption agreements.
         epochs: Total number of training epochs, or None if unknown.
     """
@@ -79,6 +84,11 @@ class CkptConfig:
     upload_options: str | None = None
     best_metric_last: float | None = None
     layout: str = "nested"
+    save_steps: int = 0
+    preempt_signals: tuple[str, ...] = ("SIGTERM",)
+    preempt_exit_code: int | None = None
+    deadline: str = "auto"
+    deadline_margin: float = 60.0
     preempt_check: int = 1
     epochs: int | None = None
 
@@ -127,7 +137,7 @@ class CkptConfig:
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
-            if not _is_none_word(value):
+            if value is not None and (spec.none_is_value or not _is_none_word(value)):
                 kwargs[spec.field] = _coerce(spec, value)
         if _is_none_like(params.get("ckpt_metadata")):
             fallback = params.get(_METADATA_FALLBACK_KEY)

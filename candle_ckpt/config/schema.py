@@ -39,6 +39,9 @@ class _Spec:
         minimum: Lower bound for numeric parameters, if any.
         strict: Whether ``minimum`` itself is excluded.
         cli: Whether the key gets a CLI/benchmark definition.
+        maximum: Upper bound (included) for numeric parameters, if any.
+        none_is_value: The word ``"none"`` is a value of its own (it turns
+            the feature off) rather than "use the default".
     """
 
     key: str
@@ -52,6 +55,8 @@ class _Spec:
     minimum: float | None = None
     strict: bool = False
     cli: bool = True
+    maximum: float | None = None
+    none_is_value: bool = False
 
 
 _SPECS: tuple[_Spec, ...] = (
@@ -269,6 +274,63 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="nested, flat, or None",
         optional=True,
         choices=("nested", "flat"),
+    ),
+    _Spec(
+        key="ckpt_save_steps",
+        field="save_steps",
+        kind="int",
+        default=0,
+        help="Also checkpoint every N training steps of an epoch (into ckpts/steps/); 0 disables step checkpoints.",
+        allowed="integer >= 0 (0 disables)",
+        minimum=0,
+    ),
+    _Spec(
+        key="ckpt_preempt_signals",
+        field="preempt_signals",
+        kind="signals",
+        default="SIGTERM",
+        help=(
+            "Signals that make fit save a checkpoint at the next step and stop (a scheduler's preemption or "
+            "wall-time warning): a comma list such as SIGTERM,SIGUSR1 (names or numbers); none disables."
+        ),
+        allowed="signal names or numbers, comma-separated, or none",
+        none_is_value=True,
+    ),
+    _Spec(
+        key="ckpt_preempt_exit_code",
+        field="preempt_exit_code",
+        kind="int",
+        default=None,
+        help=(
+            "After a preemption save: None stops training (fit returns); an integer exits the process with "
+            "that status once the checkpoint is committed (a requeue script tells it from a failure)."
+        ),
+        allowed="integer 0-255 or None",
+        optional=True,
+        minimum=0,
+        maximum=255,
+    ),
+    _Spec(
+        key="ckpt_deadline",
+        field="deadline",
+        kind="deadline",
+        default="auto",
+        help=(
+            "Wall-time end: save and stop when the time left is below the measured save time plus "
+            "ckpt_deadline_margin. auto: SLURM_JOB_END_TIME if set; none; +SECONDS from the start; epoch "
+            "seconds; or an ISO 8601 time."
+        ),
+        allowed="auto, none, +SECONDS, epoch seconds, ISO time",
+        none_is_value=True,
+    ),
+    _Spec(
+        key="ckpt_deadline_margin",
+        field="deadline_margin",
+        kind="float",
+        default=60.0,
+        help="Seconds kept in reserve before ckpt_deadline, beyond the measured time of a step and a save.",
+        allowed="number >= 0 (seconds)",
+        minimum=0.0,
     ),
     _Spec(
         key="ckpt_preempt_check",

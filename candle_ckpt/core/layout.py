@@ -8,6 +8,7 @@
             lock                  held (flock) by the one writer
             work/                 the checkpoint being written
             epochs/NNN/           committed checkpoints (NNN = completed epochs)
+            steps/GGG/            the newest mid-epoch (step) checkpoint (GGG = its commit generation)
             best -> epochs/NNN    relative symlink (or a pointer file)
             last -> epochs/NNN
             trash-*/              directories being deleted (cleaned at start)
@@ -136,6 +137,14 @@ class Layout:
     @property
     def epochs(self) -> str:
         return os.path.join(self.ckpts, "epochs")
+
+    @property
+    def steps(self) -> str:
+        """Where step (mid-epoch) checkpoints live: ``steps/GGG``, GGG their commit generation."""
+        return os.path.join(self.ckpts, "steps")
+
+    def step_dir(self, generation: int) -> str:
+        return os.path.join(self.steps, epoch_name(generation))
 
     @property
     def log(self) -> str:

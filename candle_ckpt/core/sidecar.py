@@ -54,6 +54,8 @@ class Sidecar:
     save_duration_s: float = 0.0
     save_mb_per_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # A step checkpoint (ckpts/steps/GGG): the training steps done in epoch ``epoch + 1``; None: an epoch's.
+    step: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -119,6 +121,8 @@ class Sidecar:
             raise SidecarError(
                 f"{source}: model_file {body['model_file']!r} is not one of the checkpoint's files {sorted(entries)}"
             )
+        if body.get("step") is not None:
+            _need(body, "step", int, source, minimum=0)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in body.items() if k in known}
         kwargs["files"] = entries

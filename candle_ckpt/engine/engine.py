@@ -92,6 +92,7 @@ class CheckpointEngine:
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.preempt: dict[str, Any] | None = None  # the preemption save of this run (stats()["preempt"])
         # (epoch, bytes, perf_counter) of the last write handed to the writer, and
         # whether "the writer cannot keep up" has been said (once per engine).
         self._submitted: tuple[int, int, float] | None = None
@@ -192,25 +193,7 @@ class CheckpointEngine:
         reason = reason or decided
         try:
             cap = capture()
-            template = Sidecar(
-                epoch=epoch,
-                generation=0,
-                model_file=cap.model_file,
-                files={},
-                save_best_metric=self.cfg.save_best_metric,
-                best_metric_last=best.value,
-                best_epoch=best.epoch,
-                save_best_mode=self.mode,
-                timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                time_elapsed=round(self.time_base + time.time() - self.start_time, 3),
-                metadata=self.cfg.metadata,
-                logs=clean_logs(logs),
-                reason=reason,
-                resumed_from=self.resumed.epoch if self.resumed else None,
-                keras_version=cap.keras_version,
-                backend=cap.backend,
-                extra={**cap.extra, **self._io_stats()},
-            )
+            template = self.template(epoch, cap, logs, reason, best)
             self.best = best
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
             self.writer.submit(
@@ -223,6 +206,40 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         return True
+
+    def template(self, epoch: int, cap: Capture, logs: Mapping[str, Any], reason: str, best: BestState) -> Sidecar:
+        """The sidecar of a save, before the store fills in its files, generation and timings."""
+        return Sidecar(
+            epoch=epoch,
+            generation=0,
+            model_file=cap.model_file,
+            files={},
+            save_best_metric=self.cfg.save_best_metric,
+            best_metric_last=best.value,
+            best_epoch=best.epoch,
+            save_best_mode=self.mode,
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            time_elapsed=round(self.time_base + time.time() - self.start_time, 3),
+            metadata=self.cfg.metadata,
+            logs=clean_logs(logs),
+            reason=reason,
+            resumed_from=self.resumed.epoch if self.resumed else None,
+            keras_version=cap.keras_version,
+            backend=cap.backend,
+            extra={**cap.extra, **self._io_stats()},
+        )
+
+    def save_step(
+        self, epoch: int, step: int, logs: Mapping[str, Any], capture: Callable[[], Capture], reason: str
+    ) -> Sidecar | None:
+        """Commit a step checkpoint now, synchronously: ``step`` steps into the epoch after ``epoch``.
+
+        See :func:`candle_ckpt.engine.step_save.save_step` (the write in
+        flight is joined first; a non-chief writes its scratch copy).
+        """
+        from candle_ckpt.engine.step_save import save_step
+
+        return save_step(self, epoch, step, logs, capture, reason)
 
     def _wait_for_writer(self, epoch: int) -> None:
         """Wait for the write in flight; the first time training has to wait for it, say so (once)."""
@@ -285,6 +302,13 @@ class CheckpointEngine:
         }
         self.records.append(rec)
         self._durable_best = best
+        try:
+            superseded = self.store.steps.supersede(epoch)  # the step checkpoints of earlier epochs
+        except OSError as err:  # this commit is durable; a leftover step checkpoint is older than it
+            superseded = []
+            self.ops.warning(f"could not remove the superseded step checkpoints: {err}")
+        if superseded:
+            self.ops.info(f"removed step checkpoint {', '.join(f'steps/{L.epoch_name(g)}' for g in superseded)}")
         self.ops.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
@@ -391,6 +415,7 @@ class CheckpointEngine:
             "errors": list(self.errors),
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,
+            "preempt": self.preempt,
         }
 
     def report(self) -> None:

@@ -97,6 +97,30 @@ class Adapter(Protocol):
     def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None: ...
 
 
+def checkpoint_dir(layout: L.Layout, side: Sidecar) -> str:
+    """The directory of the checkpoint ``side`` describes: ``steps/GGG`` for a step checkpoint, else ``epochs/NNN``."""
+    return layout.step_dir(side.generation) if side.step is not None else layout.epoch_dir(side.epoch)
+
+
+def _newest_step(store: CheckpointStore, ops: OpsLog, keep: tuple[str, ...], mapped: bool) -> Chosen | None:
+    """The newest valid step checkpoint committed after ``last`` (see :mod:`candle_ckpt.storage.steps`)."""
+    if not store.steps.generations():
+        return None
+    last = store.link_epoch("last")
+    base = None
+    if last is not None:
+        try:
+            base = store.read_sidecar(last)
+        except CheckpointError:
+            base = None  # a broken last: any step checkpoint is newer than what the fallback finds
+
+    def report(path: str, why: str) -> None:
+        ops.warning(f"restart: skipping step checkpoint {path}: {why}")
+
+    found = store.steps.newest_valid(after=base, keep=keep, mapped=mapped, on_problem=report)
+    return Chosen(found[0].epoch, *found) if found is not None else None
+
+
 def select_checkpoint(
     cfg: CkptConfig,
     ops: OpsLog,
@@ -106,6 +130,7 @@ def select_checkpoint(
     fs=None,
     mapped: bool = False,
     store: CheckpointStore | None = None,
+    steps: bool = False,
 ) -> Chosen | None:
     """Find the checkpoint to resume from: ``ckpt_restart_mode`` / ``ckpt_restart_epoch``.
 
@@ -123,6 +148,10 @@ def select_checkpoint(
         mapped: Return kept files as read-only mmaps (see ``CheckpointStore.verify``).
         store: The job's own store, when its writer already holds the lock (a
             remote pull then commits through it); None: a store of its own.
+        steps: Also consider step checkpoints (``ckpts/steps/GGG``): the newest
+            valid one committed after ``last`` wins (its sidecar's ``step`` is
+            set). Only for an adapter that resumes mid-epoch; never with an
+            exact ``epoch`` / ``ckpt_restart_epoch``.
 
     Returns:
         None when there is nothing to resume from (and the mode allows it).
@@ -160,6 +189,10 @@ def select_checkpoint(
             raise NoValidCheckpoint(f"{what}: checkpoint is not valid: {err}") from None
         return Chosen(wanted, side, kept)
 
+    if steps:
+        chosen = _newest_step(store, ops, keep, mapped)
+        if chosen is not None:
+            return chosen
     problems: list[str] = []
 
     def report(bad_epoch: int, why: str) -> None:
@@ -203,7 +236,7 @@ def load_chosen(
     Unmaps the kept files afterwards and returns the load statistics; the
     caller hands them on in a :class:`Resumed` (see :func:`attach_resumed`).
     """
-    where = L.Layout.at(cfg.directory, flat=cfg.layout == "flat").epoch_dir(chosen.epoch)
+    where = checkpoint_dir(L.Layout.at(cfg.directory, flat=cfg.layout == "flat"), chosen.sidecar)
     start = time.perf_counter()
     try:
         adapter.restore(chosen, ops, where)
@@ -231,9 +264,11 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
 def log_resumed(
     ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any], who: str = "", *, flat: bool = False
 ) -> None:
-    path = L.Layout.at(directory, flat=flat).epoch_dir(side.epoch)
+    path = checkpoint_dir(L.Layout.at(directory, flat=flat), side)
+    step = f", step {side.step} of the next epoch" if side.step is not None else ""
     ops.info(
-        f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}, generation {side.generation}); "
+        f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}{step}, "
+        f"generation {side.generation}); "
         f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "
         f"loaded in {record['load_s']:.3f} s ({record['mb_per_s']:.1f} MB/s)"
     )

@@ -19,12 +19,13 @@ from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, 
 from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
-from candle_ckpt.engine.resume import Resumed, resumed_of
+from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import fit_hooks
 from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
+from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
@@ -93,6 +94,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
         self._logs: dict[str, Any] = {}
         self._epochs_run = 0
+        self._epoch = 0  # Keras's index of the epoch running now
+        self._pre = FitPreemption(self.cfg, self.ops, self.engine)  # signals, deadline, step checkpoints
+        self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
+        self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
+        if not self._pre.enabled:
+            # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
+            # skip converting each step's logs (a callback with its own batch hook turns both off).
+            self.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
@@ -116,7 +125,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
-        where = Layout.at(self.cfg.directory).epoch_dir(self._resumed.sidecar.epoch) if self._resumed else ""
+        where = checkpoint_dir(Layout.at(self.cfg.directory), self._resumed.sidecar) if self._resumed else ""
         arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
         if arrays is not None:  # restart() ran before compile(): the optimizer exists now
             apply_optimizer_state(self.model, arrays, where)
@@ -133,6 +142,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
                 f"restart() restored epoch {self._resumed.sidecar.epoch} but fit() was called with epochs={epochs}: "
                 f"no epoch will run; pass epochs > {self._resumed.sidecar.epoch} to train further"
             )
+        # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
+        self._pre.begin()
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
@@ -140,9 +151,10 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def _hook_fit(self) -> None:
         """Find the other callbacks and the input of this fit (see :mod:`candle_ckpt.keras.fit_hooks`)."""
         callback_list = fit_hooks.find_callback_list(self)
-        iterator = fit_hooks.find_epoch_iterator(self.model)
+        iterator = self._iterator = fit_hooks.find_epoch_iterator(self.model)
         siblings = [c for c in callback_list.callbacks if c is not self] if callback_list is not None else []
         train = TrainState(siblings, None, self.ops.warning)
+        train.model = self.model
         train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
         self._train = train
         self._hooked = callback_list is not None and fit_hooks.wrap_epoch_hooks(
@@ -156,15 +168,44 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             )
 
     def _before_epoch(self, epoch: int) -> None:
-        """Before any callback's first on_epoch_begin of a resumed fit: put the training state back."""
-        if self._restore is None or self._train is None:
-            return
-        data, self._restore = self._restore, None
-        done = self._train.restore(data)
-        self.ops.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
+        """Before any callback's on_epoch_begin: put a resumed fit's training state back (its first epoch),
+        and remember the epoch's beginning for a step checkpoint."""
+        if self._restore is not None and self._train is not None:
+            data, self._restore = self._restore, None
+            done = self._train.restore(data)
+            self.ops.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
+            if self._resumed is not None and self._resumed.sidecar.step is not None:
+                resume_mid_epoch(self.model, self._iterator, self._train, self._resumed, self.engine, self.ops, epoch)
+        if self._pre.enabled and self._train is not None:
+            self._train.mark_epoch_begin()
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epochs_run += 1
+        self._epoch = epoch
+        if not self._hooked and self._pre.enabled and self._train is not None:
+            self._train.mark_epoch_begin()
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        def save(reason: str, step: int):
+            return self.engine.save_step(self._epoch, step, logs or {}, lambda: self._capture(step), reason)
+
+        try:
+            self._pre.batch_end(self._epoch, batch + 1, (self.params or {}).get("steps"), save)
+        except SystemExit:
+            self._exiting()
+            raise
+        except BaseException:  # a failed step save (ckpt_on_error=raise): fit stops here, the guard frees the lock
+            self._sigterm.disarm()
+            self._pre.end()
+            raise
+        if self._pre.stopped:
+            self.model.stop_training = True
+
+    def _exiting(self) -> None:
+        """ckpt_preempt_exit_code: the checkpoint is committed; give the signals and the lock back before exit."""
+        self._sigterm.disarm()
+        self._pre.end()
+        self.close()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._hooked:  # saved by _after_epoch, once every callback's on_epoch_end has run
@@ -175,25 +216,37 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def _after_epoch(self, epoch: int) -> None:
         self._save(epoch, self._logs)
 
+    def _capture(self, step: int | None = None):
+        """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
+        state = self._state or ModelState(self.model)
+        cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
+        if self._train is not None:
+            data = self._train.capture(step)
+            cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
+            cap.nbytes += len(data)
+        return cap
+
     def _save(self, epoch: int, logs: Mapping[str, Any]) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.
-        state = self._state or ModelState(self.model)
-
-        def capture():
-            cap = capture_model(state, self.cfg)
-            if self._train is not None:
-                data = self._train.capture()
-                cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
-                cap.nbytes += len(data)
-            return cap
-
+        if self._pre.stopped:
+            return  # a step checkpoint stopped this fit in the middle of the epoch: it is no epoch's end
         try:
-            self.engine.save(epoch + 1, logs, capture)
+            saved = self.engine.save(epoch + 1, logs, self._capture)
+
+            def force(reason: str) -> bool:
+                return self.engine.save(epoch + 1, logs, self._capture, reason=reason)
+
+            if self._pre.epoch_end(epoch + 1, (self.params or {}).get("epochs"), saved, force):
+                self.model.stop_training = True
+        except SystemExit:
+            self._exiting()
+            raise
         except BaseException:
             # fit stops here without on_train_end: give SIGTERM its default back, and the lock up now
             # unless a write is in flight; then the guard waits for it on its own thread (this one
             # must unwind, so that a SIGTERM's exit hook can commit that write).
             self._sigterm.disarm()
+            self._pre.end()
             if not self.engine.writer.in_flight():
                 self._guard.disarm()
                 self._fit_ended()
@@ -210,10 +263,12 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
             self._sigterm.disarm()
+            self._pre.end()
             self._fit_ended()
 
     def _fit_ended(self) -> None:
-        """Release what this fit held: the writer lock (after the last write) and stdout."""
+        """Release what this fit held: the writer lock (after the last write), stdout, and the signals."""
+        self._pre.watcher.release()
         untrack_stdout(self._stdout)
         self._stdout = None
         self.engine.close()

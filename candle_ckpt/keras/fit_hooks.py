@@ -10,6 +10,14 @@ fails loudly if a Keras release moves them. When they cannot be found the
 callback falls back to saving in its own ``on_epoch_end`` and says what that
 costs (see :mod:`candle_ckpt.keras.callback`).
 
+A resumed ``fit`` that starts in the middle of an epoch (a step checkpoint)
+has the epoch iterator's ``_enumerate_iterator`` wrapped for that one epoch
+(:func:`skip_steps`): the steps already done are taken from it as ``fit``
+would have taken them (their batches drawn, so the input and its RNGs move
+exactly as in the uninterrupted run), and the step numbers, ``_steps_seen``
+and everything after continue unchanged. The same tripwire test covers the
+attributes it relies on.
+
 The ``CallbackList`` gets two instance attributes that wrap its
 ``on_epoch_begin`` and ``on_epoch_end`` (the list's order and every other
 callback are untouched): the checkpoint of epoch N is taken after *every*
@@ -21,6 +29,7 @@ and the saved state of a resumed run is put back after every callback's
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -80,3 +89,46 @@ def wrap_epoch_hooks(
     callback_list.on_epoch_end = on_epoch_end
     setattr(callback_list, _MARK, owner)
     return True
+
+
+def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:
+    """In the next epoch of ``epoch_iterator`` only, take its first ``steps`` steps before ``fit`` sees any.
+
+    Args:
+        epoch_iterator: The ``fit``'s epoch iterator (:func:`find_epoch_iterator`).
+        steps: Training steps already done in this epoch (a multiple of ``steps_per_execution``).
+        consume: Draw the batches of those steps (False: the input iterator
+            was already put at that position, as a kept ``tf.data`` iterator is).
+        then: Called with ``(steps skipped, seconds it took)`` once they are
+            skipped, before the first batch that ``fit`` trains on.
+    """
+    original = epoch_iterator._enumerate_iterator
+    per = max(int(getattr(epoch_iterator, "steps_per_execution", 1) or 1), 1)
+
+    def enumerate_skipping() -> Any:
+        del epoch_iterator._enumerate_iterator  # later epochs run as Keras wrote them
+        start, done = time.perf_counter(), 0
+        seen = epoch_iterator._steps_seen
+        steps_gen = original()
+        try:
+            while done < steps:
+                _, end, iterator = next(steps_gen)
+                if consume:
+                    for _ in range(per):
+                        next(iterator)
+                done = end + 1
+        except (StopIteration, OutOfRange()):  # fewer steps than saved: the epoch ends here
+            then(done, time.perf_counter() - start)
+            return
+        if not consume:
+            epoch_iterator._steps_seen = seen
+        then(done, time.perf_counter() - start)
+        yield from steps_gen
+
+    epoch_iterator._enumerate_iterator = enumerate_skipping
+
+
+def OutOfRange() -> type[BaseException]:  # noqa: N802 -- used as an exception class in except clauses
+    """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration."""
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    return getattr(tf_errors, "OutOfRangeError", StopIteration)

@@ -85,6 +85,7 @@ class Pipeline:
         self.kind = _kind(self.adapter)
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
+        self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
         self.rng_before: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
         if self.kind == "tf.data":
             make = epoch_iterator._get_iterator
@@ -171,6 +172,7 @@ class Pipeline:
             self.it._current_iterator = current
             self.it._steps_seen = doc["steps_seen"]
             self.iterators = int(doc["iterators"])
+            self.positioned = True
             return
         for _ in range(int(doc["iterators"])):
             iter(dataset)  # each draw advances a reshuffling dataset's seed generator

@@ -21,7 +21,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
 from candle_ckpt.engine.pending import guard_optimizer
-from candle_ckpt.engine.resume import Resumed, attach_resumed, load_chosen, select_checkpoint
+from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.capture import KerasModelAdapter
 
 
@@ -62,9 +62,15 @@ def restart(
     chief chooses the checkpoint and every worker loads that one (see
     :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`).
 
+    A step checkpoint (``ckpts/steps/GGG``: a preemption save or
+    ``ckpt_save_steps``) committed after ``last`` is preferred to it: its
+    ``"step"`` says how many steps of the next epoch were done, and the
+    callback makes ``fit`` continue with the next unseen batch of that epoch.
+
     Returns:
         The restored checkpoint's ``ckpt-info.json`` as a dict (``"epoch"`` is
-        the number of completed epochs: pass it as ``initial_epoch``), or None.
+        the number of completed epochs: pass it as ``initial_epoch``; ``"step"``
+        is None, or the steps done in the next epoch), or None.
     """
     cfg = CkptConfig.from_params(gParameters)
     if cfg.restart_mode == "off":
@@ -80,12 +86,12 @@ def restart(
     adapter = KerasModelAdapter(model)
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = select_checkpoint(cfg, ops, keep=adapter.keep_files, mapped=True)
+    chosen = select_checkpoint(cfg, ops, keep=adapter.keep_files, mapped=True, steps=True)
     if chosen is None:
         return None
     record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
     # What was restored travels with the model: the callback reads it when fit starts.
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, dict(adapter.pending))
     attach_resumed(model, resumed)
-    guard_optimizer(model, resumed, ops, L.Layout.at(cfg.directory).epoch_dir(chosen.epoch))
+    guard_optimizer(model, resumed, ops, checkpoint_dir(L.Layout.at(cfg.directory), chosen.sidecar))
     return chosen.sidecar.to_dict()

@@ -10,6 +10,17 @@ like the others) holding, as a JSON document plus arrays:
 It is captured on the training thread after every callback's
 ``on_epoch_end`` of the saved epoch, and restored after every callback's
 ``on_train_begin`` of the resumed ``fit``, before its first epoch.
+
+A step (mid-epoch) checkpoint's holds two moments (``mid``): the epoch's
+beginning (the global RNG states and the number of ``tf.data`` iterators made
+when every callback's ``on_epoch_begin`` was about to run, see
+:meth:`TrainState.mark_epoch_begin`), and the save itself (the RNG states
+again, the other callbacks, and the values of the model's metric variables,
+so the epoch's metrics accumulate over the whole epoch). A resumed ``fit``
+puts the first back before the epoch begins (:meth:`TrainState.restore`), so
+the input draws the epoch's order as the uninterrupted run did, skips the
+steps already done, and then puts the second back
+(:meth:`TrainState.restore_mid`).
 """
 
 from __future__ import annotations
@@ -58,6 +69,9 @@ class TrainState:
         self._said: set[str] = set()
         self._warn = warn
         self._checked = False
+        self.model: Any = None  # whose metric variables a step checkpoint holds
+        self._begin: tuple[dict[str, Any], dict[str, np.ndarray], int | None] | None = None
+        self._mid: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None  # waiting for restore_mid
 
     def _check_callbacks(self) -> None:
         """At the first save (their attributes exist by then): name callbacks whose state nothing saves."""
@@ -74,8 +88,18 @@ class TrainState:
             self._said.add(message)
             self._warn(message)
 
-    def capture(self) -> bytes:
-        """The packed state now (on the training thread: the bytes own their data)."""
+    def mark_epoch_begin(self) -> None:
+        """Remember the epoch's beginning (before every callback's ``on_epoch_begin``) for a step checkpoint."""
+        doc, arrays = rng_state.capture()
+        iterators = self.pipeline.iterators if self.pipeline is not None and self.pipeline.kind == "tf.data" else None
+        self._begin = (doc, arrays, iterators)
+
+    def capture(self, step: int | None = None) -> bytes:
+        """The packed state now (on the training thread: the bytes own their data).
+
+        Args:
+            step: For a step checkpoint, the steps done in this epoch (see the module docstring).
+        """
         if not self._checked:
             self._check_callbacks()
         doc: dict[str, Any] = {}
@@ -86,11 +110,52 @@ class TrainState:
         for name, fn in parts:
             doc[name], more = fn()
             arrays.update(more)
+        if step is not None and self._begin is not None:
+            begin_doc, begin_arrays, iterators = self._begin
+            doc["mid"] = {"step": step, "rng_begin": begin_doc}
+            arrays.update({f"begin.{k}": v for k, v in begin_arrays.items()})
+            if iterators is not None:  # the iterators made before this epoch's (it is made again on resume)
+                doc["pipeline"]["iterators"] = iterators
+            values = [np.array(v.numpy(), copy=True) for v in getattr(self.model, "metrics_variables", [])]
+            doc["mid"]["metrics"] = len(values)
+            arrays.update({f"metric.{i}": v for i, v in enumerate(values)})
         return pack(doc, arrays)
 
     def restore(self, data: bytes) -> list[str]:
-        """Put the state of ``data`` back; return what was restored, for the log."""
+        """Put the state of ``data`` back; return what was restored, for the log.
+
+        For a step checkpoint, only the epoch's beginning: the rest waits for :meth:`restore_mid`.
+        """
         doc, arrays = unpack(data)
+        if "mid" in doc:
+            self._mid = (doc, arrays)
+            done = []
+            if self.pipeline is not None and "pipeline" in doc:
+                self.pipeline.restore(doc["pipeline"], arrays)
+                done.append(f"input ({self.pipeline.kind})")
+            begin = {k[len("begin.") :]: v for k, v in arrays.items() if k.startswith("begin.")}
+            return done + [f"rng:{n}@epoch-begin" for n in rng_state.restore(doc["mid"]["rng_begin"], begin)]
+        return self._restore_now(doc, arrays)
+
+    def restore_mid(self) -> list[str]:
+        """After the resumed epoch's skipped steps: the callbacks, metric variables and RNGs of the save."""
+        if self._mid is None:
+            return []
+        (doc, arrays), self._mid = self._mid, None
+        done = callback_state.restore(self.callbacks, doc.get("callbacks", {}), arrays, self.warn_once)
+        variables = list(getattr(self.model, "metrics_variables", []))
+        if len(variables) == doc["mid"].get("metrics"):
+            for i, variable in enumerate(variables):
+                variable.assign(arrays[f"metric.{i}"])
+            done.append(f"{len(variables)} metric variables")
+        else:
+            self.warn_once(
+                f"restart: the checkpoint holds {doc['mid'].get('metrics')} metric variables but the model has "
+                f"{len(variables)}: this epoch's metrics count only the steps run after the restart"
+            )
+        return done + [f"rng:{n}" for n in rng_state.restore(doc["rng"], arrays)]
+
+    def _restore_now(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
         done = callback_state.restore(self.callbacks, doc.get("callbacks", {}), arrays, self.warn_once)
         if self.pipeline is not None and "pipeline" in doc:
             self.pipeline.restore(doc["pipeline"], arrays)

@@ -178,9 +178,24 @@ class CheckpointReader:
             CorruptCheckpoint: naming the file and what is wrong with it.
         """
         side = self.read_sidecar(epoch)
+        return side, self.verify_files(self.layout.epoch_dir(epoch), side, keep=keep, mapped=mapped, progress=progress)
+
+    def verify_files(
+        self,
+        directory: str,
+        side: Sidecar,
+        *,
+        keep: Iterable[str] = (),
+        mapped: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, bytes | mmap.mmap]:
+        """Check the size and CRC of every file ``side`` lists in ``directory`` (see :meth:`verify`).
+
+        Returns:
+            ``{name: bytes or mmap}`` for the names in ``keep``.
+        """
         wanted = set(keep)
         kept: dict[str, bytes | mmap.mmap] = {}
-        directory = self.layout.epoch_dir(epoch)
         for name, entry in side.files.items():
             path = os.path.join(directory, name)
             if os.path.islink(path) or not os.path.isfile(path):
@@ -207,7 +222,7 @@ class CheckpointReader:
                 continue
             if check and format_crc(value) != entry.crc32:
                 raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
-        return side, kept
+        return kept
 
     def candidates(self) -> Iterator[int]:
         """Epochs in restart preference order: ``last``, then by commit generation, newest first."""

@@ -42,6 +42,7 @@ from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.lock import WriterLock
 from candle_ckpt.storage.reader import CheckpointReader
+from candle_ckpt.storage.steps import StepCheckpoints, list_steps
 
 logger = logging.getLogger("candle_ckpt.storage.store")
 
@@ -79,6 +80,7 @@ class CheckpointStore(CheckpointReader):
         super().__init__(directory, fs=fs, checksum=checksum, flat=flat)
         self._generation: int | None = None
         self._lock = WriterLock(self.layout.lock)
+        self.steps = StepCheckpoints(self)  # ckpts/steps/GGG: mid-epoch checkpoints (see storage.steps)
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -167,7 +169,7 @@ class CheckpointStore(CheckpointReader):
         return removed
 
     def _max_generation(self) -> int:
-        best = 0
+        best = max(list_steps(self.layout), default=0)  # a step checkpoint is named after its generation
         for epoch in self.epochs():
             try:
                 best = max(best, self.read_sidecar(epoch).generation)

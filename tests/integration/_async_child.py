@@ -8,8 +8,8 @@ Modes:
         written, before fsync (``DIR/blocked`` appears), until the parent kill -9s.
     resume: restart() from ``DIR/ckpt``, continue to 6 epochs, then train a
         fresh model 6 epochs uninterrupted; both states go to ``DIR/result.npz``.
-    signal: 100 epochs, async; the write of epoch 2 blocks (``DIR/blocked``)
-        until ``DIR/go`` exists. The parent sends SIGTERM or SIGINT meanwhile.
+    signal: 100 epochs, async, preemption signals off; the write of epoch 2 blocks
+        (``DIR/blocked``) until ``DIR/go`` exists. The parent sends SIGTERM or SIGINT meanwhile.
     timeout: 2 epochs, async, ckpt_async_timeout=0.5; the write of epoch 2
         never ends, so the join at train end and the one at exit run out.
 """
@@ -101,7 +101,8 @@ def main() -> None:
         return
     if mode == "signal":
         fs = BlockingFS("fsync", 2, blocked, until=lambda: os.path.exists(os.path.join(root, "go")))
-        cb = CandleCheckpointCallback(params(ckpt, 100), verbose=False, fs=fs)
+        # Preemption off: SIGTERM takes the SigtermExit path (with it on, docs/preemption.rst).
+        cb = CandleCheckpointCallback(params(ckpt, 100, ckpt_preempt_signals="none"), verbose=False, fs=fs)
         build_model(7).fit(x, y, epochs=100, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
         raise AssertionError("the parent should have stopped this process")
     if mode == "timeout":

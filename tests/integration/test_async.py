@@ -344,21 +344,30 @@ def test_a_writer_that_cannot_keep_up_is_reported_once(tmp_path):
 
 
 def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
-    """In async mode SIGTERM raises SystemExit during fit; the default action is back afterwards."""
+    """With preemption signals off, SIGTERM raises SystemExit during an async fit only; with them on (the
+    default) the preemption watcher holds it in every fit; the default action is back afterwards."""
     seen = []
 
     class Probe(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             seen.append(signal.getsignal(signal.SIGTERM))
 
-    cb = CandleCheckpointCallback(params(tmp_path, epochs=1), verbose=False)
+    off = {"ckpt_preempt_signals": "none"}
+    cb = CandleCheckpointCallback(params(tmp_path, epochs=1, **off), verbose=False)
     fit(build_model(7), cb, 1, Probe())
-    assert seen[0] is not signal.SIG_DFL and callable(seen[0])
+    assert seen[0] == cb._sigterm._handle
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    sync_cb = CandleCheckpointCallback(params(tmp_path / "sync", epochs=1, ckpt_async=False), verbose=False)
+    sync_cb = CandleCheckpointCallback(params(tmp_path / "sync", epochs=1, ckpt_async=False, **off), verbose=False)
     seen.clear()
     fit(build_model(7), sync_cb, 1, Probe())
     assert seen == [signal.SIG_DFL]
+    for use_async in (True, False):
+        gp = params(tmp_path / f"on{use_async}", epochs=1, ckpt_async=use_async)
+        on = CandleCheckpointCallback(gp, verbose=False)
+        seen.clear()
+        fit(build_model(7), on, 1, Probe())
+        assert seen == [on._pre.watcher._handle]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_user_sigterm_handler_is_left_alone(tmp_path):

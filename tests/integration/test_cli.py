@@ -644,3 +644,48 @@ def test_demo_runs_and_writes_checkpoints_the_cli_lists(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(cli("list", d, "--json").stdout)
     assert [r["epoch"] for r in out["checkpoints"]] == [1, 2] and out["last"] == 2
+
+
+def _add_step(directory: Path, epoch: int, step: int) -> int:
+    """Commit a step checkpoint holding the files of ``epoch``'s (a valid one); return its generation."""
+    from dataclasses import replace
+
+    from candle_ckpt.storage.store import FileSpec
+
+    store = CheckpointStore(directory)
+    store.open_for_write()
+    try:
+        side = store.read_sidecar(epoch)
+        where = Path(store.layout.epoch_dir(epoch))
+        files = [FileSpec(name, lambda f, p=where / name: f.write(p.read_bytes())) for name in side.files]
+        return store.steps.commit(files, replace(side, step=step, reason="SIGTERM", files={})).generation
+    finally:
+        store.close()
+
+
+def test_list_verify_and_rollback_show_step_checkpoints(trained: Trained, tmp_path: Path) -> None:
+    """list and verify show a step checkpoint after the epochs (verify fails on its flipped byte), and
+    rollback removes it, so the next restart() resumes from the rolled-back epoch."""
+    from candle_ckpt import restart
+
+    d = copy_of(trained, tmp_path)
+    generation = _add_step(d, EPOCHS, 2)
+    name = f"steps/{generation:03d}"
+    proc = cli("list", d)
+    assert proc.returncode == 0, proc.stderr
+    assert name in proc.stdout and f"epoch {EPOCHS} + 2 steps" in proc.stdout and "1 step checkpoint(s)" in proc.stdout
+    listed = json.loads(cli("list", d, "--json").stdout)
+    assert [(s["generation"], s["epoch"], s["step"]) for s in listed["steps"]] == [(generation, EPOCHS, 2)]
+    proc = cli("verify", d)
+    assert proc.returncode == 0, proc.stdout
+    assert f"{name}: ok" in proc.stdout and f"all {EPOCHS + 1} checkpoints verified" in proc.stdout
+    step_dir = d / "ckpts" / "steps" / f"{generation:03d}"
+    flip_byte(step_dir / json.loads((step_dir / "ckpt-info.json").read_text())["model_file"])
+    proc = cli("verify", d)
+    assert proc.returncode == 1 and f"{name}: FAILED" in proc.stdout, proc.stdout
+    proc = cli("rollback", d, 3)
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed the step checkpoints {name}" in proc.stdout
+    assert not list((d / "ckpts" / "steps").iterdir())
+    info = restart(make_params(d), build_model(seed=123), logger=None)
+    assert info["epoch"] == 3 and info["step"] is None

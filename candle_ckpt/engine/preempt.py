@@ -1,0 +1,145 @@
+"""Notice that a job must stop soon: a scheduler's signal, or a wall-time deadline (no Keras here).
+
+:class:`PreemptionWatcher` is armed for the length of one ``fit`` (or one
+training loop). Its signal handler only records which signal came and when;
+the training loop asks :meth:`PreemptionWatcher.due` at each step boundary
+and, when it answers, commits a checkpoint and stops. A deadline is due
+when the time left is below ``need_s`` (the caller's measured step and save
+time) plus the margin.
+
+For several workers (another module): every worker asks ``due`` locally,
+the workers agree (a collective: any one due means all), and a worker that
+learns from its peers calls :meth:`PreemptionWatcher.trigger` so that its own
+record says why it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("candle_ckpt.engine.preempt")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Why and when a job was asked to stop.
+
+    Attributes:
+        reason: The signal's name (``"SIGTERM"``), ``"deadline"``, or a word another source chose.
+        signum: The signal number, or None.
+        at: ``time.monotonic()`` when it was noticed (in the signal handler for a signal).
+        wall: ``time.time()`` at the same moment.
+    """
+
+    reason: str
+    signum: int | None
+    at: float
+    wall: float
+
+
+class PreemptionWatcher:
+    """Catch ``signals`` and watch ``deadline`` between :meth:`arm` and :meth:`disarm`.
+
+    Args:
+        signals: Signal numbers to catch (none: only the deadline is watched).
+        deadline: Epoch seconds when the job will be stopped, or None.
+        margin: Seconds kept in reserve before the deadline.
+    """
+
+    def __init__(self, signals: Iterable[int] = (), deadline: float | None = None, margin: float = 60.0) -> None:
+        self.signals = tuple(signals)
+        self.deadline = deadline
+        self.margin = margin
+        self._trigger: Trigger | None = None
+        self._previous: dict[int, Any] = {}
+        self._released = False
+        self.kept: list[str] = []  # signals whose handler the program installed itself (not caught)
+
+    @property
+    def active(self) -> bool:
+        """True if anything is watched at all (a signal or a deadline)."""
+        return bool(self.signals) or self.deadline is not None
+
+    def arm(self) -> list[str]:
+        """Forget an earlier trigger and install the handlers; return the names of the signals caught.
+
+        Handlers can be installed on the main thread only; elsewhere nothing
+        is caught (the deadline is still watched) and a warning says so. A
+        handler the program installed itself is kept (as ``SigtermExit``
+        keeps it): that signal is not caught, and :attr:`kept` names it.
+        """
+        self._trigger = None
+        self._released = False
+        self.kept: list[str] = []
+        if not self.signals:
+            return []
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("preemption signals are caught on the main thread only; this fit runs on another")
+            return []
+        for signum in self.signals:
+            if signum in self._previous:
+                continue
+            current = signal.getsignal(signum)
+            if current in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler):
+                self._previous[signum] = signal.signal(signum, self._handle)
+            else:
+                self.kept.append(signal.Signals(signum).name)
+        return [signal.Signals(s).name for s in self._previous]
+
+    def disarm(self) -> None:
+        """Put back the handlers that were installed before :meth:`arm` (where ours are still in place)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in list(self._previous.items()):
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._previous[signum]
+
+    def release(self) -> None:
+        """From any thread, when training ended without :meth:`disarm` (``fit`` raised): a signal that
+        comes later gets the handler that was there before, as if the watcher had never been armed."""
+        self._released = True
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._released:  # nobody will look at the flag any more: behave as before arm()
+            previous = self._previous.pop(signum, signal.SIG_DFL)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        # Only a record: the save happens at the next step boundary, on the training thread.
+        if self._trigger is None:
+            self._trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic(), time.time())
+
+    def trigger(self, reason: str, signum: int | None = None) -> Trigger:
+        """Record a stop request from another source (a peer worker, a test); the first one is kept."""
+        if self._trigger is None:
+            self._trigger = Trigger(reason, signum, time.monotonic(), time.time())
+        return self._trigger
+
+    @property
+    def pending(self) -> Trigger | None:
+        """The request received so far, or None."""
+        return self._trigger
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline (negative once past), or None without one."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    def due(self, need_s: float = 0.0) -> Trigger | None:
+        """The pending request, or a ``deadline`` one when less than ``need_s`` + margin is left.
+
+        Args:
+            need_s: What the caller needs before the deadline besides the
+                margin: its measured time of one more step and one save.
+        """
+        if self._trigger is None:
+            left = self.time_left()
+            if left is not None and left < need_s + self.margin:
+                self.trigger("deadline")
+        return self._trigger

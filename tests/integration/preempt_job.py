@@ -1,0 +1,153 @@
+"""Jobs that a scheduler preempts, run by ``test_preemption.py`` in fresh processes (issue 16).
+
+The same server as ``exact_job.py``: it imports TensorFlow once, then for every
+stdin line ``SETUP PHASE DIR OUT [key=value ...]`` forks a child that runs one
+job and prints ``reaped <status>``. The model, data and inputs are
+``exact_job.py``'s (found by name, with its other callbacks), plus ``arrays_noshuffle``.
+
+Phases: ``full`` and ``resume`` run to the end and write the final weights and
+optimizer variables to ``OUT`` (each epoch's logged loss to ``OUT.loss.json``).
+``signal`` stops at ``at=EPOCH.BATCH`` (1-based epoch, 0-based batch), prints
+``at <pid>`` and waits until ``DIR.go`` exists (the test sends the signal
+first), so the callback sees the signal at exactly that batch end. ``kill``
+sends itself SIGKILL there. ``deadline`` trains slowly (``sleep=`` seconds per
+batch) towards ``deadline=``. Options: ``async``, ``code=N``
+(``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``slowfs=S``
+(each of the first two commits sleeps S seconds before its sidecar, so that a
+signal can come during an async write).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+_path = next(Path(__file__).resolve().parents[1].rglob("exact_job.py"))
+_spec = importlib.util.spec_from_file_location("exact_job", _path)
+job = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(job)
+say = job.say
+
+
+def options(words: list[str]) -> dict[str, str]:
+    return dict(w.split("=", 1) if "=" in w else (w, "1") for w in words)
+
+
+def fit_inputs(setup: str) -> dict:
+    if setup == "arrays_noshuffle":
+        return {**job.fit_inputs("arrays_shuffle"), "shuffle": False}
+    return job.fit_inputs(setup)
+
+
+def params(directory: str, opts: dict[str, str]) -> dict:
+    gp = job.params(directory, "async" in opts)
+    gp.update(ckpt_preempt_signals="SIGTERM,SIGUSR1", ckpt_preempt_exit_code=opts.get("code"))
+    gp.update(ckpt_save_steps=int(opts.get("steps", 0)), ckpt_deadline=opts.get("deadline", "none"))
+    gp.update(ckpt_deadline_margin=float(opts.get("margin", 1)))
+    return gp
+
+
+def slow_fs(seconds: float):
+    """A LocalFS whose first two sidecar writes of an epoch commit wait ``seconds`` first."""
+    from candle_ckpt.core.fs import LocalFS
+
+    class SlowFS(LocalFS):
+        left = 2
+
+        def write_bytes(self, path, data):
+            if path.endswith("ckpt-info.json") and os.sep + "work" + os.sep in path and SlowFS.left > 0:
+                SlowFS.left -= 1
+                time.sleep(seconds)
+            return super().write_bytes(path, data)
+
+    return SlowFS()
+
+
+def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) -> None:
+    import keras
+    import numpy as np
+
+    import candle_ckpt
+
+    keras.utils.set_random_seed(1)
+    model = job.build_model()
+    job.compile_model(model)
+    gp = params(directory, opts)
+    found = candle_ckpt.restart(gp, model, logger=None)
+    extra = {"fs": slow_fs(float(opts["slowfs"]))} if "slowfs" in opts else {}
+    ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None, **extra)
+    start = found["epoch"] if found else 0
+    say(f"start {start} {found['step'] if found else None}")
+    at_epoch, at_batch = (int(v) for v in opts.get("at", "0.0").split("."))
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            if phase == "deadline":
+                time.sleep(float(opts.get("sleep", 0.2)))
+            if (self.epoch + 1, batch) != (at_epoch, at_batch):
+                return
+            if phase == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if phase == "signal":
+                say(f"at {os.getpid()} {int(ckpt.engine.writer.in_flight())}")
+                go = Path(directory + ".go")
+                for _ in range(3000):
+                    if go.exists():
+                        break
+                    time.sleep(0.01)
+
+    say(f"deadline {ckpt._pre.watcher.deadline}")
+    epochs = 40 if phase == "deadline" else job.EPOCHS
+    before, after = job.other_callbacks(setup)
+    callbacks = [Interrupt(), *before, ckpt, *after]
+    history = model.fit(**fit_inputs(setup), epochs=epochs, initial_epoch=start, verbose=0, callbacks=callbacks)
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(out, **arrays)
+    losses = dict(zip(history.epoch, map(float, history.history.get("loss", [])), strict=False))
+    Path(out + ".loss.json").write_text(json.dumps({str(k): v for k, v in losses.items()}))
+    say(f"done {start} {len(history.epoch)} {ckpt.stats()['preempt']}")
+
+
+def serve() -> None:
+    """Fork one job per stdin line; print ``reaped <status>`` when it is gone."""
+    import keras  # noqa: F401  (imported once, inherited by every child)
+
+    import candle_ckpt
+
+    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback
+    say("serving")
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) < 4:
+            break
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                run(words[0], words[1], words[2], words[3], options(words[4:]))
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        say(f"reaped {status}")
+
+
+if __name__ == "__main__":
+    serve()

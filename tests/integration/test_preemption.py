@@ -1,0 +1,241 @@
+"""Issue 16: a preempted job saves at the next step and resumes mid-epoch, bit-identical to an uninterrupted run.
+
+Every job runs in a fresh process forked by ``preempt_job.py``'s server. The
+test sends the signal itself (SIGTERM or SIGUSR1) while the job waits at a
+chosen batch end, so the callback sees it at exactly that step; the rerun
+calls ``restart()`` and ``fit`` as the first run did, and its final weights
+and optimizer variables must equal those of the uninterrupted run byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import json  # noqa: E402
+import re  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = next(p for p in HERE.parents if (p / "candle_ckpt").is_dir())
+JOB = next(REPO.joinpath("tests").rglob("preempt_job.py"))
+FIGURES = REPO / "tests" / ".figures"
+CODE = 42  # the ckpt_preempt_exit_code the jobs use
+
+
+class Server:
+    """``preempt_job.py`` in a subprocess: one forked child per :meth:`run`, every wait bounded."""
+
+    def __init__(self, stderr: Path) -> None:
+        self.err = open(stderr, "w")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(JOB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=env,
+            text=True, bufsize=1,
+        )  # fmt: skip
+        self.stderr_path = stderr
+        assert self.line(120) == "serving"
+
+    def line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            pytest.fail(f"preempt_job.py said nothing for {timeout} s; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+        got = self.proc.stdout.readline()
+        if not got:
+            pytest.fail(f"preempt_job.py exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+        return got.strip()
+
+    def run(self, *words: str, send: int | None = None) -> tuple[list[str], int]:
+        """Run one job; at its ``at <pid>`` line send it ``send``, then let it go on. Return its lines and status."""
+        self.proc.stdin.write(" ".join(words) + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        while not (got := self.line(120)).startswith("reaped "):
+            lines.append(got)
+            if got.startswith("at ") and send is not None:
+                os.kill(int(got.split()[1]), send)
+                Path(words[2] + ".go").touch()
+        return lines, int(got.split()[1])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        self.err.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("preempt") / "server.stderr")
+    yield srv
+    srv.close()
+
+
+_FULL: dict[str, Path] = {}
+
+
+def full_run(server: Server, setup: str, tmp_path_factory) -> Path:
+    """The uninterrupted run of ``setup`` (once per module)."""
+    if setup not in _FULL:
+        directory = tmp_path_factory.mktemp(f"full-{setup}") / "job"
+        lines, status = server.run(setup, "full", str(directory), str(directory) + ".npz")
+        assert status == 0 and lines[-1].startswith("done 0"), lines
+        _FULL[setup] = Path(str(directory) + ".npz")
+    return _FULL[setup]
+
+
+def assert_identical(a_path: Path, b_path: Path) -> int:
+    a, b = np.load(a_path), np.load(b_path)
+    assert a.files == b.files and any(k.startswith("opt") for k in a.files)
+    differ = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
+    assert differ == [], f"resumed != uninterrupted in {differ}"
+    return len(a.files)
+
+
+def step_sidecars(directory: Path) -> list[dict]:
+    steps = directory / "ckpts" / "steps"
+    return [json.loads((d / "ckpt-info.json").read_text()) for d in sorted(steps.iterdir())] if steps.is_dir() else []
+
+
+def commit_time(directory: Path) -> float:
+    """The signal-to-commit seconds that the job logged."""
+    found = re.findall(r"([0-9.]+) s after the request", (directory / "ckpt.log").read_text())
+    assert found, (directory / "ckpt.log").read_text()
+    return float(found[-1])
+
+
+def resume_times(directory: Path) -> dict[str, float]:
+    """What the rerun logged: restart()'s read+verify and load seconds, and the skip of the done steps."""
+    text = (directory / "ckpt.log").read_text()
+    verify, load = re.findall(r"read and verified in ([0-9.]+) s, loaded in ([0-9.]+) s", text)[-1]
+    skip = re.findall(r"restart: skipped the [0-9]+ steps .* in ([0-9.]+) s", text)[-1]
+    return {"restart_verify_s": float(verify), "restart_load_s": float(load), "skip_s": float(skip)}
+
+
+def figure(key: str, value) -> None:
+    FIGURES.mkdir(exist_ok=True)
+    path = FIGURES / "preemption.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+CASES = [  # setup, signal, at (epoch.batch), extra options
+    ("arrays_shuffle", signal.SIGTERM, "3.1", []),
+    ("arrays_shuffle", signal.SIGUSR1, "1.2", []),
+    ("arrays_noshuffle", signal.SIGTERM, "2.0", []),
+    ("tfdata_reshuffle", signal.SIGUSR1, "3.2", []),
+    ("tfdata_repeat", signal.SIGTERM, "2.1", []),
+    ("pydataset_np", signal.SIGTERM, "3.1", []),
+    ("pydataset_inplace", signal.SIGUSR1, "2.2", []),
+    ("arrays_shuffle", signal.SIGTERM, "2.0", ["async", "slowfs=1.0"]),
+    ("lr_scheduler", signal.SIGTERM, "3.1", []),
+    ("reduce_lr_before", signal.SIGUSR1, "3.2", []),
+]
+
+
+def case_id(setup: str, sig: signal.Signals, at: str, extra: list[str]) -> str:
+    return f"{setup}-{sig.name}-{at}{'-async' if 'async' in extra else ''}"
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+@pytest.mark.parametrize(
+    ("setup", "sig", "at", "extra"),
+    CASES,
+    ids=[f"{c[0]}-{c[1].name}-{c[2]}{'-async' * ('async' in c[3])}" for c in CASES],
+)
+def test_signal_saves_the_step_and_the_rerun_is_bit_identical(
+    server, tmp_path, tmp_path_factory, setup, sig, at, extra
+):
+    """A signal at a batch end commits a step checkpoint of exactly that step, the job exits with
+    ckpt_preempt_exit_code, and restart() + fit end bit-identical to the uninterrupted run."""
+    full = full_run(server, setup, tmp_path_factory)
+    directory = tmp_path / "job"
+    out = str(directory) + ".npz"
+    lines, status = server.run(setup, "signal", str(directory), out, f"at={at}", f"code={CODE}", *extra, send=sig)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == CODE, (lines, status)
+    epoch, batch = (int(v) for v in at.split("."))
+    if "async" in extra:
+        assert [ln for ln in lines if ln.startswith("at ")][0].endswith(" 1"), "no async write was in flight"
+    (side,) = step_sidecars(directory)
+    assert (side["epoch"], side["step"], side["reason"]) == (epoch - 1, batch + 1, sig.name)
+    seconds = commit_time(directory)
+    lines, status = server.run(setup, "resume", str(directory), out, f"code={CODE}", *extra)
+    assert status == 0, lines
+    assert lines[0] == f"start {epoch - 1} {batch + 1}", lines
+    compared = assert_identical(full, Path(out))
+    whole = json.loads(Path(str(full) + ".loss.json").read_text())
+    resumed = json.loads(Path(out + ".loss.json").read_text())
+    assert resumed == {k: whole[k] for k in resumed}, "the epochs' logged losses differ (metrics not resumed)"
+    assert str(epoch - 1) in resumed
+    assert step_sidecars(directory) == [], "the next epoch commit did not supersede the step checkpoint"
+    times = resume_times(directory)
+    figure(case_id(setup, sig, at, extra), {"signal_to_commit_s": seconds, "variables_compared": compared, **times})
+
+
+@pytest.mark.tf_only
+def test_signal_without_exit_code_stops_fit_and_the_job_goes_on(server, tmp_path, tmp_path_factory):
+    """With ckpt_preempt_exit_code unset, fit returns after the step checkpoint (stop_training); no epoch
+    checkpoint is made of the partial epoch, and stats()["preempt"] records the save."""
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.1",
+                               send=signal.SIGTERM)  # fmt: skip
+    assert status == 0, lines
+    assert lines[-1].startswith("done 0 2 {") and "'step': 2" in lines[-1], lines
+    assert sorted(p.name for p in (directory / "ckpts" / "epochs").iterdir()) == ["001"]
+    assert [(s["epoch"], s["step"]) for s in step_sidecars(directory)] == [(1, 2)]
+
+
+@pytest.mark.tf_only
+def test_signal_at_the_last_step_saves_the_epoch(server, tmp_path):
+    """A signal after the epoch's last step is answered by that epoch's checkpoint (no step checkpoint)."""
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.3",
+                               f"code={CODE}", send=signal.SIGTERM)  # fmt: skip
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == CODE, (lines, status)
+    assert sorted(p.name for p in (directory / "ckpts" / "epochs").iterdir()) == ["001", "002"]
+    assert step_sidecars(directory) == []
+    assert "committed" in (directory / "ckpt.log").read_text().split("SIGTERM:")[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+def test_sigkill_between_step_checkpoints_resumes_from_the_newest(server, tmp_path, tmp_path_factory):
+    """ckpt_save_steps=2: SIGKILL after step 3 of epoch 3 resumes from the step-2 checkpoint, exactly."""
+    full = full_run(server, "arrays_shuffle", tmp_path_factory)
+    directory = tmp_path / "job"
+    out = str(directory) + ".npz"
+    lines, status = server.run("arrays_shuffle", "kill", str(directory), out, "at=3.2", "steps=2")
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (lines, status)
+    assert [(s["epoch"], s["step"], s["reason"]) for s in step_sidecars(directory)] == [(2, 2, "steps")]
+    lines, status = server.run("arrays_shuffle", "resume", str(directory), out, "steps=2")
+    assert status == 0 and lines[0] == "start 2 2", lines
+    assert_identical(full, Path(out))
+
+
+@pytest.mark.tf_only
+def test_deadline_saves_and_exits_in_time(server, tmp_path):
+    """ckpt_deadline=+4 with a 1 s margin: the job, far from done, commits a step checkpoint and exits with
+    ckpt_preempt_exit_code before the deadline passes."""
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "deadline", str(directory), str(directory) + ".npz",
+                               "deadline=+4", "margin=1", "sleep=0.1", f"code={CODE}")  # fmt: skip
+    ended = time.time()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == CODE, (lines, status)
+    deadline = float(next(ln for ln in lines if ln.startswith("deadline ")).split()[1])
+    sides = step_sidecars(directory)
+    epochs = list((directory / "ckpts" / "epochs").iterdir())
+    assert sides or epochs, "nothing was saved"
+    assert not sides or sides[0]["reason"] == "deadline"
+    assert ended <= deadline, f"the job ended {ended - deadline:.2f} s after its deadline"
+    figure("deadline", {"ended_before_deadline_s": round(deadline - ended, 3)})
