@@ -30,7 +30,6 @@ service, which stops the survivors when a peer's heartbeat is lost).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -44,7 +43,6 @@ from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.distributed.step_fallback import newest_step, position, verify_step
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
 from candle_ckpt.storage.store import CheckpointStore
@@ -288,19 +286,18 @@ class WorkerTrainingState:
         if self.info.is_chief:
             try:
                 own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
-                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own)
-                if epoch is None and cfg.restart_epoch is None:  # a preemption's step checkpoint may be newer
-                    chosen = newest_step(cfg, keep, chosen.epoch if chosen else None) or chosen
+                # A step checkpoint (a preemption save) newer than last is preferred: training continues mid-epoch.
+                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own, steps=True)
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
             if self.engine is not None and cfg.upload_url:
                 self.engine.store.resync_generation()  # a pull from the remote copy may have committed here
-        # 0: start from scratch, 1: (epoch, generation), 2: error, 3: a step checkpoint (number, generation)
+        # 0: start from scratch, 1: (epoch, generation), 2: error, 3: step checkpoint (epoch, generation)
         code, chosen_epoch, generation = 0, 0, 0
         if error is not None:
             code = 2
         elif chosen is not None:
-            code = 3 if position(chosen.sidecar) is not None else 1
+            code = 3 if chosen.sidecar.step is not None else 1
             chosen_epoch, generation = chosen.epoch, chosen.sidecar.generation
         if multi:
             chiefs, code, chosen_epoch, generation = self._sum_over_workers(
@@ -318,14 +315,14 @@ class WorkerTrainingState:
         if code == 0:
             self.resumed = None
             return None
-        where = self.layout.epoch_dir(chosen_epoch)
+        where = self.layout.step_dir(generation) if code == 3 else self.layout.epoch_dir(chosen_epoch)
         failure: CheckpointError | None = None
         if chosen is None:
             try:
-                if code == 3:
-                    chosen = verify_step(cfg, chosen_epoch, generation, keep)
+                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+                if code == 3:  # the step checkpoint of that generation (its sidecar says so)
+                    chosen = Chosen(chosen_epoch, *store.steps.verify(generation, keep=keep))
                 else:
-                    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
                     chosen = verify_exact(store, chosen_epoch, generation, keep)
             except CheckpointError as err:
                 failure = err
@@ -340,16 +337,12 @@ class WorkerTrainingState:
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
         self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
         pending = dict(getattr(self.adapter, "pending", None) or {})  # state the adapter applies later
-        side, found = chosen.sidecar, chosen.sidecar.to_dict()
-        at = position(side)
-        if at is not None:  # a step checkpoint: report (and continue from) its epoch and step
-            side = dataclasses.replace(side, epoch=at[0])
-            found.update(epoch=at[0], step=at[1])
+        side = chosen.sidecar
         self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
         if self.engine is not None:
             self.engine.adopt_resumed(side, self.load)
-        self.restored_epoch, self.restored_step = side.epoch, at[1] if at else None
-        return found
+        self.restored_epoch, self.restored_step = side.epoch, side.step
+        return side.to_dict()
 
     def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: str = "epoch") -> int:
         """The epoch to start at: the restored checkpoint's (completed epochs) if

@@ -35,7 +35,6 @@ would silently skip them). An optimizer passed alone must already be built.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -335,17 +334,15 @@ class JobRunner:
             found = self.workers.restore(epoch=self.resume_from_epoch)
             self.load = self.workers.load
             return self._resumed_at(found["epoch"], found.get("logs")) if found else None
-        from candle_ckpt.distributed.step_fallback import newest_step, position
-
         start = time.perf_counter()
-        chosen = select_checkpoint(self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs)
-        if self.resume_from_epoch is None and self.cfg.restart_epoch is None:  # a newer preemption save?
-            chosen = newest_step(self.cfg, self.keep_files, chosen.epoch if chosen else None) or chosen
+        # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
+        chosen = select_checkpoint(
+            self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs, steps=True
+        )
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
-        at = position(chosen.sidecar) if self._restored_at else None
-        self._chosen_sidecar = dataclasses.replace(chosen.sidecar, epoch=at[0]) if at else chosen.sidecar
+        self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
     def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -445,11 +442,12 @@ class JobRunner:
             self.epoch = done = epoch + 1
             saved = self.engine.save(done, logs, lambda: self._capture(done))  # noqa: B023 - called at once
 
-            def force(done: int = done, logs: dict = logs) -> None:  # the policy skipped this epoch
-                self.engine.save(done, logs, lambda: self._capture(done), reason="preempt")
+            def force(reason: str, done: int = done, logs: dict = logs, saved: bool = saved) -> None:
+                if not saved:  # the policy skipped this epoch: a preemption saves it anyway
+                    self.engine.save(done, logs, lambda: self._capture(done), reason=reason)
 
-            # A loop that never calls step_end: a preemption signal is acted on here (unless the job is done).
-            if not self._should_stop(done, logs) and self._sync.epoch_end(done, (lambda: None) if saved else force):
+            # A request at an epoch's end (or from a loop that never calls step_end), unless the job is done.
+            if not self._should_stop(done, logs) and self._sync.epoch_end(done, force):
                 self.preempted = self._sync.saved_at
                 break
         return logs
@@ -460,8 +458,8 @@ class JobRunner:
 
         info = self.workers.info if self.workers is not None else worker_info(None)
         capture = lambda: self._capture(self.epoch, self.step)  # noqa: E731
-        sync = make_sync(self.cfg, self.engine, capture, self.strategy, info, self.ops, self.params)
-        sync.watcher.arm()
+        sync = make_sync(self.cfg, self.engine, capture, self.strategy, info, self.ops)
+        sync.arm()
         return sync
 
     def stats(self) -> dict[str, Any]:

@@ -37,7 +37,6 @@ from tf_keras.src.saving.legacy import hdf5_format
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.preempt_sync import make_sync
-from candle_ckpt.distributed.step_fallback import position
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.engine import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
@@ -237,11 +236,12 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.state.adapter.apply_optimizer_state(pending, f"{where}/{OPTIMIZER_FILE}")
             self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(pending[0])} variables)")
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
-        self._skipped = position(resumed.sidecar) if resumed is not None else None
+        side = resumed.sidecar if resumed is not None else None
+        self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
         state = self.state
         capture = lambda: state.adapter.capture(self.cfg)  # noqa: E731
-        self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops, self._params)
-        self._sync.watcher.arm()  # before SigtermExit: a preemption signal saves a step instead
+        self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops)
+        self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
@@ -266,10 +266,11 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             saved = self.state.back_up(epoch + 1, logs or {})
             if self._sync is not None and epoch + 1 < (self.params or {}).get("epochs", epoch + 2):
 
-                def force() -> None:  # the policy skipped this epoch: a preemption saves it anyway
-                    self.state.back_up(epoch + 1, logs or {}, reason="preempt")
+                def force(reason: str) -> None:
+                    if not saved:  # the policy skipped this epoch: a preemption saves it anyway
+                        self.state.back_up(epoch + 1, logs or {}, reason=reason)
 
-                if self._sync.epoch_end(epoch + 1, (lambda: None) if saved else force):
+                if self._sync.epoch_end(epoch + 1, force):
                     self.model.stop_training = True
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end

@@ -135,17 +135,19 @@ def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
 
 def step_checkpoints(directory: Path) -> list[dict]:
     """The sidecars of the chief's committed step checkpoints, oldest first."""
-    root = directory / "ckpts" / "steps" / "epochs"
+    root = directory / "ckpts" / "steps"
     return [json.loads((d / "ckpt-info.json").read_text()) for d in sorted(root.iterdir())] if root.is_dir() else []
 
 
-def assert_preempted_at(cluster: Cluster, directory: Path, epoch: int, step: int, files: list[str]) -> None:
-    """Both workers saved ``step`` steps of ``epoch``; the chief committed exactly that, the non-chief nothing."""
+def assert_preempted_at(
+    cluster: Cluster, directory: Path, epoch: int, step: int, files: list[str], reason: str = "peer"
+) -> None:
+    """Both workers saved ``step`` steps of ``epoch``; the chief committed exactly that (its reason: ``peer``,
+    the signal went to another worker), the non-chief nothing."""
     for i in range(len(cluster.procs)):
         assert cluster.line(i, r"^PREEMPTED (\d+):(\d+)").groups() == (str(epoch), str(step))
     (side,) = step_checkpoints(directory)
-    assert side["extra"]["step"] == {"epoch": epoch, "step": step}
-    assert side["reason"] == "preempt"
+    assert (side["epoch"], side["step"], side["reason"]) == (epoch, step, reason)
     assert sorted(side["files"]) == files
     assert not any((directory / "ckpts").glob(".tmp-worker-*"))  # the non-chief's scratch copy is gone
     assert os.readlink(directory / "ckpts" / "last") == f"epochs/{epoch:03d}"  # the epochs before it
@@ -195,7 +197,7 @@ def test_mirrored_job_runner_sigterm_saves_the_next_step_and_resumes_bit_identic
     ckpt = tmp_path / "ckpt"
     ref = Cluster(tmp_path, "ref", "mirrored", tmp_path / "ref", 3)
     run = preempt(tmp_path, "mirrored", ckpt, 3, "1:1", exit_code=42)
-    assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"])
+    assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"], reason="SIGTERM")
     again = run_to_end(tmp_path, "again", "mirrored", ckpt, 3)
     assert again.line(0, r"^RESTORED epoch=(\d+) step=(\d+) batches=(\d+)").groups() == ("1", "3", "7")
     assert ref.wait() == [0]
