@@ -219,6 +219,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _capture(self, step: int | None = None):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
+        sync = getattr(self.model, "jax_state_sync", None)
+        if step is not None and callable(sync):
+            sync()  # JAX keeps the state outside the variables between epoch ends: put it back first
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if self._train is not None:
