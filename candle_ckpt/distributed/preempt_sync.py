@@ -30,7 +30,7 @@ from candle_ckpt.config.deadline import resolve_deadline
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.distributed.agreement import SaveAgreement
-from candle_ckpt.engine.preempt import PreemptionWatcher, Trigger
+from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger
 from candle_ckpt.engine.resume import checkpoint_dir
 
 
@@ -103,7 +103,7 @@ class PreemptSync:
 
         Call it on every worker after every step. When the workers agree, the
         step is saved on every worker before this returns; with an exit code
-        the process exits here instead (``SystemExit``, after the commit).
+        the process exits here instead (``PreemptExit``, a ``SystemExit``, after the commit).
         """
         if self.saved_at is not None:
             return True
@@ -133,7 +133,7 @@ class PreemptSync:
         return True
 
     def _finish(self, epoch: int, step: int | None, save: Callable[[Trigger], Any]) -> None:
-        """Save (every worker), record and log, then stop or raise ``SystemExit``."""
+        """Save (every worker), record and log, then stop or raise ``PreemptExit``."""
         trigger = self.watcher.pending or self.watcher.trigger("peer")  # "peer": another worker was asked
         self.saved_at = (epoch, step or 0)
         start = time.monotonic()
@@ -162,7 +162,7 @@ class PreemptSync:
             f"{trigger.reason}: {self.who}{what} ({where}) {now - trigger.at:.3f} s after the request; {then}"
         )
         if self.exit_code is not None:
-            raise SystemExit(self.exit_code)
+            raise PreemptExit(self.exit_code)
 
 
 def make_sync(cfg: Any, engine: Any, capture: Callable[[], Any], strategy: Any, info: Any, ops: OpsLog) -> PreemptSync:
