@@ -213,6 +213,49 @@ def run_tfk(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
         print("DONE", flush=True)
 
 
+def run_mirrored_fit(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
+    """Keras 3 ``model.fit`` under MirroredStrategy on 2 logical CPUs, with the Keras 3 callback."""
+    strategy = mirrored_strategy()
+    import keras
+
+    import candle_ckpt as candle
+
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
+
+    def state_of():
+        return [v.numpy() for v in model.weights], [v.numpy() for v in model.optimizer.variables]
+
+    p = params(directory, epochs, exit_code)
+    found = candle.restart(p, model, verbose=False)
+    epoch, step = (found["epoch"], found.get("step") or 0) if found else (0, 0)
+    print(f"RESTORED epoch={epoch} step={step}", flush=True)
+    dump(out + ".restored.npz", *state_of())
+
+    class Wait(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if wait_at == (self.epoch, batch):
+                wait_for_signal()
+
+    ckpt = candle.CandleCheckpointCallback(p, verbose=False)
+    try:  # the callback continues a resumed epoch after its saved step
+        model.fit(dataset(), epochs=epochs, initial_epoch=epoch, verbose=0, callbacks=[ckpt, Wait()])
+    finally:
+        saved = (ckpt.stats().get("preempt") or {}).get("step")
+        if saved is not None:
+            print("PREEMPTED {}:{}".format(ckpt.stats()["preempt"]["epoch"], saved), flush=True)
+    if saved is None:
+        dump(out, *state_of())
+        print("DONE", flush=True)
+
+
 if __name__ == "__main__":
     kind, directory, epochs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rest = sys.argv[5:]
@@ -220,5 +263,7 @@ if __name__ == "__main__":
     code = int(rest[rest.index("--exit-code") + 1]) if "--exit-code" in rest else None
     if kind == "mirrored":
         run_k3(directory, epochs, out, wait_at, code, mirrored=True)
+    elif kind == "mirrored-fit":
+        run_mirrored_fit(directory, epochs, out, wait_at, code)
     else:
         {"k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, wait_at, code)

@@ -46,7 +46,7 @@ class Cluster:
     """Worker processes of ``mw_preempt_job.py`` (two; one for ``mirrored``); ``extra[i]``: worker ``i``'s arguments."""
 
     def __init__(self, tmp: Path, name: str, kind: str, directory: Path, epochs: int, extra=None) -> None:
-        n = 1 if kind == "mirrored" else 2
+        n = 1 if kind.startswith("mirrored") else 2
         self.outs = [tmp / f"{name}-w{i}.npz" for i in range(n)]
         self.logs = [tmp / f"{name}-w{i}.log" for i in range(n)]
         workers = [f"localhost:{p}" for p in _free_ports(n)]
@@ -115,7 +115,7 @@ def run_to_end(tmp: Path, name: str, kind: str, directory: Path, epochs: int) ->
 def preempt(tmp: Path, kind: str, directory: Path, epochs: int, wait_at: str, exit_code: int | None) -> Cluster:
     """Run a cluster, SIGTERM the non-chief while it waits after batch ``wait_at``; return the stopped cluster."""
     extra = ["--exit-code", str(exit_code)] if exit_code is not None else []
-    last = 0 if kind == "mirrored" else 1  # the process that gets the signal: the non-chief
+    last = 0 if kind.startswith("mirrored") else 1  # the process that gets the signal: the non-chief
     extras = {0: extra, last: [*extra, "--wait-at", wait_at]}
     cluster = Cluster(tmp, "run", kind, directory, epochs, extra=extras)
     cluster.wait_for(last, "WAITING")
@@ -200,5 +200,21 @@ def test_mirrored_job_runner_sigterm_saves_the_next_step_and_resumes_bit_identic
     assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"], reason="SIGTERM")
     again = run_to_end(tmp_path, "again", "mirrored", ckpt, 3)
     assert again.line(0, r"^RESTORED epoch=(\d+) step=(\d+) batches=(\d+)").groups() == ("1", "3", "7")
+    assert ref.wait() == [0]
+    assert_same(again.final(0), ref.final(0))
+
+
+def test_mirrored_keras3_fit_sigterm_saves_the_next_step_and_resumes_bit_identical(tmp_path: Path) -> None:
+    """Keras 3 fit under MirroredStrategy on 2 logical CPUs with the Keras 3 callback: SIGTERM after batch 1
+    of epoch 1 saves step 3 of epoch 1 and exits 42; restart() and fit continue from that step and end
+    bit-identical to an uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    ref = Cluster(tmp_path, "ref", "mirrored-fit", tmp_path / "ref", 3)
+    run = preempt(tmp_path, "mirrored-fit", ckpt, 3, "1:1", exit_code=42)
+    (side,) = step_checkpoints(ckpt)
+    assert (side["epoch"], side["step"], side["reason"]) == (1, 3, "SIGTERM")
+    assert run.line(0, r"^PREEMPTED (\d+):(\d+)").groups() == ("1", "3")
+    again = run_to_end(tmp_path, "again", "mirrored-fit", ckpt, 3)
+    assert again.line(0, r"^RESTORED epoch=(\d+) step=(\d+)").groups() == ("1", "3")
     assert ref.wait() == [0]
     assert_same(again.final(0), ref.final(0))
