@@ -8,7 +8,8 @@ KIND:
     ``k3``   Keras 3 custom loop (``strategy.run`` of a GradientTape step) under
              MultiWorkerMirroredStrategy through ``candle_ckpt.JobRunner``, which
              is told of every step with ``runner.step_end()``; ``ckpt_async``.
-    ``mirrored``  the same loop under MirroredStrategy on 2 logical CPUs of one process (no TF_CONFIG).
+    ``mirrored-fit``  Keras 3 ``model.fit`` under MirroredStrategy on 2 logical CPUs of one process (no
+             TF_CONFIG) with the Keras 3 callback, which continues a resumed epoch after its saved step.
     ``tfk``  tf_keras ``model.fit`` under MultiWorkerMirroredStrategy with
              ``candle_ckpt.CandleCheckpointCallback`` (run with ``TF_USE_LEGACY_KERAS=1``).
 
@@ -87,14 +88,14 @@ def mirrored_strategy():
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
-def run_k3(directory: str, epochs: int, out: str, wait_at, exit_code, mirrored: bool = False) -> None:
+def run_k3(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
 
     import candle_ckpt as candle
 
-    strategy = mirrored_strategy() if mirrored else tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     assert strategy.num_replicas_in_sync == 2
     keras.utils.set_random_seed(1)
     with strategy.scope():
@@ -261,9 +262,4 @@ if __name__ == "__main__":
     rest = sys.argv[5:]
     wait_at = tuple(int(v) for v in rest[rest.index("--wait-at") + 1].split(":")) if "--wait-at" in rest else None
     code = int(rest[rest.index("--exit-code") + 1]) if "--exit-code" in rest else None
-    if kind == "mirrored":
-        run_k3(directory, epochs, out, wait_at, code, mirrored=True)
-    elif kind == "mirrored-fit":
-        run_mirrored_fit(directory, epochs, out, wait_at, code)
-    else:
-        {"k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, wait_at, code)
+    {"k3": run_k3, "tfk": run_tfk, "mirrored-fit": run_mirrored_fit}[kind](directory, epochs, out, wait_at, code)

@@ -190,20 +190,6 @@ def test_tf_keras_fit_sigterm_to_non_chief_both_save_same_step_and_stop(tmp_path
         assert_same(again.final(i), ref.final(0))
 
 
-def test_mirrored_job_runner_sigterm_saves_the_next_step_and_resumes_bit_identical(tmp_path: Path) -> None:
-    """JobRunner under MirroredStrategy on 2 logical CPUs (one process, no collective for the decision):
-    SIGTERM after batch 1 of epoch 1 saves step 3 of epoch 1 and exits 42; the rerun continues from that
-    step and ends bit-identical to an uninterrupted run."""
-    ckpt = tmp_path / "ckpt"
-    ref = Cluster(tmp_path, "ref", "mirrored", tmp_path / "ref", 3)
-    run = preempt(tmp_path, "mirrored", ckpt, 3, "1:1", exit_code=42)
-    assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"], reason="SIGTERM")
-    again = run_to_end(tmp_path, "again", "mirrored", ckpt, 3)
-    assert again.line(0, r"^RESTORED epoch=(\d+) step=(\d+) batches=(\d+)").groups() == ("1", "3", "7")
-    assert ref.wait() == [0]
-    assert_same(again.final(0), ref.final(0))
-
-
 def test_mirrored_keras3_fit_sigterm_saves_the_next_step_and_resumes_bit_identical(tmp_path: Path) -> None:
     """Keras 3 fit under MirroredStrategy on 2 logical CPUs with the Keras 3 callback: SIGTERM after batch 1
     of epoch 1 saves step 3 of epoch 1 and exits 42; restart() and fit continue from that step and end
