@@ -35,16 +35,12 @@ would silently skip them). An optimizer passed alone must already be built.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-import h5py
 import keras
-import numpy as np
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
@@ -52,79 +48,21 @@ from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.engine import Capture, CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
-from candle_ckpt.keras.plan import build_in_scope
-from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
+from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
+    STATE_FILES,
+    STATE_H5,
+    STATE_JSON,
+    STATE_NPZ,
+    RunnerObject,
+    apply_loop_state,
+    loop_state_files,
+    read_loop_state,
+    state_kind,
+)
+from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.store import FileSpec
 
-STATE_JSON = "loop_state.json"
-STATE_NPZ = "loop_state.npz"
-STATE_H5 = "loop_state.weights.h5"
-_STATE_FILES = (STATE_JSON, STATE_NPZ, STATE_H5)
-
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
-
-
-class _Object:
-    """One registered Keras object: its file, its state, and what builds it."""
-
-    def __init__(self, name: str, value: Any) -> None:
-        if not isinstance(name, str) or not L.is_safe_filename(name + ".weights.h5") or name == "loop_state":
-            raise ValueError(
-                f"objects: name {name!r} must be a plain file-name stem (letters, digits, '.', '_', '-'; "
-                "not 'loop_state')"
-            )
-        var_list = None
-        if isinstance(value, tuple):
-            if len(value) != 2 or not isinstance(value[0], keras.optimizers.Optimizer):
-                raise TypeError(f"objects[{name!r}]: a tuple must be (optimizer, variables it trains)")
-            value, var_list = value[0], list(value[1])
-        if not hasattr(value, "save_own_variables") and not isinstance(value, keras.Model):
-            raise TypeError(
-                f"objects[{name!r}] must be a Keras model, layer or optimizer (a KerasSaveable); "
-                f"got {type(value).__name__}"
-            )
-        self.name = name
-        self.file = name + ".weights.h5"
-        self.extra_file = name + ".extra.npz"  # seed states save_weights omits (Dropout layers...)
-        self.obj = value
-        self.var_list = var_list
-        self.state = ModelState(value)
-
-    def ensure_built(self) -> None:
-        opt = self.obj
-        if not isinstance(opt, keras.optimizers.Optimizer) or opt.built:
-            return
-        if self.var_list is None:
-            raise ValueError(
-                f"objects[{self.name!r}]: the optimizer is not built. Pass it as objects={{{self.name!r}: "
-                "(optimizer, model.trainable_variables)} so the runner can build it before saving and restoring."
-            )
-        build_in_scope(opt, self.var_list)
-
-
-def _kind(key: str, value: Any) -> str:
-    """Classify one loop-state value: keras, rng, array or json."""
-    if isinstance(value, (keras.random.SeedGenerator, keras.Variable)):
-        return "keras"
-    if isinstance(value, np.random.Generator):
-        return "rng"
-    if isinstance(value, (np.ndarray, np.generic)):
-        return "array"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = None
-    if text is None or json.loads(text) != value:
-        raise TypeError(
-            f"state[{key!r}]: {type(value).__name__} cannot be saved exactly; use JSON types (int, float, str, bool, "
-            "None, list, dict with str keys), NumPy arrays/scalars, numpy.random.Generator, keras.Variable or "
-            "keras.random.SeedGenerator (a tuple must be a list)"
-        )
-    return "json"
-
-
-def _variable(value: Any) -> keras.Variable:
-    return value.state if isinstance(value, keras.random.SeedGenerator) else value
 
 
 class JobRunner:
@@ -183,9 +121,9 @@ class JobRunner:
             raise TypeError(f"epoch_fn must be callable; got {type(epoch_fn).__name__}")
         if not isinstance(objects, Mapping) or not objects:
             raise ValueError("objects must be a non-empty dict {name: Keras model/layer/optimizer}")
-        self.objects = [_Object(name, value) for name, value in objects.items()]
+        self.objects = [RunnerObject(name, value) for name, value in objects.items()]
         self.state = state if state is not None else {}
-        self.kinds = {key: _kind(key, value) for key, value in self.state.items()}
+        self.kinds = {key: state_kind(key, value) for key, value in self.state.items()}
         self.limits, self.conditions = self._stop_conditions(stop_conditions)
         if resume_from_epoch is not None and (
             not isinstance(resume_from_epoch, int) or isinstance(resume_from_epoch, bool) or resume_from_epoch < 0
@@ -238,7 +176,7 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def keep_files(self) -> list[str]:
-        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
+        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES)
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
@@ -254,29 +192,7 @@ class JobRunner:
             files.append(FileSpec(o.file, snap.write_h5))
             if snap.extra:
                 files.append(FileSpec(o.extra_file, snap.write_extra))
-        doc: dict[str, Any] = {"epoch": epoch, "values": {}, "numpy_rngs": {}, "arrays": [], "keras": []}
-        if step is not None:
-            doc["step"] = step  # a mid-epoch checkpoint: steps done in epoch ``epoch``
-        arrays: dict[str, np.ndarray] = {}
-        keras_entries = []
-        for key, value in self.state.items():
-            kind = self.kinds.get(key) or _kind(key, value)
-            if kind == "keras":
-                keras_entries.append((f"loop_state/{key}", {"name": key}, [("0", _to_host(_variable(value)))]))
-                doc["keras"].append(key)
-            elif kind == "rng":
-                doc["numpy_rngs"][key] = value.bit_generator.state
-            elif kind == "array":
-                arrays[key] = np.array(value, copy=True)
-                doc["arrays"].append(key)
-            else:
-                doc["values"][key] = value
-        text = json.dumps(doc, sort_keys=True).encode()  # taken now: the loop may change state next
-        files.append(FileSpec(STATE_JSON, lambda f: f.write(text)))
-        if arrays:
-            files.append(FileSpec(STATE_NPZ, lambda f: np.savez(f, **arrays)))
-        if keras_entries:
-            files.append(FileSpec(STATE_H5, HostSnapshot(keras_entries).write_h5))
+        files += loop_state_files(self.state, self.kinds, epoch, step)
         return Capture(
             files=files,
             model_file=self.objects[0].file,
@@ -297,13 +213,8 @@ class JobRunner:
                 f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
                 "was it written by a JobRunner with the same objects?"
             )
-        doc = json.loads(kept[STATE_JSON])
+        doc = read_loop_state(self.state, kept, where)  # checks every key before anything is loaded
         self._restored_at = (doc["epoch"], doc["step"]) if "step" in doc else None
-        for key in self.state:
-            if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
-                raise NoValidCheckpoint(
-                    f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})"
-                )
         for o in self.objects:
             o.ensure_built()
             o.state.restore(kept[o.file])
@@ -314,19 +225,7 @@ class JobRunner:
                     f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
                     "so the resumed run will not be bit-identical"
                 )
-        for key, value in doc["values"].items():
-            self.state[key] = value
-        for key, rng_state in doc["numpy_rngs"].items():
-            self.state[key].bit_generator.state = rng_state
-        if doc["arrays"]:
-            with np.load(io.BytesIO(kept[STATE_NPZ]), allow_pickle=False) as npz:
-                for key in doc["arrays"]:
-                    arr = npz[key]
-                    self.state[key] = arr[()] if arr.ndim == 0 and isinstance(self.state.get(key), np.generic) else arr
-        if doc["keras"]:
-            with h5py.File(io.BytesIO(kept[STATE_H5]), "r") as h5:
-                for key in doc["keras"]:
-                    _variable(self.state[key]).assign(h5[f"loop_state/{key}/vars/0"][()])
+        apply_loop_state(self.state, doc, kept)
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
