@@ -60,6 +60,7 @@ class CkptConfig:
         preempt_exit_code: Exit status after a preemption save, or None to stop training.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
+        preempt_check: Multi-worker: steps between two preemption agreements.
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -89,6 +90,7 @@ class CkptConfig:
     preempt_exit_code: int | None = None
     deadline: str = "auto"
     deadline_margin: float = 60.0
+    preempt_check: int = 1
     epochs: int | None = None
 
     def __post_init__(self) -> None:

@@ -333,6 +333,19 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0.0,
     ),
     _Spec(
+        key="ckpt_preempt_check",
+        field="preempt_check",
+        kind="int",
+        default=1,
+        help=(
+            "Multi-worker: every N training steps the workers agree, in one small all-reduce, whether any "
+            "of them was signalled (or is near its deadline), so that all save at the same step."
+        ),
+        allowed="integer > 0",
+        minimum=0,
+        strict=True,
+    ),
+    _Spec(
         key="epochs",
         field="epochs",
         kind="int",

@@ -178,6 +178,7 @@ class WorkerTrainingState:
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
         self.temp_dir = None if self.info.is_chief else scratch
         self.restored_epoch: int | None = None
+        self.restored_step: int | None = None  # steps done in epoch restored_epoch + 1 (a step checkpoint)
         # What restore() loaded; restart() attaches it to the model for the callback.
         self.resumed: Resumed | None = None
         self.load: dict[str, Any] | None = None
@@ -285,16 +286,19 @@ class WorkerTrainingState:
         if self.info.is_chief:
             try:
                 own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
-                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own)
+                # A step checkpoint (a preemption save) newer than last is preferred: training continues mid-epoch.
+                chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own, steps=True)
             except Exception as err:  # told to the others before raising, so none waits forever
                 error = err
             if self.engine is not None and cfg.upload_url:
                 self.engine.store.resync_generation()  # a pull from the remote copy may have committed here
-        code, chosen_epoch, generation = 0, 0, 0  # 0: start from scratch, 1: (epoch, generation), 2: error
+        # 0: start from scratch, 1: (epoch, generation), 2: error, 3: step checkpoint (epoch, generation)
+        code, chosen_epoch, generation = 0, 0, 0
         if error is not None:
             code = 2
         elif chosen is not None:
-            code, chosen_epoch, generation = 1, chosen.epoch, chosen.sidecar.generation
+            code = 3 if chosen.sidecar.step is not None else 1
+            chosen_epoch, generation = chosen.epoch, chosen.sidecar.generation
         if multi:
             chiefs, code, chosen_epoch, generation = self._sum_over_workers(
                 [1, code, chosen_epoch, generation] if self.info.is_chief else [0, 0, 0, 0], "choose"
@@ -311,12 +315,15 @@ class WorkerTrainingState:
         if code == 0:
             self.resumed = None
             return None
-        where = self.layout.epoch_dir(chosen_epoch)
+        where = self.layout.step_dir(generation) if code == 3 else self.layout.epoch_dir(chosen_epoch)
         failure: CheckpointError | None = None
         if chosen is None:
             try:
                 store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
-                chosen = verify_exact(store, chosen_epoch, generation, keep)
+                if code == 3:  # the step checkpoint of that generation (its sidecar says so)
+                    chosen = Chosen(chosen_epoch, *store.steps.verify(generation, keep=keep))
+                else:
+                    chosen = verify_exact(store, chosen_epoch, generation, keep)
             except CheckpointError as err:
                 failure = err
         if multi:
@@ -330,11 +337,12 @@ class WorkerTrainingState:
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
         self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
         pending = dict(getattr(self.adapter, "pending", None) or {})  # state the adapter applies later
-        self.resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, self.load, pending)
+        side = chosen.sidecar
+        self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
         if self.engine is not None:
-            self.engine.adopt_resumed(chosen.sidecar, self.load)
-        self.restored_epoch = chosen_epoch
-        return chosen.sidecar.to_dict()
+            self.engine.adopt_resumed(side, self.load)
+        self.restored_epoch, self.restored_step = side.epoch, side.step
+        return side.to_dict()
 
     def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: str = "epoch") -> int:
         """The epoch to start at: the restored checkpoint's (completed epochs) if

@@ -26,6 +26,14 @@ from typing import Any
 logger = logging.getLogger("candle_ckpt.engine.preempt")
 
 
+class PreemptExit(SystemExit):
+    """Raised once a preemption checkpoint is committed and ``ckpt_preempt_exit_code`` is set.
+
+    A ``SystemExit`` with that status, told apart from any other (a SIGTERM
+    turned into ``SystemExit`` by ``SigtermExit``, the user's ``sys.exit``).
+    """
+
+
 @dataclass(frozen=True)
 class Trigger:
     """Why and when a job was asked to stop.

@@ -19,6 +19,7 @@ from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, 
 from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import fit_hooks
@@ -191,7 +192,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
         try:
             self._pre.batch_end(self._epoch, batch + 1, (self.params or {}).get("steps"), save)
-        except SystemExit:
+        except PreemptExit:
             self._exiting()
             raise
         except BaseException:  # a failed step save (ckpt_on_error=raise): fit stops here, the guard frees the lock
@@ -218,6 +219,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _capture(self, step: int | None = None):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
+        sync = getattr(self.model, "jax_state_sync", None)
+        if step is not None and callable(sync):
+            sync()  # JAX keeps the state outside the variables between epoch ends: put it back first
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if self._train is not None:
@@ -238,7 +242,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
             if self._pre.epoch_end(epoch + 1, (self.params or {}).get("epochs"), saved, force):
                 self.model.stop_training = True
-        except SystemExit:
+        except PreemptExit:
             self._exiting()
             raise
         except BaseException:

@@ -26,7 +26,7 @@ from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.preempt import PreemptionWatcher, Trigger
+from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger
 from candle_ckpt.engine.resume import checkpoint_dir
 from candle_ckpt.keras import fit_hooks
 
@@ -108,7 +108,7 @@ class FitPreemption:
     def epoch_end(self, epoch: int, epochs: int | None, saved: bool, force: Callable[[str], bool]) -> bool:
         """After the epoch save of epoch ``epoch`` (completed epochs): stop here if a request is pending.
 
-        Returns True when training must stop (with ``ckpt_preempt_exit_code`` set, ``SystemExit`` is raised).
+        Returns True when training must stop (with ``ckpt_preempt_exit_code`` set, :class:`PreemptExit` is raised).
 
         Args:
             epoch: Completed epochs.
@@ -135,7 +135,7 @@ class FitPreemption:
         return True
 
     def finish(self, trigger: Trigger, side: Sidecar | None, epoch: int, step: int | None) -> None:
-        """Record and log the preemption save, then stop training (``stopped``) or raise ``SystemExit``."""
+        """Record and log the preemption save, then stop training (``stopped``) or raise :class:`PreemptExit`."""
         elapsed = time.monotonic() - trigger.at
         code = self.cfg.preempt_exit_code
         path = checkpoint_dir(self.engine.store.layout, side) if side is not None else None
@@ -154,7 +154,7 @@ class FitPreemption:
         self.ops.warning(f"{trigger.reason}: {what} ({where}) {elapsed:.3f} s after the request; {then}")
         self.stopped = step is not None
         if code is not None:
-            raise SystemExit(code)
+            raise PreemptExit(code)
 
 
 def resume_mid_epoch(

@@ -88,7 +88,7 @@ def _restart_through_worker(
     found = worker.restore()
     attach_resumed(model, worker.resumed)
     if worker.resumed is not None:
-        guard_optimizer(model, worker.resumed, worker.ops, worker.layout.epoch_dir(worker.resumed.sidecar.epoch))
+        guard_optimizer(model, worker.resumed, worker.ops, checkpoint_dir(worker.layout, worker.resumed.sidecar))
     return found
 
 

@@ -35,16 +35,12 @@ would silently skip them). An optimizer passed alone must already be built.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-import h5py
 import keras
-import numpy as np
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
@@ -53,79 +49,21 @@ from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
-from candle_ckpt.keras.plan import build_in_scope
-from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
+from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
+    STATE_FILES,
+    STATE_H5,
+    STATE_JSON,
+    STATE_NPZ,
+    RunnerObject,
+    apply_loop_state,
+    loop_state_files,
+    read_loop_state,
+    state_kind,
+)
+from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.store import FileSpec
 
-STATE_JSON = "loop_state.json"
-STATE_NPZ = "loop_state.npz"
-STATE_H5 = "loop_state.weights.h5"
-_STATE_FILES = (STATE_JSON, STATE_NPZ, STATE_H5)
-
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
-
-
-class _Object:
-    """One registered Keras object: its file, its state, and what builds it."""
-
-    def __init__(self, name: str, value: Any) -> None:
-        if not isinstance(name, str) or not L.is_safe_filename(name + ".weights.h5") or name == "loop_state":
-            raise ValueError(
-                f"objects: name {name!r} must be a plain file-name stem (letters, digits, '.', '_', '-'; "
-                "not 'loop_state')"
-            )
-        var_list = None
-        if isinstance(value, tuple):
-            if len(value) != 2 or not isinstance(value[0], keras.optimizers.Optimizer):
-                raise TypeError(f"objects[{name!r}]: a tuple must be (optimizer, variables it trains)")
-            value, var_list = value[0], list(value[1])
-        if not hasattr(value, "save_own_variables") and not isinstance(value, keras.Model):
-            raise TypeError(
-                f"objects[{name!r}] must be a Keras model, layer or optimizer (a KerasSaveable); "
-                f"got {type(value).__name__}"
-            )
-        self.name = name
-        self.file = name + ".weights.h5"
-        self.extra_file = name + ".extra.npz"  # seed states save_weights omits (Dropout layers...)
-        self.obj = value
-        self.var_list = var_list
-        self.state = ModelState(value)
-
-    def ensure_built(self) -> None:
-        opt = self.obj
-        if not isinstance(opt, keras.optimizers.Optimizer) or opt.built:
-            return
-        if self.var_list is None:
-            raise ValueError(
-                f"objects[{self.name!r}]: the optimizer is not built. Pass it as objects={{{self.name!r}: "
-                "(optimizer, model.trainable_variables)} so the runner can build it before saving and restoring."
-            )
-        build_in_scope(opt, self.var_list)
-
-
-def _kind(key: str, value: Any) -> str:
-    """Classify one loop-state value: keras, rng, array or json."""
-    if isinstance(value, (keras.random.SeedGenerator, keras.Variable)):
-        return "keras"
-    if isinstance(value, np.random.Generator):
-        return "rng"
-    if isinstance(value, (np.ndarray, np.generic)):
-        return "array"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = None
-    if text is None or json.loads(text) != value:
-        raise TypeError(
-            f"state[{key!r}]: {type(value).__name__} cannot be saved exactly; use JSON types (int, float, str, bool, "
-            "None, list, dict with str keys), NumPy arrays/scalars, numpy.random.Generator, keras.Variable or "
-            "keras.random.SeedGenerator (a tuple must be a list)"
-        )
-    return "json"
-
-
-def _variable(value: Any) -> keras.Variable:
-    return value.state if isinstance(value, keras.random.SeedGenerator) else value
 
 
 class JobRunner:
@@ -184,9 +122,9 @@ class JobRunner:
             raise TypeError(f"epoch_fn must be callable; got {type(epoch_fn).__name__}")
         if not isinstance(objects, Mapping) or not objects:
             raise ValueError("objects must be a non-empty dict {name: Keras model/layer/optimizer}")
-        self.objects = [_Object(name, value) for name, value in objects.items()]
+        self.objects = [RunnerObject(name, value) for name, value in objects.items()]
         self.state = state if state is not None else {}
-        self.kinds = {key: _kind(key, value) for key, value in self.state.items()}
+        self.kinds = {key: state_kind(key, value) for key, value in self.state.items()}
         self.limits, self.conditions = self._stop_conditions(stop_conditions)
         if resume_from_epoch is not None and (
             not isinstance(resume_from_epoch, int) or isinstance(resume_from_epoch, bool) or resume_from_epoch < 0
@@ -201,7 +139,14 @@ class JobRunner:
         self.workers = None  # the WorkerTrainingState of a distributed run
         self.engine: CheckpointEngine | None = None
         self.epoch = 0
+        self.step = 0  # steps done in the epoch in progress (counted by step_end)
         self.resumed_from: int | None = None
+        # Steps already done in epoch resumed_from when a mid-epoch checkpoint was restored:
+        # epoch_fn skips that many batches of that epoch. None after an epoch checkpoint.
+        self.resumed_step: int | None = None
+        self.preempted: tuple[int, int] | None = None  # (epoch, step) of a preemption save
+        self._sync = None  # distributed.preempt_sync.PreemptSync while train() runs
+        self._restored_at: tuple[int, int] | None = None  # (epoch, step) of a restored mid-epoch checkpoint
         self.load: dict[str, Any] | None = None
         self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
 
@@ -232,12 +177,12 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def keep_files(self) -> list[str]:
-        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(_STATE_FILES)
+        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES)
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
 
-    def _capture(self, epoch: int) -> Capture:
+    def _capture(self, epoch: int, step: int | None = None) -> Capture:
         start = time.perf_counter()
         files: list[FileSpec] = []
         nbytes = 0
@@ -248,27 +193,7 @@ class JobRunner:
             files.append(FileSpec(o.file, snap.write_h5))
             if snap.extra:
                 files.append(FileSpec(o.extra_file, snap.write_extra))
-        doc: dict[str, Any] = {"epoch": epoch, "values": {}, "numpy_rngs": {}, "arrays": [], "keras": []}
-        arrays: dict[str, np.ndarray] = {}
-        keras_entries = []
-        for key, value in self.state.items():
-            kind = self.kinds.get(key) or _kind(key, value)
-            if kind == "keras":
-                keras_entries.append((f"loop_state/{key}", {"name": key}, [("0", _to_host(_variable(value)))]))
-                doc["keras"].append(key)
-            elif kind == "rng":
-                doc["numpy_rngs"][key] = value.bit_generator.state
-            elif kind == "array":
-                arrays[key] = np.array(value, copy=True)
-                doc["arrays"].append(key)
-            else:
-                doc["values"][key] = value
-        text = json.dumps(doc, sort_keys=True).encode()  # taken now: the loop may change state next
-        files.append(FileSpec(STATE_JSON, lambda f: f.write(text)))
-        if arrays:
-            files.append(FileSpec(STATE_NPZ, lambda f: np.savez(f, **arrays)))
-        if keras_entries:
-            files.append(FileSpec(STATE_H5, HostSnapshot(keras_entries).write_h5))
+        files += loop_state_files(self.state, self.kinds, epoch, step)
         return Capture(
             files=files,
             model_file=self.objects[0].file,
@@ -289,12 +214,8 @@ class JobRunner:
                 f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
                 "was it written by a JobRunner with the same objects?"
             )
-        doc = json.loads(kept[STATE_JSON])
-        for key in self.state:
-            if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
-                raise NoValidCheckpoint(
-                    f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})"
-                )
+        doc = read_loop_state(self.state, kept, where)  # checks every key before anything is loaded
+        self._restored_at = (doc["epoch"], doc["step"]) if "step" in doc else None
         for o in self.objects:
             o.ensure_built()
             o.state.restore(kept[o.file])
@@ -305,19 +226,7 @@ class JobRunner:
                     f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
                     "so the resumed run will not be bit-identical"
                 )
-        for key, value in doc["values"].items():
-            self.state[key] = value
-        for key, rng_state in doc["numpy_rngs"].items():
-            self.state[key].bit_generator.state = rng_state
-        if doc["arrays"]:
-            with np.load(io.BytesIO(kept[STATE_NPZ]), allow_pickle=False) as npz:
-                for key in doc["arrays"]:
-                    arr = npz[key]
-                    self.state[key] = arr[()] if arr.ndim == 0 and isinstance(self.state.get(key), np.generic) else arr
-        if doc["keras"]:
-            with h5py.File(io.BytesIO(kept[STATE_H5]), "r") as h5:
-                for key in doc["keras"]:
-                    _variable(self.state[key]).assign(h5[f"loop_state/{key}/vars/0"][()])
+        apply_loop_state(self.state, doc, kept)
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
@@ -326,7 +235,10 @@ class JobRunner:
             self.load = self.workers.load
             return self._resumed_at(found["epoch"], found.get("logs")) if found else None
         start = time.perf_counter()
-        chosen = select_checkpoint(self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs)
+        # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
+        chosen = select_checkpoint(
+            self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs, steps=True
+        )
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
@@ -334,8 +246,34 @@ class JobRunner:
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
     def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        at = self._restored_at
+        if at is not None:  # a mid-epoch checkpoint: epoch ``at[0]`` is resumed after ``at[1]`` steps
+            self.epoch = self.resumed_from = at[0]
+            self.step = self.resumed_step = at[1]
+            return None  # a part of an epoch has no logs for the stop conditions
         self.epoch = self.resumed_from = epoch
         return logs or None  # epoch 0 (after init) has no logs for the stop conditions
+
+    def step_end(self, logs: Mapping[str, Any] | None = None) -> bool:
+        """Count one training step; call it on every worker after every step of ``epoch_fn``.
+
+        Returns True when training must stop: a preemption signal (``ckpt_preempt_signals``)
+        reached this worker or, under a multi-worker strategy, any worker. By then
+        every worker has saved this step (the chief commits it) and ``epoch_fn``
+        should return at once; the runner then ends without an epoch checkpoint
+        and without ``exit_fn``. With ``ckpt_preempt_exit_code`` set, the process
+        exits with that code here instead of returning.
+
+        Args:
+            logs: The epoch's metrics so far, recorded with a preemption save.
+        """
+        self.step += 1
+        if self._sync is None:
+            return False
+        try:
+            return self._sync.step_end(self.epoch, self.step, logs)
+        finally:  # set before an exit with ckpt_preempt_exit_code too
+            self.preempted = self._sync.saved_at
 
     def train(self) -> dict[str, Any]:
         """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.
@@ -363,6 +301,7 @@ class JobRunner:
             self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
+        self._sync = self._make_sync()
         done = False
         try:
             if self.resumed_from is None:
@@ -372,11 +311,7 @@ class JobRunner:
                     o.ensure_built()
                 self.epoch = 0
                 self.engine.save(0, {}, lambda: self._capture(0), reason="init")
-            while not self._should_stop(self.epoch, logs):
-                epoch = self.epoch
-                logs = dict(self.epoch_fn(epoch) or {})
-                self.epoch = epoch + 1
-                self.engine.save(self.epoch, logs, lambda e=self.epoch: self._capture(e))
+            logs = self._run_epochs(logs)
             done = True
         finally:
             try:
@@ -390,10 +325,42 @@ class JobRunner:
                     except Exception as err:
                         self.ops.warning(f"while stopping after an error: {err}")
             finally:
+                self._sync.close()
                 self.engine.close()  # the writer lock is held only while train() runs
-        if self.exit_fn is not None:
+        if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
         return dict(logs or {})
+
+    def _run_epochs(self, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        while not self._should_stop(self.epoch, logs):
+            epoch = self.epoch
+            if epoch != self.resumed_from:
+                self.step = 0
+            logs = dict(self.epoch_fn(epoch) or {})
+            if self._sync.stopped:  # preempted in mid-epoch: that step's checkpoint is the newest
+                break
+            self.epoch = done = epoch + 1
+            saved = self.engine.save(done, logs, lambda: self._capture(done))  # noqa: B023 - called at once
+
+            def force(reason: str, done: int = done, logs: dict = logs, saved: bool = saved) -> None:
+                if not saved:  # the policy skipped this epoch: a preemption saves it anyway
+                    self.engine.save(done, logs, lambda: self._capture(done), reason=reason)
+
+            # A request at an epoch's end (or from a loop that never calls step_end), unless the job is done.
+            if not self._should_stop(done, logs) and self._sync.epoch_end(done, force):
+                self.preempted = self._sync.saved_at
+                break
+        return logs
+
+    def _make_sync(self):
+        from candle_ckpt.distributed.preempt_sync import make_sync
+        from candle_ckpt.distributed.worker_state import worker_info
+
+        info = self.workers.info if self.workers is not None else worker_info(None)
+        capture = lambda: self._capture(self.epoch, self.step)  # noqa: E731
+        sync = make_sync(self.cfg, self.engine, capture, self.strategy, info, self.ops)
+        sync.arm()
+        return sync
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, of the restore and of every upload, and errors."""

@@ -36,6 +36,7 @@ from tf_keras.src.saving.legacy import hdf5_format
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
+from candle_ckpt.distributed.preempt_sync import make_sync
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
@@ -206,6 +207,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended)
+        self._sync = None  # the preemption save (PreemptSync) while fit runs
+        self._supports_tf_logs = True  # batch logs stay tensors: no host sync per step for our hook
+        self._epoch = 0
+        self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -230,14 +235,46 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
             self.state.adapter.apply_optimizer_state(pending, f"{where}/{OPTIMIZER_FILE}")
             self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(pending[0])} variables)")
-        self._sigterm.arm(self.state.engine.writer)
+        # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
+        side = resumed.sidecar if resumed is not None else None
+        self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
+        state = self.state
+        capture = lambda: state.adapter.capture(self.cfg)  # noqa: E731
+        self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops)
+        self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
+        self._sigterm.arm(state.engine.writer)
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        # Every worker, every step: all agree on a preemption at the same step and save it there.
+        steps = (self.params or {}).get("steps")
+        if self._sync is None or (isinstance(steps, int) and batch + 1 >= steps):
+            return  # the epoch's last step: a request is answered by the epoch checkpoint (on_epoch_end)
+        done = batch + 1
+        if self._skipped is not None and self._skipped[0] == self._epoch:
+            done += self._skipped[1]
+        if self._sync is not None and self._sync.step_end(self._epoch, done, logs):
+            self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if self._sync is not None and self._sync.stopped:
+            return  # preempted in mid-epoch: that step's checkpoint is the newest state
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         try:
-            self.state.back_up(epoch + 1, logs or {})
+            saved = self.state.back_up(epoch + 1, logs or {})
+            if self._sync is not None and epoch + 1 < (self.params or {}).get("epochs", epoch + 2):
+
+                def force(reason: str) -> None:
+                    if not saved:  # the policy skipped this epoch: a preemption saves it anyway
+                        self.state.back_up(epoch + 1, logs or {}, reason=reason)
+
+                if self._sync.epoch_end(epoch + 1, force):
+                    self.model.stop_training = True
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
+            self._close_sync()
             engine = self.state.engine
             if engine is None or not engine.writer.in_flight():  # else the guard waits for it, off this thread
                 self._guard.disarm()
@@ -250,6 +287,16 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.state.delete_backup()  # waits for the last write, removes a non-chief's scratch, unlocks
         finally:
             self._sigterm.disarm()
+            self._close_sync()
+
+    @property
+    def preempted(self) -> tuple[int, int] | None:
+        """``(epoch, steps done)`` of the preemption save of the last ``fit`` (0-based epoch), else None."""
+        return self._sync.saved_at if self._sync is not None else None
+
+    def _close_sync(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
 
     def _fit_ended(self) -> None:
         if self.state is not None:

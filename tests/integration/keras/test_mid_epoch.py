@@ -10,7 +10,6 @@ from typing import Any  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 from testkit import build_model, make_data  # noqa: E402
 
 from candle_ckpt.keras import fit_hooks  # noqa: E402
@@ -53,7 +52,6 @@ def test_skip_steps_takes_the_first_steps_of_one_epoch_only():
     assert batches.seen == [(0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
 
 
-@pytest.mark.tf_only
 def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp_path):
     """ckpt_save_steps=3 with 8 steps per epoch saves after steps 3 and 6 (one kept at a time), each epoch commit
     removes it, and stats() records every step save beside the epoch saves."""
@@ -74,7 +72,6 @@ def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp
     assert ckpt.stats()["preempt"] is None
 
 
-@pytest.mark.tf_only
 def test_restart_from_a_step_checkpoint_in_process_is_exact(tmp_path):
     """A fit stopped after a step checkpoint (stop at step 5 of epoch 2) and resumed with restart() + fit in the
     same process ends with the weights and optimizer variables of an uninterrupted fit."""

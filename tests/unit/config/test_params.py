@@ -46,6 +46,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "preempt_exit_code": None,
     "deadline": "auto",
     "deadline_margin": 60.0,
+    "preempt_check": 1,
     "epochs": None,
 }
 
@@ -76,6 +77,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_preempt_exit_code": "preempt_exit_code",
     "ckpt_deadline": "deadline",
     "ckpt_deadline_margin": "deadline_margin",
+    "ckpt_preempt_check": "preempt_check",
     "epochs": "epochs",
 }
 CKPT_ONLY_KEYS = [key for key in CKPT_KEYS if key.startswith("ckpt_")]
@@ -219,6 +221,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_preempt_exit_code",
         "ckpt_deadline",
         "ckpt_deadline_margin",
+        "ckpt_preempt_check",
     }
     assert isinstance(CKPT_KEYS, tuple)
     assert len(CKPT_KEYS) == len(set(CKPT_KEYS))
@@ -507,6 +510,9 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_deadline_margin", "soon", ValueError),
     ("ckpt_deadline_margin", math.nan, ValueError),
     ("ckpt_deadline_margin", True, TypeError),
+    ("ckpt_preempt_check", 0, ValueError),
+    ("ckpt_preempt_check", "often", ValueError),
+    ("ckpt_preempt_check", 1.5, ValueError),
 ]
 
 
