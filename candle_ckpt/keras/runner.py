@@ -12,25 +12,7 @@ and saves through the same :class:`~candle_ckpt.engine.engine.CheckpointEngine` 
 the callback, so it has the same crash-safe commit, CRC verification with
 fallback, keep policies, async writer, ``ckpt_on_error`` and remote copies.
 
-What a checkpoint holds (one directory ``epochs/NNN``, every file CRC-checked):
-
-* ``<name>.weights.h5`` for each entry of ``objects`` (one standard Keras
-  weights file per object, so each can also be read with ``load_weights``);
-  ``objects={"model": m}`` gives ``model.weights.h5``, the callback's name;
-  ``<name>.extra.npz`` holds the seed states of its random layers (Dropout),
-  which the weights file omits (see ``ModelState.extra_variables``);
-* ``loop_state.json``: the completed-epoch counter and the plain values of
-  ``state`` (JSON types, and ``numpy.random.Generator`` states);
-* ``loop_state.npz``: the NumPy arrays and scalars of ``state``;
-* ``loop_state.weights.h5``: the Keras variables of ``state``, including the
-  state variable of each ``keras.random.SeedGenerator``.
-
-Optimizers: a compiled model's optimizer is saved with the model. A
-standalone optimizer must be passed with the variables it trains,
-``objects={"g_opt": (g_opt, generator.trainable_variables)}``: the runner
-builds it on those variables before saving epoch 0 and before restoring
-(Keras creates optimizer slots lazily; restoring into an unbuilt optimizer
-would silently skip them). An optimizer passed alone must already be built.
+What a checkpoint holds, and optimizers: :mod:`candle_ckpt.keras.runner_state`.
 """
 
 from __future__ import annotations
@@ -40,11 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-import keras
-
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -55,13 +34,11 @@ from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this mo
     STATE_JSON,
     STATE_NPZ,
     RunnerObject,
-    apply_loop_state,
-    loop_state_files,
-    read_loop_state,
+    capture_runner,
+    parse_stop_conditions,
+    restore_runner,
     state_kind,
 )
-from candle_ckpt.keras.state import KERAS_VERSION, backend_name
-from candle_ckpt.storage.store import FileSpec
 
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
 
@@ -125,7 +102,7 @@ class JobRunner:
         self.objects = [RunnerObject(name, value) for name, value in objects.items()]
         self.state = state if state is not None else {}
         self.kinds = {key: state_kind(key, value) for key, value in self.state.items()}
-        self.limits, self.conditions = self._stop_conditions(stop_conditions)
+        self.limits, self.conditions = parse_stop_conditions(stop_conditions, self.cfg.epochs)
         if resume_from_epoch is not None and (
             not isinstance(resume_from_epoch, int) or isinstance(resume_from_epoch, bool) or resume_from_epoch < 0
         ):
@@ -150,25 +127,6 @@ class JobRunner:
         self.load: dict[str, Any] | None = None
         self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
 
-    def _stop_conditions(self, given) -> tuple[list[int], list[Callable]]:
-        if given is None:
-            given = [] if self.cfg.epochs is None else [self.cfg.epochs]
-        elif isinstance(given, int) or callable(given):
-            given = [given]
-        limits, conditions = [], []
-        for cond in given:
-            if isinstance(cond, bool) or not (isinstance(cond, int) or callable(cond)):
-                raise TypeError(f"stop_conditions: {cond!r} is neither an epoch limit (int) nor a callable")
-            if callable(cond):
-                conditions.append(cond)
-            elif cond < 0:
-                raise ValueError(f"stop_conditions: epoch limit must be >= 0; got {cond}")
-            else:
-                limits.append(cond)
-        if not limits and not conditions:
-            raise ValueError("JobRunner needs a stop condition: gParameters['epochs'] or stop_conditions=[N or fn]")
-        return limits, conditions
-
     def _should_stop(self, epoch: int, logs: Mapping[str, Any] | None) -> bool:
         if any(epoch >= limit for limit in self.limits):
             return True
@@ -183,50 +141,10 @@ class JobRunner:
         return self._capture(self.epoch)
 
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
-        start = time.perf_counter()
-        files: list[FileSpec] = []
-        nbytes = 0
-        for o in self.objects:
-            o.ensure_built()
-            snap = o.state.snapshot()
-            nbytes += snap.nbytes
-            files.append(FileSpec(o.file, snap.write_h5))
-            if snap.extra:
-                files.append(FileSpec(o.extra_file, snap.write_extra))
-        files += loop_state_files(self.state, self.kinds, epoch, step)
-        return Capture(
-            files=files,
-            model_file=self.objects[0].file,
-            nbytes=nbytes,
-            snapshot_s=time.perf_counter() - start,
-            keras_version=KERAS_VERSION,
-            backend=backend_name(),
-            extra={"runner": {"objects": {o.name: o.file for o in self.objects}, "state": sorted(self.state)}},
-        )
+        return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        side, kept = chosen.sidecar, chosen.kept
-        missing = [o.file for o in self.objects if o.file not in kept] + (
-            [STATE_JSON] if STATE_JSON not in kept else []
-        )
-        if missing:
-            raise NoValidCheckpoint(
-                f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
-                "was it written by a JobRunner with the same objects?"
-            )
-        doc = read_loop_state(self.state, kept, where)  # checks every key before anything is loaded
-        self._restored_at = (doc["epoch"], doc["step"]) if "step" in doc else None
-        for o in self.objects:
-            o.ensure_built()
-            o.state.restore(kept[o.file])
-            if o.extra_file in kept:
-                o.state.restore_extra(kept[o.extra_file])
-            elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
-                ops.warning(
-                    f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
-                    "so the resumed run will not be bit-identical"
-                )
-        apply_loop_state(self.state, doc, kept)
+        self._restored_at = restore_runner(self.objects, self.state, chosen, ops, where)
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:

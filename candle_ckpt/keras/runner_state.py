@@ -5,14 +5,37 @@
 * :func:`loop_state_files` / :func:`restore_loop_state`: the user's ``state``
   dict as ``loop_state.json`` (JSON values, NumPy generator states, the
   epoch, and the step of a mid-epoch checkpoint), ``loop_state.npz`` (arrays)
-  and ``loop_state.weights.h5`` (Keras variables and seed generators).
+  and ``loop_state.weights.h5`` (Keras variables and seed generators);
+* :func:`capture_runner` / :func:`restore_runner`: a whole runner checkpoint;
+* :func:`parse_stop_conditions`: the runner's epoch limits and callables.
+
+What a checkpoint holds (one directory ``epochs/NNN``, every file CRC-checked):
+
+* ``<name>.weights.h5`` for each entry of ``objects`` (one standard Keras
+  weights file per object, so each can also be read with ``load_weights``);
+  ``objects={"model": m}`` gives ``model.weights.h5``, the callback's name;
+  ``<name>.extra.npz`` holds the seed states of its random layers (Dropout),
+  which the weights file omits (see ``ModelState.extra_variables``);
+* ``loop_state.json``: the completed-epoch counter and the plain values of
+  ``state`` (JSON types, and ``numpy.random.Generator`` states);
+* ``loop_state.npz``: the NumPy arrays and scalars of ``state``;
+* ``loop_state.weights.h5``: the Keras variables of ``state``, including the
+  state variable of each ``keras.random.SeedGenerator``.
+
+Optimizers: a compiled model's optimizer is saved with the model. A
+standalone optimizer must be passed with the variables it trains,
+``objects={"g_opt": (g_opt, generator.trainable_variables)}``: the runner
+builds it on those variables before saving epoch 0 and before restoring
+(Keras creates optimizer slots lazily; restoring into an unbuilt optimizer
+would silently skip them). An optimizer passed alone must already be built.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import h5py
@@ -21,8 +44,9 @@ import numpy as np
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import NoValidCheckpoint
+from candle_ckpt.engine.capture import Capture
 from candle_ckpt.keras.plan import build_in_scope
-from candle_ckpt.keras.state import HostSnapshot, ModelState, _to_host
+from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
 from candle_ckpt.storage.store import FileSpec
 
 STATE_JSON = "loop_state.json"
@@ -152,3 +176,76 @@ def apply_loop_state(state: MutableMapping[str, Any], doc: Mapping[str, Any], ke
         with h5py.File(io.BytesIO(kept[STATE_H5]), "r") as h5:
             for key in doc["keras"]:
                 state_variable(state[key]).assign(h5[f"loop_state/{key}/vars/0"][()])
+
+
+def parse_stop_conditions(given: Any, epochs: int | None) -> tuple[list[int], list[Callable]]:
+    """Split ``stop_conditions`` into epoch limits and callables (default: ``epochs``), checked."""
+    if given is None:
+        given = [] if epochs is None else [epochs]
+    elif isinstance(given, int) or callable(given):
+        given = [given]
+    limits, conditions = [], []
+    for cond in given:
+        if isinstance(cond, bool) or not (isinstance(cond, int) or callable(cond)):
+            raise TypeError(f"stop_conditions: {cond!r} is neither an epoch limit (int) nor a callable")
+        if callable(cond):
+            conditions.append(cond)
+        elif cond < 0:
+            raise ValueError(f"stop_conditions: epoch limit must be >= 0; got {cond}")
+        else:
+            limits.append(cond)
+    if not limits and not conditions:
+        raise ValueError("JobRunner needs a stop condition: gParameters['epochs'] or stop_conditions=[N or fn]")
+    return limits, conditions
+
+
+def capture_runner(
+    objects: list[RunnerObject], state: Mapping[str, Any], kinds: Mapping[str, str], epoch: int, step: int | None
+) -> Capture:
+    """Snapshot every object and the loop state (at ``epoch``, and ``step`` of a mid-epoch checkpoint)."""
+    start = time.perf_counter()
+    files: list[FileSpec] = []
+    nbytes = 0
+    for o in objects:
+        o.ensure_built()
+        snap = o.state.snapshot()
+        nbytes += snap.nbytes
+        files.append(FileSpec(o.file, snap.write_h5))
+        if snap.extra:
+            files.append(FileSpec(o.extra_file, snap.write_extra))
+    files += loop_state_files(state, kinds, epoch, step)
+    return Capture(
+        files=files,
+        model_file=objects[0].file,
+        nbytes=nbytes,
+        snapshot_s=time.perf_counter() - start,
+        keras_version=KERAS_VERSION,
+        backend=backend_name(),
+        extra={"runner": {"objects": {o.name: o.file for o in objects}, "state": sorted(state)}},
+    )
+
+
+def restore_runner(
+    objects: list[RunnerObject], state: MutableMapping[str, Any], chosen: Any, ops: Any, where: str
+) -> tuple[int, int] | None:
+    """Load a verified runner checkpoint, all keys checked first; return (epoch, step) of a mid-epoch one."""
+    side, kept = chosen.sidecar, chosen.kept
+    missing = [o.file for o in objects if o.file not in kept] + ([STATE_JSON] if STATE_JSON not in kept else [])
+    if missing:
+        raise NoValidCheckpoint(
+            f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
+            "was it written by a JobRunner with the same objects?"
+        )
+    doc = read_loop_state(state, kept, where)  # checks every key before anything is loaded
+    for o in objects:
+        o.ensure_built()
+        o.state.restore(kept[o.file])
+        if o.extra_file in kept:
+            o.state.restore_extra(kept[o.extra_file])
+        elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
+            ops.warning(
+                f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
+                "so the resumed run will not be bit-identical"
+            )
+    apply_loop_state(state, doc, kept)
+    return (doc["epoch"], doc["step"]) if "step" in doc else None

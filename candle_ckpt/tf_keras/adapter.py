@@ -22,7 +22,6 @@ Every worker of a multi-worker job goes through
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import time
@@ -44,20 +43,18 @@ from candle_ckpt.engine.pending import OPTIMIZER, take
 from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
+from candle_ckpt.tf_keras.optimizer_state import (
+    assign_optimizer_state,
+    build_optimizer,
+    check_optimizer_state,
+    optimizer_variables,
+)
 
 # Not "model.weights.h5": tf_keras's load_weights reads a name ending in
 # ".weights.h5" as the Keras 3 format, and this file is the legacy H5 format.
 WEIGHTS_FILE = "model_weights.h5"
 OPTIMIZER_FILE = "optimizer.npz"
 FULL_MODEL_FILE = "model.h5"
-
-
-def _optimizer_variables(model) -> list[Any]:
-    opt = getattr(model, "optimizer", None)
-    if opt is None:
-        return []
-    variables = opt.variables
-    return list(variables() if callable(variables) else variables)  # legacy optimizers: a method
 
 
 def _h5_bytes(write) -> bytes:
@@ -88,7 +85,7 @@ class TfKerasModelAdapter:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         start = time.perf_counter()
         weights = _h5_bytes(lambda h5: hdf5_format.save_weights_to_hdf5_group(h5, model))
-        opt_vars = _optimizer_variables(model)
+        opt_vars = optimizer_variables(model)
         arrays = [np.array(v.numpy(), copy=True) for v in opt_vars]
         names = np.array([v.name for v in opt_vars], dtype=str)
 
@@ -112,16 +109,7 @@ class TfKerasModelAdapter:
 
     def build_optimizer(self) -> None:
         """Create the optimizer's variables (in the model's strategy scope) so they can be assigned."""
-        model = self.model
-        opt = getattr(model, "optimizer", None)
-        if opt is None:
-            return
-        strategy = getattr(model, "distribute_strategy", None)
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            if hasattr(opt, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
-                opt._create_all_weights(model.trainable_variables)
-            elif not getattr(opt, "_built", False):
-                opt.build(model.trainable_variables)
+        build_optimizer(self.model)
 
     def restore(self, chosen, ops, where: str) -> None:
         """Load a verified checkpoint into the model and its optimizer.
@@ -148,36 +136,15 @@ class TfKerasModelAdapter:
                 hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
             self.pending["optimizer"] = (names, values)
             return
-        self.build_optimizer()
-        check_optimizer_state(_optimizer_variables(model), names, values, f"{where}/{OPTIMIZER_FILE}")
+        build_optimizer(model)
+        check_optimizer_state(optimizer_variables(model), names, values, f"{where}/{OPTIMIZER_FILE}")
         with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
             hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
-        for value, var in zip(values, _optimizer_variables(model), strict=True):
-            var.assign(value)
+        assign_optimizer_state(model, names, values, where)
 
     def apply_optimizer_state(self, pending: tuple[list[str], list[np.ndarray]], where: str) -> None:
         """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
-        names, values = pending
-        self.build_optimizer()
-        variables = _optimizer_variables(self.model)
-        check_optimizer_state(variables, names, values, where)
-        for value, var in zip(values, variables, strict=True):
-            var.assign(value)
-
-
-def check_optimizer_state(variables: list[Any], names: list[str], values: list[np.ndarray], where: str) -> None:
-    """Raise ValueError unless the saved optimizer state fits ``variables`` (checked before any assignment)."""
-    if len(names) != len(variables):
-        raise ValueError(
-            f"{where} holds {len(names)} optimizer variables but the model's optimizer "
-            f"has {len(variables)} (a different optimizer?); the model was not changed"
-        )
-    for name, value, var in zip(names, values, variables, strict=True):
-        if tuple(value.shape) != tuple(var.shape):
-            raise ValueError(
-                f"optimizer variable {var.name}: checkpoint shape {value.shape} (saved as {name}) "
-                f"!= model shape {tuple(var.shape)}; the model was not changed"
-            )
+        assign_optimizer_state(self.model, *pending, where)
 
 
 class CandleCheckpointCallback(tf_keras.callbacks.Callback):

@@ -1,0 +1,103 @@
+"""Where this process sits in a ``tf.distribute`` cluster (its task, the number of workers, the chief),
+and the one small collective the restore uses.
+
+Read from the strategy's cluster resolver, or ``TF_CONFIG`` (no TensorFlow
+import here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from candle_ckpt.core.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where this process sits in the cluster."""
+
+    task_type: str | None
+    task_id: int
+    num_workers: int
+    is_chief: bool
+
+
+def _cluster_from_tf_config() -> tuple[dict[str, Any], str | None, int]:
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return {}, None, 0
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {err}") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object; got {type(conf).__name__}")
+    task = conf.get("task") or {}
+    return dict(conf.get("cluster") or {}), task.get("type"), int(task.get("index", 0) or 0)
+
+
+def worker_info(strategy: Any = None) -> WorkerInfo:
+    """Return this worker's role, from ``strategy.cluster_resolver`` or ``TF_CONFIG``.
+
+    The chief is the task of type ``"chief"``, or worker 0 when the cluster
+    has no chief (as ``multi_worker_util.is_chief`` decides). A process
+    outside any cluster is the chief of a one-worker cluster.
+
+    Raises:
+        ValueError: ``TF_CONFIG`` is malformed, or the cluster has parameter
+            servers (``ParameterServerStrategy`` is not supported).
+    """
+    resolver = getattr(strategy, "cluster_resolver", None) if strategy is not None else None
+    if resolver is not None and getattr(resolver, "task_type", None) is not None:
+        spec = resolver.cluster_spec().as_dict()
+        task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    else:
+        spec, task_type, task_id = _cluster_from_tf_config()
+    if spec.get("ps"):
+        raise ValueError(
+            "the cluster has parameter servers ('ps' tasks): ParameterServerStrategy is not supported; "
+            "use MultiWorkerMirroredStrategy"
+        )
+    num_workers = len(spec.get("chief") or []) + len(spec.get("worker") or [])
+    if task_type is None or num_workers <= 1:
+        return WorkerInfo(task_type, task_id, max(num_workers, 1), task_type in (None, "chief", "worker"))
+    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not spec.get("chief"))
+    return WorkerInfo(task_type, task_id, num_workers, is_chief)
+
+
+def multi_worker_strategy(model: Any) -> Any:
+    """The model's ``tf.distribute`` strategy if it spans several workers, else None."""
+    strategy = getattr(model, "_distribute_strategy", None) or getattr(model, "distribute_strategy", None)
+    if strategy is None or type(strategy).__module__.split(".")[0] != "tensorflow":
+        return None
+    return strategy if worker_info(strategy).num_workers > 1 else None
+
+
+def sum_over_workers(strategy: Any, timeout_s: float, values: list[int], what: str) -> list[int]:
+    """All-reduce (sum) small integers, counting each worker once."""
+    import tensorflow as tf
+
+    calls = [0]
+
+    def local(ctx) -> Any:
+        # Called once per local replica: only the first carries this worker's values.
+        first = calls[0] == 0
+        calls[0] += 1
+        return tf.constant(values if first else [0] * len(values), dtype=tf.int64)
+
+    per_replica = strategy.experimental_distribute_values_from_function(local)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
+    try:
+        total = strategy.extended.reduce_to(
+            tf.distribute.ReduceOp.SUM, per_replica, destinations=per_replica, options=options
+        )
+    except tf.errors.DeadlineExceededError as err:
+        raise CheckpointError(
+            f"restore ({what}): the other workers did not answer within {timeout_s:.0f} s "
+            f"(a worker died or is not running restore()): {err.message}"
+        ) from None
+    result = strategy.experimental_local_results(total)[0]
+    return [int(v) for v in result.numpy().tolist()]
