@@ -15,6 +15,7 @@ record says why it stopped.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import signal
 import threading
@@ -67,6 +68,7 @@ class PreemptionWatcher:
         self._trigger: Trigger | None = None
         self._previous: dict[int, Any] = {}
         self._released = False
+        self._restoring = False
         self.kept: list[str] = []  # signals whose handler the program installed itself (not caught)
 
     @property
@@ -110,14 +112,21 @@ class PreemptionWatcher:
             del self._previous[signum]
 
     def release(self) -> None:
-        """From any thread, when training ended without :meth:`disarm` (``fit`` raised): a signal that
-        comes later gets the handler that was there before, as if the watcher had never been armed."""
+        """From any thread, when training ended without :meth:`disarm` (``fit`` raised): the main thread
+        is interrupted to put the previous handlers back (``_thread.interrupt_main`` runs our handler there)."""
         self._released = True
+        if self._previous:
+            self._restoring = True
+            _thread.interrupt_main(next(iter(self._previous)))
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self._released:  # nobody will look at the flag any more: behave as before arm()
-            previous = self._previous.pop(signum, signal.SIG_DFL)
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if self._restoring:  # the interrupt release() asked for (a real signal in that instant merges into it)
+            self._restoring = False
+            if self._released:
+                self.disarm()
+            return
+        if self._released:  # a real signal after the fit ended: the previous handler takes it
+            self.disarm()
             signal.raise_signal(signum)
             return
         # Only a record: the save happens at the next step boundary, on the training thread.

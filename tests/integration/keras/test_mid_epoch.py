@@ -10,6 +10,7 @@ from typing import Any  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from testkit import build_model, make_data  # noqa: E402
 
 from candle_ckpt.keras import fit_hooks  # noqa: E402
@@ -115,3 +116,25 @@ def test_without_preemption_the_batch_hook_is_keras_default(tmp_path):
     assert is_default(CandleCheckpointCallback(off, logger=None).on_train_batch_end)
     on = CandleCheckpointCallback({"ckpt_directory": str(tmp_path / "on"), "epochs": 1}, logger=None)
     assert not is_default(on.on_train_batch_end)
+
+
+def test_a_fit_that_raises_gives_the_signal_handlers_back(tmp_path):
+    """When fit raises (another callback's error), the watcher's handlers are replaced by the previous ones
+    on the main thread soon after: the fit guard interrupts it to do so."""
+    import signal
+    import time
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            raise RuntimeError("boom")
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ckpt = CandleCheckpointCallback({"ckpt_directory": str(tmp_path), "epochs": 1}, logger=None)
+    with pytest.raises(RuntimeError, match="boom"):
+        build_model(0).fit(X, Y, batch_size=16, epochs=1, verbose=0, callbacks=[ckpt, Boom()])
+    for _ in range(200):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            break
+        time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert ckpt._pre.watcher.pending is None
