@@ -30,7 +30,7 @@ from candle_ckpt.config.deadline import resolve_deadline
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.distributed.agreement import SaveAgreement
-from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger
+from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
 from candle_ckpt.engine.resume import checkpoint_dir
 
 
@@ -142,25 +142,12 @@ class PreemptSync:
         if side is None and step is None and self.engine.scratch_dir is None and self.engine.records:
             if self.engine.records[-1]["epoch"] == epoch and "step" not in self.engine.records[-1]:
                 side = self.engine.store.read_sidecar(epoch)  # the epoch checkpoint that serves
-        now = time.monotonic()
         path = checkpoint_dir(self.engine.store.layout, side) if side is not None else None
-        self.engine.preempt = {
-            "reason": trigger.reason,
-            "signal": trigger.signum,
-            "epoch": epoch,
-            "step": step,
-            "checkpoint": path,
-            "signal_to_commit_s": round(now - trigger.at, 6),
-            "save_s": round(now - start, 6),
-            "exit_code": self.exit_code,
-            "agreement": self.agreement.stats(),
-        }
+        record = preempt_record(trigger, epoch, step, path, self.exit_code)
+        record.update(save_s=round(time.monotonic() - start, 6), agreement=self.agreement.stats())
+        self.engine.preempt = record
         what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else "saved"
-        where = f"epoch {epoch}" + (f", step {step} of the next" if step is not None else "")
-        then = "training stops" if self.exit_code is None else f"exiting with status {self.exit_code}"
-        self.ops.warning(
-            f"{trigger.reason}: {self.who}{what} ({where}) {now - trigger.at:.3f} s after the request; {then}"
-        )
+        self.ops.warning(preempt_message(trigger, self.who + what, epoch, step, self.exit_code))
         if self.exit_code is not None:
             raise PreemptExit(self.exit_code)
 

@@ -160,3 +160,23 @@ class PreemptionWatcher:
             if left is not None and left < need_s + self.margin:
                 self.trigger("deadline")
         return self._trigger
+
+
+def preempt_record(trigger: Trigger, epoch: int, step: int | None, path: str | None, exit_code: int | None) -> dict:
+    """The ``stats()["preempt"]`` record of a preemption save (callers may add their own keys)."""
+    return {
+        "reason": trigger.reason,
+        "signal": trigger.signum,
+        "epoch": epoch,
+        "step": step,
+        "checkpoint": path,
+        "signal_to_commit_s": round(time.monotonic() - trigger.at, 6),
+        "exit_code": exit_code,
+    }
+
+
+def preempt_message(trigger: Trigger, what: str, epoch: int, step: int | None, exit_code: int | None) -> str:
+    """The one log line of a preemption save: what was saved, where in training, how long after, and what next."""
+    where = f"epoch {epoch}" + (f", step {step} of the next" if step is not None else "")
+    then = "training stops" if exit_code is None else f"exiting with status {exit_code}"
+    return f"{trigger.reason}: {what} ({where}) {time.monotonic() - trigger.at:.3f} s after the request; {then}"

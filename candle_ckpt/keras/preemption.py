@@ -26,7 +26,7 @@ from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger
+from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
 from candle_ckpt.engine.resume import checkpoint_dir
 from candle_ckpt.keras import fit_hooks
 
@@ -136,22 +136,11 @@ class FitPreemption:
 
     def finish(self, trigger: Trigger, side: Sidecar | None, epoch: int, step: int | None) -> None:
         """Record and log the preemption save, then stop training (``stopped``) or raise :class:`PreemptExit`."""
-        elapsed = time.monotonic() - trigger.at
         code = self.cfg.preempt_exit_code
         path = checkpoint_dir(self.engine.store.layout, side) if side is not None else None
-        self.engine.preempt = {
-            "reason": trigger.reason,
-            "signal": trigger.signum,
-            "epoch": epoch,
-            "step": step,
-            "checkpoint": path,
-            "signal_to_commit_s": round(elapsed, 6),
-            "exit_code": code,
-        }
+        self.engine.preempt = preempt_record(trigger, epoch, step, path, code)
         what = f"committed {path}" if path else "no checkpoint could be committed"
-        where = f"epoch {epoch}" + (f", step {step} of the next" if step is not None else "")
-        then = "training stops" if code is None else f"exiting with status {code}"
-        self.ops.warning(f"{trigger.reason}: {what} ({where}) {elapsed:.3f} s after the request; {then}")
+        self.ops.warning(preempt_message(trigger, what, epoch, step, code))
         self.stopped = step is not None
         if code is not None:
             raise PreemptExit(code)
