@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -195,13 +196,22 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> No
     say(f"done {start} {len(history.epoch)}")
 
 
-def serve() -> None:
-    """Fork one job per stdin line ``SETUP PHASE DIR OUT [async]``; print ``reaped <status>``."""
+def serve(handle: Callable[[list[str]], None] | None = None) -> None:
+    """Fork one job per stdin line ``SETUP PHASE DIR OUT [words]``; print ``reaped <status>``.
+
+    ``handle(words)`` runs one job in the child (default: :func:`run`, ``async`` among the words);
+    a ``SystemExit`` it raises is the child's exit status, any other error status 1.
+    """
     import keras  # noqa: F401  (imported once, inherited by every child)
 
     import candle_ckpt
 
     _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback  # resolve the lazy imports once
+    if handle is None:
+
+        def handle(words: list[str]) -> None:
+            run(words[0], words[1], words[2], words[3], "async" in words[4:])
+
     say("serving")
     for line in sys.stdin:
         words = line.split()
@@ -211,7 +221,9 @@ def serve() -> None:
         if pid == 0:
             code = 0
             try:
-                run(words[0], words[1], words[2], words[3], "async" in words[4:])
+                handle(words)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
             except BaseException:
                 traceback.print_exc()
                 code = 1

@@ -23,9 +23,7 @@ import importlib.util
 import json
 import os
 import signal
-import sys
 import time
-import traceback
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -121,32 +119,8 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
 
 
 def serve() -> None:
-    """Fork one job per stdin line; print ``reaped <status>`` when it is gone."""
-    import keras  # noqa: F401  (imported once, inherited by every child)
-
-    import candle_ckpt
-
-    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback
-    say("serving")
-    for line in sys.stdin:
-        words = line.split()
-        if len(words) < 4:
-            break
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                run(words[0], words[1], words[2], words[3], options(words[4:]))
-            except SystemExit as exit_:
-                code = exit_.code if isinstance(exit_.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        say(f"reaped {status}")
+    """``exact_job.serve`` with this file's jobs: one fork per stdin line, ``reaped <status>`` when it is gone."""
+    job.serve(lambda words: run(words[0], words[1], words[2], words[3], options(words[4:])))
 
 
 if __name__ == "__main__":

@@ -16,15 +16,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import select  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from locations import FIGURES, REPO, job_script  # noqa: E402
+from jobserver import JobServer  # noqa: E402
+from locations import FIGURES, job_script  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("exact_job", job_script("exact_job.py"))
 job = importlib.util.module_from_spec(_spec)
@@ -50,53 +48,10 @@ ASYNC_SETUPS = ["tfdata_reshuffle", "reduce_lr_after", "early_stopping", "restar
 CASES = [(s, False) for s in SETUPS] + [(s, True) for s in ASYNC_SETUPS]
 
 
-class Server:
-    """``exact_job.py`` in a subprocess: one forked child per :meth:`run`, every wait bounded."""
-
-    def __init__(self, stderr: Path) -> None:
-        self.err = open(stderr, "w")  # noqa: SIM115
-        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(job_script("exact_job.py"))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-            env=env,
-            text=True,
-            bufsize=1,
-        )
-        self.stderr_path = stderr
-        assert self.line(120) == "serving"
-
-    def line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            pytest.fail(f"exact_job.py said nothing for {timeout} s; stderr:\n{self.stderr_path.read_text()[-3000:]}")
-        got = self.proc.stdout.readline()
-        if not got:
-            pytest.fail(f"exact_job.py exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
-        return got.strip()
-
-    def run(self, *words: str) -> tuple[list[str], int]:
-        """Run one job; return its progress lines and its wait status."""
-        self.proc.stdin.write(" ".join(words) + "\n")
-        self.proc.stdin.flush()
-        lines = []
-        while not (got := self.line(120)).startswith("reaped "):
-            lines.append(got)
-        return lines, int(got.split()[1])
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.proc.stdout.close()
-        self.err.close()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One job server for the module (TensorFlow imported once)."""
-    srv = Server(tmp_path_factory.mktemp("exact") / "server.stderr")
+    srv = JobServer("exact_job.py", tmp_path_factory.mktemp("exact") / "server.stderr")
     yield srv
     srv.close()
 

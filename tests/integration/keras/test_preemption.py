@@ -15,66 +15,35 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import json  # noqa: E402
 import re  # noqa: E402
-import select  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from locations import FIGURES, REPO, job_script  # noqa: E402
-
-JOB = job_script("preempt_job.py")
+from jobserver import JobServer  # noqa: E402
+from locations import FIGURES  # noqa: E402
 
 CODE = 42  # the ckpt_preempt_exit_code the jobs use
 
 
-class Server:
-    """``preempt_job.py`` in a subprocess: one forked child per :meth:`run`, every wait bounded."""
-
-    def __init__(self, stderr: Path) -> None:
-        self.err = open(stderr, "w")  # noqa: SIM115
-        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(JOB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=env,
-            text=True, bufsize=1,
-        )  # fmt: skip
-        self.stderr_path = stderr
-        assert self.line(120) == "serving"
-
-    def line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            pytest.fail(f"preempt_job.py said nothing for {timeout} s; stderr:\n{self.stderr_path.read_text()[-3000:]}")
-        got = self.proc.stdout.readline()
-        if not got:
-            pytest.fail(f"preempt_job.py exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
-        return got.strip()
+class Server(JobServer):
+    """``preempt_job.py``, whose jobs can be sent a signal at their ``at <pid>`` line."""
 
     def run(self, *words: str, send: int | None = None) -> tuple[list[str], int]:
         """Run one job; at its ``at <pid>`` line send it ``send``, then let it go on. Return its lines and status."""
-        self.proc.stdin.write(" ".join(words) + "\n")
-        self.proc.stdin.flush()
-        lines = []
-        while not (got := self.line(120)).startswith("reaped "):
-            lines.append(got)
+
+        def on_line(got: str) -> None:
             if got.startswith("at ") and send is not None:
                 os.kill(int(got.split()[1]), send)
                 Path(words[2] + ".go").touch()
-        return lines, int(got.split()[1])
 
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.proc.stdout.close()
-        self.err.close()
+        return super().run(*words, on_line=on_line)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("preempt") / "server.stderr")
+    srv = Server("preempt_job.py", tmp_path_factory.mktemp("preempt") / "server.stderr")
     yield srv
     srv.close()
 
