@@ -14,76 +14,25 @@ all-reduce is deterministic here (the tests would show it if it were not).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from locations import REPO, job_script
+from cluster import WorkerCluster
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]  # tf.distribute multi-worker training: real clusters
 
-JOB = job_script("dist_job.py")
 RUN_TIMEOUT_S = 420  # one cluster run (generous: a loaded 2-core CI box); a hang fails instead of blocking CI
 SURVIVOR_GRACE_S = 5  # after a kill, how long the survivors may take to exit on their own
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Cluster:
+class Cluster(WorkerCluster):
     """``n`` worker processes of ``dist_job.py`` (``n == 1``: no TF_CONFIG)."""
 
     def __init__(self, tmp: Path, name: str, kind: str, directory: Path, epochs: int, n: int, extra=None) -> None:
-        self.outs = [tmp / f"{name}-w{i}.npz" for i in range(n)]
-        self.logs = [tmp / f"{name}-w{i}.log" for i in range(n)]
-        ports = _free_ports(n)
-        self.procs: list[subprocess.Popen] = []
-        for i in range(n):
-            env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-            env.pop("TF_CONFIG", None)
-            if n > 1:
-                cluster = {"worker": [f"localhost:{p}" for p in ports]}
-                env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-            if kind == "tfk":
-                env["TF_USE_LEGACY_KERAS"] = "1"
-            args = [sys.executable, str(JOB), kind, str(directory), str(epochs), str(self.outs[i])]
-            args += list((extra or {}).get(i, []))
-            log = open(self.logs[i], "wb")  # noqa: SIM115 - closed in wait/kill
-            self.procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-
-    def output(self, i: int) -> str:
-        return self.logs[i].read_text(errors="replace")
-
-    def wait_for(self, i: int, marker: str, timeout: float = RUN_TIMEOUT_S) -> None:
-        """Wait until worker ``i`` prints ``marker``; kill the cluster and fail otherwise."""
-        deadline = time.monotonic() + timeout
-        while marker not in self.output(i):
-            if self.procs[i].poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"worker {i} never printed {marker!r}:\n{self.output(i)[-3000:]}")
-            time.sleep(0.2)
-
-    def kill(self, i: int | None = None) -> None:
-        for j, p in enumerate(self.procs):
-            if (i is None or i == j) and p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+        super().__init__("dist_job.py", tmp, name, kind, directory, epochs, n, extra, timeout_s=RUN_TIMEOUT_S)
 
     def kill_when(self, i: int, marker: str) -> None:
         """Kill worker ``i`` with SIGKILL once it prints ``marker``, then the survivors."""
@@ -100,30 +49,12 @@ class Cluster:
 
     def wait(self) -> None:
         """Wait for every worker to finish successfully (bounded)."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        for i, p in enumerate(self.procs):
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"cluster timed out; worker {i}:\n{self.output(i)[-3000:]}")
-        for i, p in enumerate(self.procs):
-            assert p.returncode == 0, f"worker {i} exited {p.returncode}:\n{self.output(i)[-3000:]}"
+        for i, code in enumerate(self.exit_codes()):
+            assert code == 0, f"worker {i} exited {code}:\n{self.output(i)[-3000:]}"
             assert "DONE" in self.output(i)
 
     def restored_epochs(self) -> list[int]:
-        found = []
-        for i in range(len(self.procs)):
-            match = re.search(r"^RESTORED epoch=(\d+)", self.output(i), re.MULTILINE)
-            assert match, f"worker {i} printed no RESTORED line:\n{self.output(i)[-3000:]}"
-            found.append(int(match.group(1)))
-        return found
-
-    def restored(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(str(self.outs[i]) + ".restored.npz"))
-
-    def final(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(self.outs[i]))
+        return [int(self.line(i, r"^RESTORED epoch=(\d+)").group(1)) for i in range(len(self.procs))]
 
 
 def run_to_end(tmp: Path, name: str, kind: str, directory: Path, epochs: int, n: int) -> Cluster:

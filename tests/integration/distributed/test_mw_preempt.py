@@ -13,94 +13,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from locations import REPO, job_script
+from cluster import WorkerCluster
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
 
-JOB = job_script("mw_preempt_job.py")
 RUN_TIMEOUT_S = 300  # one cluster run; a hang fails instead of blocking CI
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Cluster:
+class Cluster(WorkerCluster):
     """Worker processes of ``mw_preempt_job.py`` (two; one for ``mirrored``); ``extra[i]``: worker ``i``'s arguments."""
 
     def __init__(self, tmp: Path, name: str, kind: str, directory: Path, epochs: int, extra=None) -> None:
         n = 1 if kind.startswith("mirrored") else 2
-        self.outs = [tmp / f"{name}-w{i}.npz" for i in range(n)]
-        self.logs = [tmp / f"{name}-w{i}.log" for i in range(n)]
-        workers = [f"localhost:{p}" for p in _free_ports(n)]
-        self.procs: list[subprocess.Popen] = []
-        for i in range(n):
-            env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-            env.pop("TF_CONFIG", None)
-            if n > 1:
-                task = {"type": "worker", "index": i}
-                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": task})
-            if kind == "tfk":
-                env["TF_USE_LEGACY_KERAS"] = "1"
-            args = [sys.executable, str(JOB), kind, str(directory), str(epochs), str(self.outs[i])]
-            args += list((extra or {}).get(i, []))
-            with open(self.logs[i], "wb") as log:
-                self.procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
-
-    def output(self, i: int) -> str:
-        return self.logs[i].read_text(errors="replace")
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-
-    def wait_for(self, i: int, marker: str) -> None:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while marker not in self.output(i):
-            if self.procs[i].poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"worker {i} never printed {marker!r}:\n{self.output(i)[-3000:]}")
-            time.sleep(0.1)
+        super().__init__("mw_preempt_job.py", tmp, name, kind, directory, epochs, n, extra, timeout_s=RUN_TIMEOUT_S)
 
     def wait(self) -> list[int]:
-        """Wait for both workers (bounded); return their exit codes."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        for i, p in enumerate(self.procs):
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"cluster timed out; worker {i}:\n{self.output(i)[-3000:]}")
-        return [p.returncode for p in self.procs]
-
-    def line(self, i: int, pattern: str) -> re.Match:
-        found = re.search(pattern, self.output(i), re.MULTILINE)
-        assert found, f"worker {i} printed no {pattern!r}:\n{self.output(i)[-3000:]}"
-        return found
-
-    def final(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(self.outs[i]))
-
-    def restored(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(str(self.outs[i]) + ".restored.npz"))
+        """Wait for the workers (bounded); return their exit codes."""
+        return self.exit_codes()
 
 
 def run_to_end(tmp: Path, name: str, kind: str, directory: Path, epochs: int) -> Cluster:
