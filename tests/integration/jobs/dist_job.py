@@ -46,12 +46,13 @@ def make_data():
     return x, y
 
 
-def dataset():
-    """The same global batches, in the same order, on every worker (no sharding: the data is tiny)."""
+def dataset(skip: int = 0, take: int = N):
+    """The same global batches, in the same order, on every worker (no sharding: the data is tiny), from sample
+    ``skip`` on."""
     import tensorflow as tf
 
     x, y = make_data()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).skip(skip).take(take).batch(GLOBAL_BATCH)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)
@@ -164,14 +165,11 @@ def run_mirrored(directory: str, epochs: int, out: str, at, saves) -> None:
     run_fit(keras, strategy, directory, epochs, out, at, saves, lambda m: k3_state(m, m.optimizer))
 
 
-def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
+def runner_model(strategy):
+    """The JobRunner jobs' model, its built Adam and a ``tf.function`` step (loss over the global batch)."""
     import keras
-    import numpy as np
     import tensorflow as tf
 
-    import candle_ckpt as candle
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential(
@@ -180,7 +178,6 @@ def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
         opt = keras.optimizers.Adam(learning_rate=1e-2)
         model.compile(optimizer=opt, loss="mse")  # the runner saves model.optimizer with the model
         opt.build(model.trainable_variables)
-    assert strategy.num_replicas_in_sync == 2
 
     @tf.function
     def train_step(xb, yb):
@@ -192,6 +189,19 @@ def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
             return loss
 
         return strategy.reduce("SUM", strategy.run(step, args=(xb, yb)), axis=None)
+
+    return model, opt, train_step
+
+
+def run_k3(directory: str, epochs: int, out: str, at, saves) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    import candle_ckpt as candle
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, opt, train_step = runner_model(strategy)
+    assert strategy.num_replicas_in_sync == 2
 
     data = strategy.experimental_distribute_dataset(dataset())
     steps = sum(1 for _ in data)  # per epoch, on this worker

@@ -33,21 +33,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-N, FEATURES, GLOBAL_BATCH = 64, 8, 16
-
-
-def dataset(skip: int = 0, take: int = N):
-    """The same global batches in the same order on every worker (no sharding), from sample ``skip`` on."""
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, FEATURES)).astype("float32")
-    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).skip(skip).take(take).batch(GLOBAL_BATCH)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+from dist_job import FEATURES, GLOBAL_BATCH, N, dataset, dump, runner_model  # noqa: E402  (this folder is sys.path[0])
 
 
 def wait_for_signal() -> None:
@@ -72,13 +58,6 @@ def params(directory: str, epochs: int, exit_code: int | None) -> dict:
     return p
 
 
-def dump(path: str, weights: list, opt_vars: list) -> None:
-    import numpy as np
-
-    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
-    np.savez(path, **arrays, **{f"opt{i}": np.asarray(v) for i, v in enumerate(opt_vars)})
-
-
 def mirrored_strategy():
     """MirroredStrategy over 2 logical CPUs of this one process."""
     import tensorflow as tf
@@ -89,7 +68,6 @@ def mirrored_strategy():
 
 
 def run_k3(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
-    import keras
     import numpy as np
     import tensorflow as tf
 
@@ -97,25 +75,7 @@ def run_k3(directory: str, epochs: int, out: str, wait_at, exit_code) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     assert strategy.num_replicas_in_sync == 2
-    keras.utils.set_random_seed(1)
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
-        )
-        opt = keras.optimizers.Adam(learning_rate=1e-2)
-        model.compile(optimizer=opt, loss="mse")
-        opt.build(model.trainable_variables)
-
-    @tf.function
-    def train_step(xb, yb):
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum((model(xb, training=True) - yb) ** 2) / GLOBAL_BATCH
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        return strategy.reduce("SUM", strategy.run(step, args=(xb, yb)), axis=None)
+    model, opt, train_step = runner_model(strategy)
 
     # The epoch's loss sum is loop state: a resumed epoch ends with the same logs as an uninterrupted one.
     state = {"batches": 0, "total": 0.0, "shuffle": np.random.default_rng(3)}
