@@ -130,12 +130,9 @@ class StepCheckpoints:
             sidecar: Template; ``epoch`` and ``step`` must be set, the rest is filled in here.
         """
         store, lay, fs = self.store, self.layout, self.store.fs
-        if not store.is_open or store._generation is None:
-            raise CheckpointError(f"{lay.root}: open_for_write() must be called before a step commit")
         if sidecar.step is None:
             raise ValueError("a step checkpoint's sidecar needs its step")
-        generation = store._generation
-        store._generation += 1
+        generation = store.take_generation("a step commit")
         final = write_work(fs, lay, files, store.checksum, sidecar, generation)
         try:
             if not os.path.isdir(lay.steps):

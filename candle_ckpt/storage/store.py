@@ -152,6 +152,20 @@ class CheckpointStore(CheckpointReader):
                 continue
         return best
 
+    def take_generation(self, what: str) -> int:
+        """The generation of the commit about to start (epoch or step checkpoint); the next one is one more.
+
+        A generation is never reused, even by a commit that fails half-way.
+
+        Raises:
+            CheckpointError: the store is not open for writing (``what`` names the commit).
+        """
+        if not self._lock.held or self._generation is None:
+            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before {what}")
+        generation = self._generation
+        self._generation += 1
+        return generation
+
     def commit(
         self, epoch: int, files: Iterable[FileSpec], sidecar: Sidecar, *, best_epoch: int | None = None
     ) -> Sidecar:
@@ -167,12 +181,8 @@ class CheckpointStore(CheckpointReader):
         Returns:
             The sidecar as written.
         """
-        if not self._lock.held or self._generation is None:
-            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before commit()")
+        generation = self.take_generation("commit()")
         lay, fs = self.layout, self.fs
-        # A generation is never reused, even by a commit that fails half-way.
-        generation = self._generation
-        self._generation += 1
         final = write_work(fs, lay, files, self.checksum, replace(sidecar, epoch=epoch), generation)
         # From here on a failure (an fsync error above all) withdraws the new
         # checkpoint and puts the links back: a failed save changes nothing that

@@ -137,10 +137,12 @@ class TfKerasModelAdapter:
             self.pending["optimizer"] = (names, values)
             return
         build_optimizer(model)
-        check_optimizer_state(optimizer_variables(model), names, values, f"{where}/{OPTIMIZER_FILE}")
+        variables = optimizer_variables(model)
+        check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
         with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
             hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
-        assign_optimizer_state(model, names, values, where)
+        for value, var in zip(values, variables, strict=True):  # checked above
+            var.assign(value)
 
     def apply_optimizer_state(self, pending: tuple[list[str], list[np.ndarray]], where: str) -> None:
         """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
