@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
 
 import inspect  # noqa: E402
+import mmap  # noqa: E402
 import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -24,7 +25,7 @@ from keras.src.saving import saving_lib  # noqa: E402
 
 from candle_ckpt.core.checksum import CrcFile  # noqa: E402
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive  # noqa: E402
-from candle_ckpt.keras.h5read import load_weights_bytes  # noqa: E402
+from candle_ckpt.keras.h5read import load_weights_bytes, stored_view  # noqa: E402
 from candle_ckpt.keras.plan import make_plan  # noqa: E402
 from candle_ckpt.keras.state import ModelState  # noqa: E402
 
@@ -92,7 +93,7 @@ def test_snapshot_round_trips_through_our_loader(tmp_path, dtype):
     ModelState(model).snapshot().write_h5(str(path))
     other = _rich_model(dtype)
     for v in [*other.variables, *other.optimizer.variables]:
-        v.assign(keras.ops.zeros_like(v))
+        v.assign(keras.ops.zeros(v.shape, v.dtype))
     load_weights_bytes(other, path.read_bytes())
     pairs = zip(
         [*other.variables, *other.optimizer.variables], [*model.variables, *model.optimizer.variables], strict=True
@@ -100,6 +101,31 @@ def test_snapshot_round_trips_through_our_loader(tmp_path, dtype):
     for got, want in pairs:
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got.numpy(), "float32"), np.asarray(want.numpy(), "float32"))
+
+
+def test_loader_reads_arrays_in_place_and_leaves_the_mapping_free(tmp_path):
+    """A save_weights file's arrays are read as views of the mapping, which still closes after the load."""
+    model = _rich_model()
+    path = tmp_path / "w.weights.h5"
+    model.save_weights(path)
+    with h5py.File(path, "r") as f, open(path, "rb") as raw:
+        data = raw.read()
+        arrays = []
+        f.visititems(lambda _, obj: arrays.append(obj) if isinstance(obj, h5py.Dataset) and obj.shape else None)
+        assert len(arrays) >= 10
+        for dataset in arrays:  # the layout save_weights writes is the one read in place
+            np.testing.assert_array_equal(stored_view(dataset, memoryview(data)), dataset[()])
+    other = _rich_model()
+    for v in [*other.variables, *other.optimizer.variables]:
+        v.assign(keras.ops.zeros(v.shape, v.dtype))
+    with open(path, "rb") as raw:
+        mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+    load_weights_bytes(other, mapping)
+    mapping.close()  # BufferError if a variable still pointed into it
+    for got, want in zip(other.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    for got, want in zip(other.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def test_plan_maps_every_optimizer_entry_to_optimizer_variables():
@@ -283,7 +309,7 @@ def test_weights_member_range_reads_keras_own_archives_too(tmp_path):
     start, size = weights_member_range(data)
     other = _rich_model()
     for v in [*other.variables, *other.optimizer.variables]:
-        v.assign(keras.ops.zeros_like(v))
+        v.assign(keras.ops.zeros(v.shape, v.dtype))
     load_weights_bytes(other, data[start : start + size])
     for got, want in zip(other.variables, model.variables, strict=True):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
