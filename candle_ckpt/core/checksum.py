@@ -17,6 +17,8 @@ from typing import BinaryIO
 
 from zlib_ng import zlib_ng
 
+from candle_ckpt.core import directio
+
 CHUNK = 8 << 20  # 8 MiB: large enough to run at memory speed, small enough to bound RAM.
 
 
@@ -65,8 +67,9 @@ class CrcFile:
     """A seekable binary file that knows its own CRC-32 when it is closed.
 
     It is the file object handed to h5py (``h5py.File(CrcFile(...), "w")``)
-    and to any other writer. Writes go straight to the OS with ``pwrite`` and
-    no intermediate copy.
+    and to any other writer. Writes go straight to the OS with ``pwrite``;
+    large ones bypass the page cache where the file system allows it
+    (:mod:`candle_ckpt.core.directio`).
 
     Args:
         path: The file to create (truncated if it exists).
@@ -86,6 +89,8 @@ class CrcFile:
         self._extents: dict[int, tuple[int, int | None]] = {}
         self.closed = False
         self.write_error: OSError | None = None
+        self._direct: directio.DirectWriter | None = None
+        self._direct_tried = False
 
     # -- the io.RawIOBase surface that h5py and zipfile use -----------------
     def seekable(self) -> bool:
@@ -116,12 +121,13 @@ class CrcFile:
         n = len(view)
         if n == 0:
             return 0
-        written = 0
         try:
             if self._on_write is not None:  # an injected fault is a failed write too
                 self._on_write("write", self.path)
-            while written < n:
-                written += os.pwrite(self._fd, view[written:], self._pos + written)
+            if n >= directio.MIN_BYTES and self._direct_writer() is not None:
+                self._direct.write(self._fd, view, self._pos)
+            else:
+                directio.pwrite_all(self._fd, view, self._pos)
         except OSError as err:
             # Kept because writers such as h5py replace it with their own vaguer
             # error ("driver write request failed"); the store re-raises this one.
@@ -131,6 +137,12 @@ class CrcFile:
         self._pos += n
         self._size = max(self._size, self._pos)
         return n
+
+    def _direct_writer(self) -> directio.DirectWriter | None:
+        if not self._direct_tried:
+            self._direct_tried = True
+            self._direct = directio.open_direct(self.path)
+        return self._direct
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
@@ -233,12 +245,13 @@ class CrcFile:
         try:
             self._fsync(self._fd)
         finally:
-            os.close(self._fd)
-            self.closed = True
+            self.abort()
 
     def abort(self) -> None:
         """Close without fsync (the file is about to be discarded)."""
         if not self.closed:
+            if self._direct is not None:
+                self._direct.close()
             os.close(self._fd)
             self.closed = True
 
