@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,17 @@ def test_tiny_benchmark_run_writes_every_row_and_computed_targets(tmp_path: Path
         else:
             assert t["pass"] == (t["ratio"] <= t["limit"]), t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]  # the checkpoints were removed
+
+
+def test_published_tables_are_the_report_of_the_committed_run(monkeypatch) -> None:
+    """docs/performance.rst's tables and README's targets are --rst-from output of the JSON they name."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_report
+
+    docs = (REPO / "docs" / "performance.rst").read_text()
+    (named,) = set(re.findall(r"\(JSON: ``(benchmarks/results/[^`]+\.json)``", docs))
+    tables = bench_report.rst(json.loads((REPO / named).read_text()))
+    assert tables in docs, f"the tables in docs/performance.rst are not the report of {named}"
+    assert named.replace(".json", ".png") in docs and (REPO / named.replace(".json", ".png")).is_file()
+    largest = tables[tables.rindex("Targets at") :].split("\n", 2)[2]
+    assert largest.strip() in (REPO / "README.rst").read_text(), "README's target table is not the committed run's"
