@@ -59,7 +59,7 @@ def test_tiny_benchmark_run_writes_every_row_and_computed_targets(tmp_path: Path
 
 
 def test_published_tables_are_the_report_of_the_committed_run(monkeypatch) -> None:
-    """docs/performance.rst's tables and README's targets are --rst-from output of the JSON they name."""
+    """docs/performance.rst and README tables and plot are --rst-from output and the plot of the JSON named."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_report
 
@@ -68,5 +68,7 @@ def test_published_tables_are_the_report_of_the_committed_run(monkeypatch) -> No
     tables = bench_report.rst(json.loads((REPO / named).read_text()))
     assert tables in docs, f"the tables in docs/performance.rst are not the report of {named}"
     assert named.replace(".json", ".png") in docs and (REPO / named.replace(".json", ".png")).is_file()
-    largest = tables[tables.rindex("Targets at") :].split("\n", 2)[2]
-    assert largest.strip() in (REPO / "README.rst").read_text(), "README's target table is not the committed run's"
+    readme = (REPO / "README.rst").read_text()
+    stalls, largest = tables.split("\n\n")[0], tables[tables.rindex("Targets at") :].split("\n", 2)[2]
+    assert stalls in readme and largest.strip() in readme, "README's tables are not the committed run's"
+    assert f".. image:: {named.replace('.json', '.png')}" in readme

@@ -97,9 +97,9 @@ def test_relative_rst_links_point_to_files_that_exist() -> None:
 
 
 def test_readme_is_a_front_page_with_a_table_of_contents() -> None:
-    """README.rst stays a front page: at most about 300 lines, a contents directive, links to docs/."""
+    """README.rst stays a front page: at most 350 lines, a contents directive, links to docs/."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 340
+    assert len(text.splitlines()) <= 350
     assert ".. contents::" in text
     titles = [n.astext() for n in doctree(README).findall(docutils.nodes.title)]
     assert len(titles) == len(set(titles)), f"duplicate section titles: {titles}"
