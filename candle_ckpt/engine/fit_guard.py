@@ -8,6 +8,15 @@ cell would be refused. :class:`FitGuard` watches the frame of the running
 ``fit`` from a daemon thread and calls ``on_exit`` once that frame has left
 the training thread's stack. It knows nothing about Keras: "the fit" is the
 first frame above the callback hook that is not the framework's callback list.
+
+The watching thread holds no strong reference to the fit's frame nor to the
+callback (only the frame's id and code, and a weak reference to ``on_exit``).
+Otherwise the last reference to the frame's locals (the model, the batches)
+would be dropped on that thread when it ends, perhaps while the interpreter
+shuts down, and a framework's destructor that lets go of the GIL there aborts
+the process (JAX: "FATAL: exception not rethrown", exit 134 instead of 143).
+Nor does it call ``on_exit`` once the main thread has finished: the process is
+exiting, the atexit join commits the write in flight and the kernel drops the lock.
 """
 
 from __future__ import annotations
@@ -15,8 +24,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
-from types import FrameType
+from types import CodeType, FrameType
 
 _CALLBACK_LIST_FILES = ("callback_list.py", "callbacks.py")
 
@@ -40,13 +50,35 @@ def _fit_frame(start: FrameType | None, owner: object = None) -> FrameType | Non
     return frame
 
 
-def _on_stack(target: FrameType, thread_id: int) -> bool:
+def _on_stack(target_id: int, code: CodeType, thread_id: int) -> bool:
+    """Whether the frame with this id and code is on the thread's stack (a frame on a stack keeps its id)."""
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
-        if frame is target:
+        if id(frame) == target_id and frame.f_code is code:
             return True
         frame = frame.f_back
     return False
+
+
+def _weak(on_exit: Callable[[], None]) -> Callable[[], Callable[[], None] | None]:
+    """A weak reference to a bound method (the callback's), a plain reference to anything else."""
+    if getattr(on_exit, "__self__", None) is not None:
+        return weakref.WeakMethod(on_exit)  # type: ignore[arg-type]
+    return lambda: on_exit
+
+
+def _watch(
+    target_id: int, code: CodeType, thread_id: int, stop: threading.Event, on_exit: Callable, poll_s: float
+) -> None:
+    watched = threading.main_thread() if thread_id == threading.main_thread().ident else None
+    while not stop.wait(poll_s):
+        if not _on_stack(target_id, code, thread_id):
+            if watched is not None and not watched.is_alive():
+                return  # the interpreter is exiting: leave the rest to the atexit hooks and the kernel
+            action = on_exit()
+            if action is not None and not stop.is_set():
+                action()
+            return
 
 
 class FitGuard:
@@ -72,21 +104,12 @@ class FitGuard:
         if target is None:
             return
         stop = self._stop = threading.Event()
-        thread = threading.Thread(
-            target=self._watch, args=(target, threading.get_ident(), stop), name="candle_ckpt-fit-guard", daemon=True
-        )
-        thread.start()
+        # Not the frame itself, nor self.on_exit: see the module docstring.
+        args = (id(target), target.f_code, threading.get_ident(), stop, _weak(self.on_exit), self.poll_s)
+        threading.Thread(target=_watch, args=args, name="candle_ckpt-fit-guard", daemon=True).start()
 
     def disarm(self) -> None:
         """Stop watching: ``fit`` ended normally (``on_train_end``) and cleaned up itself."""
         if self._stop is not None:
             self._stop.set()
             self._stop = None
-
-    def _watch(self, target: FrameType, thread_id: int, stop: threading.Event) -> None:
-        while not stop.wait(self.poll_s):
-            if not _on_stack(target, thread_id):
-                del target  # do not keep the finished fit's frame (and its locals) alive
-                if not stop.is_set():
-                    self.on_exit()
-                return

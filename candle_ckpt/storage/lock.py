@@ -32,7 +32,7 @@ class WriterLock:
 
         A holder in this same process gets ``wait_same_process_s`` seconds to
         let go: a ``fit`` that has just raised releases its lock from a
-        watchdog thread (:mod:`candle_ckpt.keras.fit_guard`), a moment later.
+        watchdog thread (:mod:`candle_ckpt.engine.fit_guard`), a moment later.
 
         Raises:
             DirectoryLocked: another holder (this process or another) keeps it.
