@@ -70,10 +70,10 @@ def _weak(on_exit: Callable[[], None]) -> Callable[[], Callable[[], None] | None
 def _watch(
     target_id: int, code: CodeType, thread_id: int, stop: threading.Event, on_exit: Callable, poll_s: float
 ) -> None:
-    watched = threading.main_thread() if thread_id == threading.main_thread().ident else None
+    main = threading.main_thread()
     while not stop.wait(poll_s):
         if not _on_stack(target_id, code, thread_id):
-            if watched is not None and not watched.is_alive():
+            if thread_id == main.ident and not main.is_alive():
                 return  # the interpreter is exiting: leave the rest to the atexit hooks and the kernel
             action = on_exit()
             if action is not None and not stop.is_set():
