@@ -34,6 +34,7 @@ from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, sum_over_workers, worker_info
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -218,7 +219,7 @@ class WorkerTrainingState:
         chosen = self._verified(chosen, code, chosen_epoch, generation, keep, multi)
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
         self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
-        pending = dict(getattr(self.adapter, "pending", None) or {})  # state the adapter applies later
+        pending = getattr(self.adapter, "pending", None) or Pending()  # state the adapter applies later
         side = chosen.sidecar
         self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
         if self.engine is not None:

@@ -1,11 +1,14 @@
-"""Apply, when training starts, what a restore could not apply yet (no keras here).
+"""What a restore could not apply yet and waits for ``fit``: one typed record (no keras here).
 
-``restart()`` attaches a :class:`~candle_ckpt.engine.resume.Resumed` to the
-model. Two things in it may wait for ``fit``:
+A restore fills a :class:`Pending`; ``restart()`` hands it to the callback in
+the :class:`~candle_ckpt.engine.resume.Resumed` it attaches to the model
+(``Resumed.pending``), and the callback takes each item when ``fit`` starts.
+Two things may wait:
 
-* the optimizer state, when ``restart()`` ran before ``compile()`` (as the
-  ECP-CANDLE benchmarks do): the optimizer did not exist. A guard warns at
-  garbage collection or exit if no callback ever applied it;
+* the optimizer state (:class:`ParkedOptimizer`), when ``restart()`` ran before
+  ``compile()`` (as the ECP-CANDLE benchmarks do): the optimizer did not exist.
+  This holds for our checkpoints, tf_keras ones and CANDLE's own ``model.h5``.
+  :meth:`Pending.guard` warns at garbage collection or exit if it is never taken;
 * the training state (callbacks, RNGs, input position): it belongs to
   objects that only exist in ``fit``.
 """
@@ -14,43 +17,69 @@ from __future__ import annotations
 
 import sys
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.resume import Resumed
 
-OPTIMIZER = "optimizer"
-TRAIN_STATE = "train_state"
-_GUARD = "guard"
+
+@dataclass(frozen=True)
+class ParkedOptimizer:
+    """Optimizer variables read before the model had an optimizer.
+
+    Attributes:
+        values: The saved arrays, in the order of the optimizer's variables.
+        names: The saved names of ``values`` where the checkpoint has them
+            (tf_keras), for the messages.
+    """
+
+    values: list[Any]
+    names: list[str] | None = None
+
+
+@dataclass
+class Pending:
+    """State a restore could not apply yet; the callback applies it when ``fit`` starts.
+
+    Attributes:
+        optimizer: The optimizer state, when the model had no optimizer yet.
+        train_state: The ``train.state.npz`` bytes (callbacks, RNGs, input position).
+    """
+
+    optimizer: ParkedOptimizer | None = None
+    train_state: bytes | None = None
+    _guard: weakref.finalize | None = field(default=None, repr=False, compare=False)
+
+    def guard(self, model: Any, ops: OpsLog, where: str) -> None:
+        """Say what happens to a parked optimizer state, and warn loudly if it is never applied."""
+        if self.optimizer is None:
+            return
+        ops.info(
+            f"restart: the model has no optimizer yet (restart() before compile()); the optimizer state of {where} "
+            f"({len(self.optimizer.values)} variables) is kept and applied when fit() starts with "
+            "CandleCheckpointCallback"
+        )
+        message = (
+            f"the optimizer state restored from {where} was never applied: no CandleCheckpointCallback started a "
+            "fit of this model, so its optimizer started fresh and the run is not a true resume; pass the callback "
+            "to fit(), or call restart() after compile()"
+        )
+        self._guard = weakref.finalize(model, _never_applied, ops, message)
+
+    def take_optimizer(self) -> ParkedOptimizer | None:
+        """Remove and return the parked optimizer state (None if there is none); disarms the guard."""
+        parked, self.optimizer = self.optimizer, None
+        if self._guard is not None:
+            self._guard.detach()
+            self._guard = None
+        return parked
+
+    def take_train_state(self) -> bytes | None:
+        """Remove and return the training state (None if there is none)."""
+        data, self.train_state = self.train_state, None
+        return data
 
 
 def _never_applied(ops: OpsLog, message: str) -> None:
     ops.warning(message)
     print(f"candle_ckpt WARNING: {message}", file=sys.stderr, flush=True)
-
-
-def guard_optimizer(model: Any, resumed: Resumed, ops: OpsLog, where: str) -> None:
-    """Say what happens to optimizer state kept for later, and warn loudly if it is never applied."""
-    arrays = resumed.pending.get(OPTIMIZER)
-    if arrays is None:
-        return
-    ops.info(
-        f"restart: the model has no optimizer yet (restart() before compile()); the optimizer state of {where} "
-        f"({len(arrays)} variables) is kept and applied when fit() starts with CandleCheckpointCallback"
-    )
-    message = (
-        f"the optimizer state restored from {where} was never applied: no CandleCheckpointCallback started a fit "
-        "of this model, so its optimizer started fresh and the run is not a true resume; pass the callback to "
-        "fit(), or call restart() after compile()"
-    )
-    resumed.pending[_GUARD] = weakref.finalize(model, _never_applied, ops, message)
-
-
-def take(resumed: Resumed | None, key: str) -> Any:
-    """Remove and return one pending item (the optimizer's also disarms its guard)."""
-    if resumed is None or key not in resumed.pending:
-        return None
-    value = resumed.pending.pop(key)
-    if key == OPTIMIZER and _GUARD in resumed.pending:
-        resumed.pending.pop(_GUARD).detach()
-    return value

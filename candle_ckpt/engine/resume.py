@@ -23,6 +23,7 @@ from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.pending import Pending
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -53,15 +54,15 @@ class Resumed:
             callback writing elsewhere ignores it.
         sidecar: The restored checkpoint's sidecar.
         load: The load statistics (see :func:`load_record`).
-        pending: Adapter-owned state that could not be applied at restore
-            time (an optimizer that does not exist yet, callback and RNG
-            states) and is applied when training starts.
+        pending: What the restore could not apply yet (an optimizer that does
+            not exist yet, callback and RNG states): the callback applies it
+            when training starts.
     """
 
     directory: str
     sidecar: Sidecar
     load: dict[str, Any] | None = None
-    pending: dict[str, Any] = field(default_factory=dict)
+    pending: Pending = field(default_factory=Pending)
 
     def serves(self, directory: str) -> bool:
         """True if this record was restored from ``directory``."""

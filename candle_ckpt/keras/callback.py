@@ -16,14 +16,13 @@ from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
-from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import fit_hooks
-from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
@@ -125,16 +124,16 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._guard.arm()
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
-        apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
         where = checkpoint_dir(Layout.at(self.cfg.directory), self._resumed.sidecar) if self._resumed else ""
-        arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
-        if arrays is not None:  # restart() ran before compile(): the optimizer exists now
-            apply_optimizer_state(self.model, arrays, where)
-            self.ops.info(f"restart: applied the optimizer state of {where} ({len(arrays)} variables)")
+        pending = self._resumed.pending if self._resumed is not None else Pending()
+        parked = pending.take_optimizer()
+        if parked is not None:  # restart() ran before compile(): the optimizer exists now
+            apply_optimizer_state(self.model, parked.values, where)
+            self.ops.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
         self._state = ModelState(self.model)
         self._epochs_run = 0
         self._hook_fit()
-        self._restore = resume_apply.take(self._resumed, resume_apply.TRAIN_STATE)
+        self._restore = pending.take_train_state()
         if self._restore is not None and not self._hooked:
             self._before_epoch(-1)
         epochs = (self.params or {}).get("epochs")

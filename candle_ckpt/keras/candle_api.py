@@ -23,11 +23,8 @@ from typing import Any
 import keras
 
 from candle_ckpt.config.candle_params import develop_params
-from candle_ckpt.core import layout as L
-from candle_ckpt.engine.resume import select_checkpoint
 from candle_ckpt.keras.argcheck import require_model, require_params
 from candle_ckpt.keras.callback import CandleCheckpointCallback
-from candle_ckpt.keras.capture import KerasModelAdapter
 from candle_ckpt.keras.restart import restart as _restart
 
 
@@ -54,7 +51,6 @@ class CandleCkptKeras(CandleCheckpointCallback):
         require_params(gParameters, "CandleCkptKeras(gParameters): gParameters")
         self.gParameters = develop_params(gParameters)
         self._logger, self._verbose = logger, verbose
-        self._reload_epoch: int | None = None
         super().__init__(self.gParameters, logger=logger, verbose=verbose, **kwargs)
 
     def set_model(self, model) -> None:
@@ -82,35 +78,10 @@ class CandleCkptKeras(CandleCheckpointCallback):
         if found is None:
             return None
         # This object is the callback: continue from the restored checkpoint (best tracking,
-        # resumed_from, no prune of it) explicitly, whatever the order of the calls.
+        # resumed_from, no prune of it) explicitly, whatever the order of the calls. An optimizer
+        # state that waits for compile() travels with the model (engine.pending), as for restart().
         self.engine.adopt_resumed(self.engine.store.read_sidecar(found["epoch"]))
-        compiled = getattr(model, "optimizer", None) is not None
-        if not compiled and self.engine.resumed is not None and self.engine.resumed.schema_version >= 1:
-            self._reload_epoch = self.engine.resumed.epoch
-            self.ops.info(
-                f"restart: the model is not compiled yet; the optimizer state of epoch {self._reload_epoch} "
-                "is loaded when training begins"
-            )
         return found
-
-    def on_train_begin(self, logs=None) -> None:
-        if self._reload_epoch is not None:
-            epoch, self._reload_epoch = self._reload_epoch, None
-            self._load_optimizer_state(epoch)
-        super().on_train_begin(logs)
-
-    def _load_optimizer_state(self, epoch: int) -> None:
-        """Reload the checkpoint ``restart()`` chose, now with the optimizer (the weights are unchanged)."""
-        adapter = KerasModelAdapter(self.model)
-        chosen = select_checkpoint(self.cfg, self.ops, keep=adapter.keep_files, epoch=epoch, mapped=True)
-        where = L.Layout.at(self.cfg.directory, flat=self.cfg.layout == "flat").epoch_dir(epoch)
-        try:
-            adapter.restore(chosen, self.ops, where)
-        finally:
-            for data in chosen.kept.values():
-                if hasattr(data, "close"):
-                    data.close()
-        self.ops.info(f"restart: optimizer state of {where} loaded at the start of training")
 
 
 #: candle_lib's backend-neutral base class; candle_ckpt serves Keras only, so it is the same class.

@@ -2,14 +2,15 @@
 
 The weights are read by Keras's own HDF5 loader. The optimizer state is read
 too when Keras can map it onto the model's optimizer: the file was written by
-Keras 3 (Keras 2's optimizers name and order their variables differently),
-it holds ``optimizer_weights``, and their number and shapes match. Otherwise
-the weights are loaded and a warning says that the optimizer starts fresh.
+Keras 3 (Keras 2's optimizers name and order their variables differently) and
+it holds ``optimizer_weights``. Otherwise the weights are loaded and a warning
+says that the optimizer starts fresh. Optimizer variables of another number or
+shape than the model's optimizer are a :class:`~candle_ckpt.core.errors.ModelMismatch`,
+as for our own checkpoints (checked before anything is loaded).
 
 CANDLE's scripts call ``restart()`` before ``model.compile()``: the model has
-no optimizer yet. The values are then kept on the model (an explicit object,
-not module state) and applied when training begins, by the checkpoint
-callback (:func:`apply_pending`).
+no optimizer yet. The values then wait for ``fit`` in the restore's
+:class:`~candle_ckpt.engine.pending.Pending`, like those of our own checkpoints.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ import h5py
 import numpy as np
 
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.preflight import check_optimizer_state
 from candle_ckpt.keras.state import ModelState
-
-PENDING = "_candle_ckpt_pending_h5_optimizer"  # attribute set on the model until its optimizer exists
 
 
 def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np.ndarray] | None:
@@ -32,48 +31,31 @@ def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np
 
     Returns:
         The optimizer variables when the model has no optimizer yet (not
-        compiled): the caller keeps them until it has one (:func:`keep_pending`).
+        compiled): they wait for ``fit`` (:class:`~candle_ckpt.engine.pending.Pending`).
         None otherwise (loaded, or a warning said the optimizer starts fresh).
 
     Raises:
+        ModelMismatch: the optimizer variables do not fit the model's optimizer (nothing was loaded).
         ValueError: the file's weights do not fit the model (Keras's message).
     """
+    values, why = _read_optimizer(path)
+    compiled = getattr(model, "optimizer", None) is not None
+    variables = check_optimizer_state(model, values, where) if values is not None and compiled else None
     model.load_weights(path)
     if ModelState(model).extra_variables():
         ops.warning(
             f"restart: {where} (written by CANDLE) holds no random-layer seed states; they start fresh, "
             "so the resumed run will not be bit-identical"
         )
-    values, why = _read_optimizer(path)
     if values is None:
         _fresh(ops, where, why)
         return None
-    if getattr(model, "optimizer", None) is None:
-        ops.info(
-            f"restart: {where} (written by CANDLE): weights loaded; the model is not compiled yet, so its "
-            f"optimizer state ({len(values)} variables) is applied when training begins"
-        )
+    if variables is None:
         return values
-    _apply(model, values, ops, where)
+    for var, value in zip(variables, values, strict=True):
+        var.assign(value.astype(var.dtype, copy=False))
+    ops.info(f"restart: {where} (written by CANDLE): optimizer state loaded ({len(values)} variables)")
     return None
-
-
-def keep_pending(model: Any, values: list[np.ndarray], where: str) -> None:
-    """Keep optimizer variables on ``model`` until :func:`apply_pending` (the callback, when fit begins)."""
-    setattr(model, PENDING, (values, where))
-
-
-def apply_pending(model: Any, ops: OpsLog) -> None:
-    """Apply optimizer state that :func:`restore_candle_h5` kept for ``model`` (a no-op if there is none)."""
-    pending = getattr(model, PENDING, None) if model is not None else None
-    if pending is None:
-        return
-    delattr(model, PENDING)
-    values, where = pending
-    if getattr(model, "optimizer", None) is None:
-        _fresh(ops, where, "the model was never compiled")
-        return
-    _apply(model, values, ops, where)
 
 
 def _read_optimizer(path: str) -> tuple[list[np.ndarray] | None, str]:
@@ -91,24 +73,6 @@ def _read_optimizer(path: str) -> tuple[list[np.ndarray] | None, str]:
         group = f["optimizer_weights"]
         names = [n.decode() if isinstance(n, bytes) else str(n) for n in group.attrs.get("weight_names", [])]
         return [np.asarray(group[name]) for name in names], ""
-
-
-def _apply(model: Any, values: list[np.ndarray], ops: OpsLog, where: str) -> None:
-    build_optimizer(model)
-    variables = model.optimizer.variables
-    saved = [tuple(v.shape) for v in values]
-    wanted = [tuple(v.shape) for v in variables]
-    if saved != wanted:
-        _fresh(
-            ops,
-            where,
-            f"its {len(saved)} optimizer variables do not match the {len(wanted)} of the model's "
-            f"{type(model.optimizer).__name__} (shapes {saved[:4]}... vs {wanted[:4]}...)",
-        )
-        return
-    for var, value in zip(variables, values, strict=True):
-        var.assign(value.astype(var.dtype, copy=False))
-    ops.info(f"restart: {where} (written by CANDLE): optimizer state loaded ({len(values)} variables)")
 
 
 def _fresh(ops: OpsLog, where: str, why: str) -> None:

@@ -13,9 +13,10 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
-from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
+from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.plan import build_optimizer, make_plan
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
@@ -68,8 +69,8 @@ class KerasModelAdapter:
     def __init__(self, model) -> None:
         require_model(model, "model")
         self.state = ModelState(model)
-        # State restore() could not apply yet (see candle_ckpt.engine.resume.Resumed.pending).
-        self.pending: dict = {}
+        # State restore() could not apply yet: it waits for fit (see candle_ckpt.engine.pending).
+        self.pending = Pending()
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return capture_model(self.state, cfg)
@@ -84,10 +85,11 @@ class KerasModelAdapter:
             NoValidCheckpoint: the checkpoint has no Keras 3 weights.
         """
         side, kept = chosen.sidecar, chosen.kept
+        self.pending = Pending()
         if isinstance(side, CandleSidecar):  # written by ECP-CANDLE itself: its model.h5
-            pending = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
-            if pending is not None:  # not compiled yet: the callback applies it when fit begins
-                keep_pending(self.state.model, pending, where)
+            values = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            if values is not None:  # not compiled yet: the callback applies it when fit begins
+                self.pending = Pending(optimizer=ParkedOptimizer(values))
             return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
@@ -97,7 +99,7 @@ class KerasModelAdapter:
         # One walk of the model's saveables serves the preflight and the random-layer variables.
         plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
         extra_vars = self.state.extra_variables(plan)
-        self.pending = {}
+        optimizer = None
         with weights_view(kept[side.model_file], side.model_file, where) as weights:
             # All or nothing: every shape, dtype and count is checked before the first assignment.
             check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan)
@@ -105,8 +107,7 @@ class KerasModelAdapter:
                 # restart() before compile(): the optimizer does not exist yet. Its state
                 # is kept and applied when it does (the callback, at the latest when fit starts).
                 arrays = read_optimizer_state(weights)
-                if arrays is not None:
-                    self.pending["optimizer"] = arrays
+                optimizer = ParkedOptimizer(arrays) if arrays is not None else None
             self.state.restore(weights)
         if extra is not None:
             self.state.restore_extra(bytes(extra), extra_vars)
@@ -115,8 +116,8 @@ class KerasModelAdapter:
                 f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "
                 "start fresh, so the resumed run will not be bit-identical"
             )
-        if TRAIN_STATE_FILE in kept:
-            self.pending["train_state"] = bytes(kept[TRAIN_STATE_FILE])
+        train_state = bytes(kept[TRAIN_STATE_FILE]) if TRAIN_STATE_FILE in kept else None
+        self.pending = Pending(optimizer=optimizer, train_state=train_state)
 
 
 @contextlib.contextmanager

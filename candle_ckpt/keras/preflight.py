@@ -200,6 +200,16 @@ def apply_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
     Raises:
         ModelMismatch: the optimizer has another number or shape of variables.
     """
+    for a, var in zip(arrays, check_optimizer_state(model, arrays, where), strict=True):
+        var.assign(a)
+
+
+def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: str) -> list[Any]:
+    """Build ``model``'s optimizer and return its variables if ``arrays`` fit them; change nothing else.
+
+    Raises:
+        ModelMismatch: the optimizer has another number or shape of variables.
+    """
     build_optimizer(model)
     variables = list(model.optimizer.variables)
     diffs: list[Diff] = []
@@ -216,5 +226,4 @@ def apply_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
         lines += [f"  {d}" for d in diffs[:SHOWN]]
         lines.append("The optimizer was not changed. Compile with the optimizer the checkpoint was saved with.")
         raise ModelMismatch("\n".join(lines))
-    for a, var in zip(arrays, variables, strict=True):
-        var.assign(a)
+    return variables

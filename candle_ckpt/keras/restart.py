@@ -20,7 +20,6 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
-from candle_ckpt.engine.pending import guard_optimizer
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.capture import KerasModelAdapter
 
@@ -88,7 +87,7 @@ def _restart_through_worker(
     found = worker.restore()
     attach_resumed(model, worker.resumed)
     if worker.resumed is not None:
-        guard_optimizer(model, worker.resumed, worker.ops, checkpoint_dir(worker.layout, worker.resumed.sidecar))
+        worker.resumed.pending.guard(model, worker.ops, checkpoint_dir(worker.layout, worker.resumed.sidecar))
     return found
 
 
@@ -103,7 +102,7 @@ def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, 
         return None
     record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
     # What was restored travels with the model: the callback reads it when fit starts.
-    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, dict(adapter.pending))
+    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    guard_optimizer(model, resumed, ops, checkpoint_dir(L.Layout.at(cfg.directory), chosen.sidecar))
+    resumed.pending.guard(model, ops, checkpoint_dir(L.Layout.at(cfg.directory), chosen.sidecar))
     return chosen.sidecar.to_dict()

@@ -39,7 +39,7 @@ from candle_ckpt.distributed.preempt_sync import make_sync
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
-from candle_ckpt.engine.pending import OPTIMIZER, take
+from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
@@ -75,8 +75,8 @@ class TfKerasModelAdapter:
 
     def __init__(self, model) -> None:
         self.model = model
-        # State restore() could not apply yet (see candle_ckpt.engine.resume.Resumed.pending).
-        self.pending: dict[str, Any] = {}
+        # State restore() could not apply yet (see candle_ckpt.engine.pending).
+        self.pending = Pending()
 
     def capture(self, cfg: CkptConfig) -> Capture:
         """Serialize on the calling thread (the training thread), so the next step cannot change it."""
@@ -128,13 +128,13 @@ class TfKerasModelAdapter:
         with np.load(io.BytesIO(kept[OPTIMIZER_FILE]), allow_pickle=False) as npz:
             names = [str(n) for n in npz["names"]]
             values = [npz[f"v{i}"] for i in range(len(names))]
-        self.pending = {}
+        self.pending = Pending()
         if getattr(model, "optimizer", None) is None:
             # restart() before compile(): the optimizer does not exist yet; the
             # callback applies its state when fit starts (apply_optimizer_state).
             with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
                 hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
-            self.pending["optimizer"] = (names, values)
+            self.pending = Pending(optimizer=ParkedOptimizer(values, names))
             return
         build_optimizer(model)
         variables = optimizer_variables(model)
@@ -144,9 +144,9 @@ class TfKerasModelAdapter:
         for value, var in zip(values, variables, strict=True):  # checked above
             var.assign(value)
 
-    def apply_optimizer_state(self, pending: tuple[list[str], list[np.ndarray]], where: str) -> None:
+    def apply_optimizer_state(self, parked: ParkedOptimizer, where: str) -> None:
         """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
-        assign_optimizer_state(self.model, *pending, where)
+        assign_optimizer_state(self.model, parked.names or [], parked.values, where)
 
 
 class CandleCheckpointCallback(tf_keras.callbacks.Callback):
@@ -199,11 +199,11 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
             self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
-        pending = take(resumed, OPTIMIZER)
-        if pending is not None:  # restart() ran before compile(): the optimizer exists now
+        parked = resumed.pending.take_optimizer() if resumed is not None else None
+        if parked is not None:  # restart() ran before compile(): the optimizer exists now
             where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
-            self.state.adapter.apply_optimizer_state(pending, f"{where}/{OPTIMIZER_FILE}")
-            self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(pending[0])} variables)")
+            self.state.adapter.apply_optimizer_state(parked, f"{where}/{OPTIMIZER_FILE}")
+            self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
         side = resumed.sidecar if resumed is not None else None
         self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None

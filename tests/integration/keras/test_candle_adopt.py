@@ -7,17 +7,20 @@ links, a decimal or ``__DISABLED__`` checksum, no ``schema_version``).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
 
 import h5py
+import keras
 import numpy as np
 import pytest
 from candle_writer import build_model, compile_model, make_data, write_candle_dir
 
 import candle_ckpt
 from candle_ckpt import CandleCheckpointCallback, CandleCkptKeras
+from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.fs import read_link
 
 CANDLE_KEYS = {
@@ -160,6 +163,32 @@ def test_file_without_optimizer_says_optimizer_starts_fresh(tmp_path: Path, capl
     with caplog.at_level(logging.WARNING, logger="candle_ckpt"):
         candle_ckpt.restart(master_params(root), compile_model(build_model()), verbose=False)
     assert any("holds no optimizer state" in r.getMessage() for r in caplog.records)
+
+
+def test_candle_optimizer_state_never_applied_is_reported_loudly(tmp_path: Path, capfd) -> None:
+    """restart() before compile() on CANDLE's model.h5 and no fit with the callback: its optimizer state waits in
+    the same record as ours, so collecting the model warns that it was never applied (ckpt.log and stderr)."""
+    root = tmp_path / "save"
+    write_candle_dir(root / "ckpts", 2)
+    model = build_model(seed=3)
+    candle_ckpt.restart(master_params(root), model, verbose=False)
+    del model
+    gc.collect()
+    assert "epochs/002 was never applied" in (root / "ckpt.log").read_text()
+    assert "was never applied" in capfd.readouterr().err
+
+
+def test_candle_optimizer_that_does_not_fit_is_a_model_mismatch_and_nothing_loads(tmp_path: Path) -> None:
+    """A compiled model whose optimizer (SGD with momentum) differs from the file's (Adam): ModelMismatch naming the
+    optimizer variables, and the model's weights are not changed."""
+    root = tmp_path / "save"
+    write_candle_dir(root / "ckpts", 2)
+    model = build_model(seed=3)
+    model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+    before = model.get_weights()
+    with pytest.raises(ModelMismatch, match=r"optimizer state restored from .*epochs/002 does not fit"):
+        candle_ckpt.restart(master_params(root), model, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
 
 
 def test_keep_policy_alone_decides_what_of_candles_is_deleted(tmp_path: Path) -> None:
