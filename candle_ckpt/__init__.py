@@ -24,6 +24,8 @@ from candle_ckpt.core.errors import (
     CheckpointUploadError,
     CorruptCheckpoint,
     DirectoryLocked,
+    LayoutMismatch,
+    ModelMismatch,
     NoValidCheckpoint,
 )
 from candle_ckpt.storage.store import CheckpointStore
@@ -66,6 +68,8 @@ __all__ = [
     "CorruptCheckpoint",
     "DirectoryLocked",
     "JobRunner",
+    "LayoutMismatch",
+    "ModelMismatch",
     "ModelType",
     "MultiGPUCheckpoint",
     "NoValidCheckpoint",

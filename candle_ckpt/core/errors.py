@@ -1,7 +1,11 @@
 """Every exception candle_ckpt raises about checkpoints, in one place.
 
 Users catch :class:`CheckpointError` for all of them; the subclasses say what
-went wrong. Import them from here or from ``candle_ckpt``.
+went wrong. Import them from here or from ``candle_ckpt``. Those about a value
+that does not fit (a checkpoint and a model, a directory and a layout, a
+sidecar's contents) are also :class:`ValueError`, as they were before there
+was a hierarchy. (Bad arguments are plain ``ValueError``/``TypeError``, naming
+the parameter; :class:`MissingDependency` is an ``ImportError``.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ class DirectoryLocked(CheckpointError):
 
 
 class ModelMismatch(CheckpointError, ValueError):
-    """A checkpoint does not fit the model (shapes, dtypes or variable counts); nothing was assigned."""
+    """A checkpoint does not fit the model (layers, shapes, dtypes or variable counts); nothing was assigned.
+
+    Raised by ``restart()``, by the callback when it applies an optimizer state
+    restored before ``compile()``, and by ``load_weights``, for our checkpoints,
+    tf_keras ones and CANDLE's own ``model.h5``.
+    """
+
+
+class LayoutMismatch(CheckpointError, ValueError):
+    """``ckpt_directory`` holds checkpoints in the other layout (nested or flat); the two are never mixed."""
 
 
 class CheckpointSaveError(CheckpointError):
@@ -40,8 +53,8 @@ class CheckpointUploadError(CheckpointError):
     """Copying a checkpoint to ``ckpt_upload_url`` failed (``ckpt_on_error=raise``)."""
 
 
-class SidecarError(ValueError):
-    """A sidecar that is missing, unreadable, malformed or unsafe."""
+class SidecarError(CheckpointError, ValueError):
+    """A sidecar that is missing, unreadable, malformed or unsafe (a store reports it as :class:`CorruptCheckpoint`)."""
 
 
 class MissingDependency(ImportError):

@@ -160,7 +160,7 @@ def select_checkpoint(
 
     Raises:
         NoValidCheckpoint: ``required`` mode or an exact epoch, and no valid checkpoint.
-        ValueError: ``ckpt_directory`` holds checkpoints in the other layout only.
+        LayoutMismatch: ``ckpt_directory`` holds checkpoints in the other layout only.
     """
     if not cfg.restores(epoch):
         return None

@@ -21,8 +21,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.keras.preflight import check_optimizer_state
+from candle_ckpt.keras.preflight import WHAT_TO_DO, check_optimizer_state
 from candle_ckpt.keras.state import ModelState
 
 
@@ -35,13 +36,12 @@ def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np
         None otherwise (loaded, or a warning said the optimizer starts fresh).
 
     Raises:
-        ModelMismatch: the optimizer variables do not fit the model's optimizer (nothing was loaded).
-        ValueError: the file's weights do not fit the model (Keras's message).
+        ModelMismatch: the file's weights or optimizer variables do not fit the model (nothing was loaded).
     """
     values, why = _read_optimizer(path)
     compiled = getattr(model, "optimizer", None) is not None
     variables = check_optimizer_state(model, values, where) if values is not None and compiled else None
-    model.load_weights(path)
+    _load_weights(model, path, where)
     if ModelState(model).extra_variables():
         ops.warning(
             f"restart: {where} (written by CANDLE) holds no random-layer seed states; they start fresh, "
@@ -56,6 +56,22 @@ def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np
         var.assign(value.astype(var.dtype, copy=False))
     ops.info(f"restart: {where} (written by CANDLE): optimizer state loaded ({len(values)} variables)")
     return None
+
+
+def _load_weights(model: Any, path: str, where: str) -> None:
+    """Keras's own HDF5 loader, all or nothing: on a mismatch the weights it assigned are put back.
+
+    Raises:
+        ModelMismatch: the file's weights do not fit the model (with Keras's reason).
+    """
+    before = model.get_weights()
+    try:
+        model.load_weights(path)
+    except ValueError as err:
+        model.set_weights(before)
+        raise ModelMismatch(
+            f"checkpoint {where} (written by CANDLE) does not match the model: {err}\n{WHAT_TO_DO}"
+        ) from err
 
 
 def _read_optimizer(path: str) -> tuple[list[np.ndarray] | None, str]:

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.keras import internals
@@ -93,9 +94,10 @@ def load_weights(
 
     Raises:
         CorruptCheckpoint: a file fails its size or CRC check (nothing is loaded).
-        ValueError: an unknown layer name (the message lists the available
-            ones), a layer missing from the checkpoint, or a shape mismatch
-            (naming the layer and both shapes).
+        ModelMismatch: a selected layer is missing from the checkpoint, or has
+            another number or shape of variables there (naming the layer and
+            both shapes); nothing is loaded.
+        ValueError: an unknown layer name (the message lists the available ones).
     """
     root, epoch = _locate(checkpoint, directory)
     if not model.built:
@@ -173,18 +175,18 @@ def _checked_assignments(
             if group is None and not saved_names:
                 group = h5.get(f"{path}/vars")
             if group is None:
-                raise ValueError(
+                raise ModelMismatch(
                     f"load_weights: layer {layer_name!r} is not in {source}; layers there: {sorted(saved_names)}"
                 )
             if len(group) != len(variables):
-                raise ValueError(
+                raise ModelMismatch(
                     f"load_weights: layer {layer_name!r} has {len(variables)} variables but the checkpoint "
                     f"has {len(group)}"
                 )
             for i, var in enumerate(variables):
                 data = group[str(i)]
                 if tuple(data.shape) != tuple(var.shape):
-                    raise ValueError(
+                    raise ModelMismatch(
                         f"load_weights: shape mismatch for layer {layer_name!r} variable {var.path or i}: "
                         f"model {tuple(var.shape)}, checkpoint {tuple(data.shape)}"
                     )

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, LayoutMismatch, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.filecheck import verify_file
@@ -48,7 +48,7 @@ class CheckpointReader:
         """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.
 
         Raises:
-            ValueError: naming the directory, what it holds and what to set instead.
+            LayoutMismatch: naming the directory, what it holds and what to set instead.
         """
         lay, other = self.layout, self.layout.other
         if os.path.isdir(lay.epochs) or not os.path.isdir(other.epochs) or os.path.islink(other.epochs):
@@ -57,7 +57,7 @@ class CheckpointReader:
             hint = f"set ckpt_directory to {other.ckpts!r} (or ckpt_layout='nested') to continue them"
         else:
             hint = "set ckpt_layout='flat' to continue them, or use another ckpt_directory"
-        raise ValueError(
+        raise LayoutMismatch(
             f"ckpt_directory {lay.root!r} holds checkpoints in the {other.name} layout ({other.epochs}) but this job "
             f"uses the {lay.name} layout ({lay.epochs}); the two are never mixed in one directory: {hint}"
         )

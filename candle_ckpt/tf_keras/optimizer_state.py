@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import candle_ckpt.tf_keras.internals as internals
+from candle_ckpt.core.errors import ModelMismatch
 
 
 def optimizer_variables(model) -> list[Any]:
@@ -35,15 +36,15 @@ def build_optimizer(model) -> None:
 
 
 def check_optimizer_state(variables: list[Any], names: list[str], values: list[np.ndarray], where: str) -> None:
-    """Raise ValueError unless the saved optimizer state fits ``variables`` (checked before any assignment)."""
+    """Raise :class:`ModelMismatch` unless the saved optimizer state fits ``variables`` (before any assignment)."""
     if len(names) != len(variables):
-        raise ValueError(
+        raise ModelMismatch(
             f"{where} holds {len(names)} optimizer variables but the model's optimizer "
             f"has {len(variables)} (a different optimizer?); the model was not changed"
         )
     for name, value, var in zip(names, values, variables, strict=True):
         if tuple(value.shape) != tuple(var.shape):
-            raise ValueError(
+            raise ModelMismatch(
                 f"optimizer variable {var.name}: checkpoint shape {value.shape} (saved as {name}) "
                 f"!= model shape {tuple(var.shape)}; the model was not changed"
             )

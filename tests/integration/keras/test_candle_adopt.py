@@ -191,6 +191,21 @@ def test_candle_optimizer_that_does_not_fit_is_a_model_mismatch_and_nothing_load
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
 
 
+def test_candle_weights_that_do_not_fit_are_a_model_mismatch_and_nothing_loads(tmp_path: Path) -> None:
+    """A model whose last layer is wider than the file's: ModelMismatch with Keras's reason, and the first layer,
+    which Keras's loader had already assigned, is put back."""
+    root = tmp_path / "save"
+    write_candle_dir(root / "ckpts", 2)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    before = model.get_weights()
+    with pytest.raises(
+        ModelMismatch, match=r"(?s)epochs/002 \(written by CANDLE\) does not match the model: .*not changed"
+    ):
+        candle_ckpt.restart(master_params(root), model, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
 def test_keep_policy_alone_decides_what_of_candles_is_deleted(tmp_path: Path) -> None:
     """With the default keep policy every CANDLE checkpoint stays; with ckpt_keep_limit=1 the policy prunes
     CANDLE's old ones too, but never best, last or the one resumed from."""

@@ -11,7 +11,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, load_weights  # noqa: E402
+from candle_ckpt import CandleCheckpointCallback, CorruptCheckpoint, ModelMismatch, load_weights  # noqa: E402
 
 
 def build(seed: int, enc_width: int = 16) -> keras.Model:
@@ -98,11 +98,11 @@ def test_unknown_layer_name_lists_available(trained) -> None:
 
 
 def test_shape_mismatch_names_layer_and_shapes(trained) -> None:
-    """A layer of another width raises ValueError with the layer and both shapes; no layer is loaded."""
+    """A layer of another width raises ModelMismatch (a ValueError) with the layer and both shapes; nothing loads."""
     _, d = trained
     wide = build(5, enc_width=32)
     before = [v.numpy() for v in wide.weights]
-    with pytest.raises(ValueError, match=r"shape mismatch for layer 'enc' .*model \(8, 32\), checkpoint \(8, 16\)"):
+    with pytest.raises(ModelMismatch, match=r"shape mismatch for layer 'enc' .*model \(8, 32\), checkpoint \(8, 16\)"):
         load_weights(wide, d / "ckpts" / "epochs" / "002", layers=["head", "enc"])
     assert same([v.numpy() for v in wide.weights], before)
 

@@ -14,7 +14,7 @@ from candle_ckpt import ModelType, ParamRequired, ParamType, param
 from candle_ckpt.config.candle_params import develop_params
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.candle_sidecar import CandleSidecar, candle_crc, from_candle
-from candle_ckpt.core.errors import SidecarError
+from candle_ckpt.core.errors import LayoutMismatch, SidecarError
 from candle_ckpt.core.keep import KeepAll, keep_policy
 from candle_ckpt.core.layout import Layout, resolve_link_target
 from candle_ckpt.core.log import get_logger
@@ -129,10 +129,10 @@ def test_flat_store_reads_develop_directory_with_relative_links(tmp_path: Path) 
 def test_layouts_never_mixed(tmp_path: Path) -> None:
     """A flat writer refuses a directory holding nested checkpoints, and the other way round, naming both."""
     write_candle(tmp_path / "a" / "ckpts", 1)
-    with pytest.raises(ValueError, match=r"holds checkpoints in the nested layout .* uses the flat layout"):
+    with pytest.raises(LayoutMismatch, match=r"holds checkpoints in the nested layout .* uses the flat layout"):
         CheckpointStore(tmp_path / "a", flat=True).open_for_write()
     write_candle(tmp_path / "b", 1)
-    with pytest.raises(ValueError, match=r"holds checkpoints in the flat layout .* set ckpt_layout='flat'"):
+    with pytest.raises(LayoutMismatch, match=r"holds checkpoints in the flat layout .* set ckpt_layout='flat'"):
         CheckpointStore(tmp_path / "b").open_for_write()
     assert not (tmp_path / "a" / "lock").exists() and not (tmp_path / "b" / "ckpts").exists()
 
