@@ -94,9 +94,8 @@ def load_weights(
 
     Raises:
         CorruptCheckpoint: a file fails its size or CRC check (nothing is loaded).
-        ModelMismatch: a selected layer is missing from the checkpoint, or has
-            another number or shape of variables there (naming the layer and
-            both shapes); nothing is loaded.
+        ModelMismatch: a selected layer is missing from the checkpoint, or has another
+            number or shape of variables there (naming the layer and both shapes).
         ValueError: an unknown layer name (the message lists the available ones).
     """
     root, epoch = _locate(checkpoint, directory)
