@@ -17,7 +17,6 @@ from typing import Any
 
 from candle_ckpt.config.candle_params import ModelType, ParamRequired, ParamType, param
 from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
-from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import (
     CheckpointError,
     CheckpointSaveError,
@@ -28,7 +27,6 @@ from candle_ckpt.core.errors import (
     ModelMismatch,
     NoValidCheckpoint,
 )
-from candle_ckpt.storage.store import CheckpointStore
 
 __version__ = "0.1.0"
 
@@ -55,6 +53,9 @@ CANDLE_NAMES = (
     "restart",
 )
 
+# What users use: the CANDLE names, restart, the callbacks, JobRunner, WorkerTrainingState,
+# load_weights, CANDLE's parameter helpers and the errors. The store and the frozen config
+# are internals (candle_ckpt.storage.store.CheckpointStore, candle_ckpt.config.params.CkptConfig).
 __all__ = [
     "CANDLE_NAMES",
     "CandleCheckpointCallback",
@@ -62,9 +63,7 @@ __all__ = [
     "CandleCkptKeras",
     "CheckpointError",
     "CheckpointSaveError",
-    "CheckpointStore",
     "CheckpointUploadError",
-    "CkptConfig",
     "CorruptCheckpoint",
     "DirectoryLocked",
     "JobRunner",

@@ -134,14 +134,3 @@ def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             kwargs["type"] = _DEF_TYPES[spec.kind]
         parser.add_argument(f"--{spec.key}", **kwargs)
     return parser
-
-
-def describe_parameters() -> list[tuple[str, str, str, str]]:
-    """Return documentation rows for every parameter.
-
-    Returns:
-        One ``(key, allowed values, default, help)`` tuple per ``ckpt_*``
-        key and for ``epochs``, in a stable order.  Defaults are rendered
-        as they would be written in a config file (``None`` for unset).
-    """
-    return [(spec.key, spec.allowed, str(spec.default), spec.help) for spec in _SPECS]

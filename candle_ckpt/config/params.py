@@ -177,13 +177,3 @@ class CkptConfig:
             TypeError: A new value has an invalid type or a name is unknown.
         """
         return dataclasses.replace(self, **changes)
-
-    def to_params(self) -> dict[str, Any]:
-        """Return the configuration as a gParameters-style dict.
-
-        The result round-trips: ``CkptConfig.from_params(c.to_params()) == c``.
-
-        Returns:
-            A dict keyed by gParameters key (``ckpt_*`` keys and ``epochs``).
-        """
-        return {spec.key: getattr(self, spec.field) for spec in _SPECS}

@@ -13,11 +13,11 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Iterator
-from typing import BinaryIO
 
 from zlib_ng import zlib_ng
 
 from candle_ckpt.core import directio
+from candle_ckpt.core.fileobj import SeekableFile
 
 CHUNK = 8 << 20  # 8 MiB: large enough to run at memory speed, small enough to bound RAM.
 
@@ -63,7 +63,7 @@ def _nbytes(data: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-class CrcFile:
+class CrcFile(SeekableFile):
     """A seekable binary file that knows its own CRC-32 when it is closed.
 
     It is the file object handed to h5py (``h5py.File(CrcFile(...), "w")``)
@@ -92,29 +92,9 @@ class CrcFile:
         self._direct: directio.DirectWriter | None = None
         self._direct_tried = False
 
-    # -- the io.RawIOBase surface that h5py and zipfile use -----------------
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_SET:
-            self._pos = offset
-        elif whence == os.SEEK_CUR:
-            self._pos += offset
-        elif whence == os.SEEK_END:
-            self._pos = self._size + offset
-        else:
-            raise ValueError(f"whence must be 0, 1 or 2; got {whence}")
-        return self._pos
+    # -- the io.RawIOBase surface that h5py and zipfile use (seek, tell: SeekableFile) --
+    def _extent(self) -> int:
+        return self._size
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = _nbytes(data)
@@ -164,9 +144,6 @@ class CrcFile:
         self._size = size
         self._record(size, None, None)
         return size
-
-    def flush(self) -> None:
-        """Nothing is buffered here; durability is :meth:`close`'s job."""
 
     def fileno(self) -> int:
         return self._fd
@@ -263,12 +240,3 @@ class CrcFile:
             self.close()
         else:
             self.abort()
-
-
-def copy_stream_with_crc(src: BinaryIO, dst: CrcFile, chunk: int = CHUNK) -> None:
-    """Copy ``src`` into ``dst`` sequentially (the CRC is kept by ``dst``)."""
-    while True:
-        block = src.read(chunk)
-        if not block:
-            return
-        dst.write(block)

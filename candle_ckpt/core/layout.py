@@ -102,9 +102,6 @@ def is_safe_filename(name: str) -> bool:
     return bool(_SAFE_FILE_RE.match(name)) and name not in (".", "..")
 
 
-LAYOUTS = ("nested", "flat")
-
-
 @dataclass(frozen=True)
 class Layout:
     """The paths of one checkpoint directory (``flat``: no ``ckpts/`` level)."""

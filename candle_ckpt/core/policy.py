@@ -88,7 +88,7 @@ def _check_direction(mode: str) -> None:
         raise ValueError(f"mode must be 'min' or 'max' (resolve 'auto' with resolve_mode first); got {mode!r}")
 
 
-def is_improvement(current: float, best: float | None, mode: str, min_delta: float = 0.0) -> bool:
+def is_improvement(current: float, best: float | None, mode: str) -> bool:
     """Tell whether ``current`` improves on ``best``.
 
     There is no infinite sentinel: ``best=None`` means "nothing seen yet", so
@@ -101,25 +101,21 @@ def is_improvement(current: float, best: float | None, mode: str, min_delta: flo
         current: The newly observed metric value.
         best: The best value so far, or ``None`` if there is none.
         mode: ``"min"`` or ``"max"``.
-        min_delta: Non-negative margin ``current`` must beat ``best`` by.
 
     Returns:
         ``True`` if ``current`` is an improvement.
 
     Raises:
-        ValueError: If ``mode`` is not ``"min"``/``"max"`` or ``min_delta``
-            is negative or NaN.
+        ValueError: If ``mode`` is not ``"min"`` or ``"max"``.
     """
     _check_direction(mode)
-    if not min_delta >= 0.0:
-        raise ValueError(f"min_delta must be >= 0; got {min_delta!r}")
     if not math.isfinite(current):
         return False
     if best is None or math.isnan(best):
         return True
     if mode == "min":
-        return current < best - min_delta
-    return current > best + min_delta
+        return current < best
+    return current > best
 
 
 # ---------------------------------------------------------------------------
@@ -151,18 +147,17 @@ class BestState:
         """
         _check_direction(self.mode)
 
-    def update(self, value: float, epoch: int, min_delta: float = 0.0) -> tuple[BestState, bool]:
+    def update(self, value: float, epoch: int) -> tuple[BestState, bool]:
         """Offer a new observation.
 
         Args:
             value: Metric value observed at ``epoch``.
             epoch: Completed-epoch count the value belongs to.
-            min_delta: Non-negative margin required to count as improvement.
 
         Returns:
             ``(new_state, improved)``; ``new_state`` is ``self`` when the
             value did not improve.
         """
-        if is_improvement(value, self.value, self.mode, min_delta):
+        if is_improvement(value, self.value, self.mode):
             return replace(self, value=float(value), epoch=epoch), True
         return self, False

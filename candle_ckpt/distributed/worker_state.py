@@ -111,7 +111,6 @@ class WorkerTrainingState:
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
         self.temp_dir = None if self.info.is_chief else scratch
         self.restored_epoch: int | None = None
-        self.restored_step: int | None = None  # steps done in epoch restored_epoch + 1 (a step checkpoint)
         # What restore() loaded; restart() attaches it to the model for the callback.
         self.resumed: Resumed | None = None
         self.load: dict[str, Any] | None = None
@@ -224,7 +223,7 @@ class WorkerTrainingState:
         self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
         if self.engine is not None:
             self.engine.adopt_resumed(side, self.load)
-        self.restored_epoch, self.restored_step = side.epoch, side.step
+        self.restored_epoch = side.epoch
         return side.to_dict()
 
     def _choose(self, epoch: int | None, keep: tuple[str, ...]) -> tuple[Chosen | None, Exception | None]:

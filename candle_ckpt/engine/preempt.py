@@ -43,13 +43,11 @@ class Trigger:
         reason: The signal's name (``"SIGTERM"``), ``"deadline"``, or a word another source chose.
         signum: The signal number, or None.
         at: ``time.monotonic()`` when it was noticed (in the signal handler for a signal).
-        wall: ``time.time()`` at the same moment.
     """
 
     reason: str
     signum: int | None
     at: float
-    wall: float
 
 
 class PreemptionWatcher:
@@ -131,12 +129,12 @@ class PreemptionWatcher:
             return
         # Only a record: the save happens at the next step boundary, on the training thread.
         if self._trigger is None:
-            self._trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic(), time.time())
+            self._trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic())
 
     def trigger(self, reason: str, signum: int | None = None) -> Trigger:
         """Record a stop request from another source (a peer worker, a test); the first one is kept."""
         if self._trigger is None:
-            self._trigger = Trigger(reason, signum, time.monotonic(), time.time())
+            self._trigger = Trigger(reason, signum, time.monotonic())
         return self._trigger
 
     @property

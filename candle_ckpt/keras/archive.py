@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.core.fileobj import SeekableFile
 from candle_ckpt.keras.h5read import _BufferFile
 
 WEIGHTS_MEMBER = "model.weights.h5"  # the name keras.models.load_model looks for
@@ -37,60 +38,44 @@ _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # the fixed part of a zip local 
 _LOCAL_MAGIC = b"PK\x03\x04"
 
 
-class _Window:
+class _Window(SeekableFile):
     """The file-like view of ``f`` from byte ``base`` on, that h5py writes the weights into."""
 
     def __init__(self, f: CrcFile, base: int) -> None:
         self.f = f
         self.base = base
-        self.pos = 0
+        self._pos = 0
         self.size = 0
 
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset + (0, self.pos, self.size)[whence]
-        return self.pos
+    def _extent(self) -> int:
+        return self.size
 
     def write(self, data: Any) -> int:
-        self.f.seek(self.base + self.pos)
+        self.f.seek(self.base + self._pos)
         n = self.f.write(data)
-        self.pos += n
-        self.size = max(self.size, self.pos)
+        self._pos += n
+        self.size = max(self.size, self._pos)
         return n
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            n = max(self.size - self.pos, 0)
-        self.f.seek(self.base + self.pos)
+            n = max(self.size - self._pos, 0)
+        self.f.seek(self.base + self._pos)
         data = self.f.read(n)
-        self.pos += len(data)
+        self._pos += len(data)
         return data
 
     def readinto(self, buf: Any) -> int:
-        self.f.seek(self.base + self.pos)
+        self.f.seek(self.base + self._pos)
         n = self.f.readinto(buf)
-        self.pos += n
+        self._pos += n
         return n
 
     def truncate(self, size: int | None = None) -> int:
-        size = self.pos if size is None else size
+        size = self._pos if size is None else size
         self.f.truncate(self.base + size)
         self.size = size
         return size
-
-    def flush(self) -> None:
-        """Nothing is buffered here."""
 
 
 def write_keras_archive(f: CrcFile, write_weights: Callable[[Any], None], config_json: str, metadata_json: str) -> None:

@@ -14,6 +14,7 @@ import keras
 
 from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -40,6 +41,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         logger: ``"DEFAULT"`` (the ``candle_ckpt`` logger), a
             :class:`logging.Logger`, or None for ``ckpt.log`` only.
         verbose: Print progress to the console (with ``logger="DEFAULT"``).
+        fs: The file-system seam every change on disk goes through
+            (:class:`~candle_ckpt.core.fs.LocalFS`); None for the real one. Tests pass
+            :class:`~candle_ckpt.testing.faultfs.FaultFS` to inject faults.
 
     Raises:
         ValueError, TypeError: a parameter is invalid (the message names it).
@@ -74,15 +78,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         gParameters: Mapping[str, Any],
         logger: str | logging.Logger | None = "DEFAULT",
         verbose: bool = True,
-        **kwargs: Any,
+        *,
+        fs: LocalFS | None = None,
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
-        if kwargs.keys() - {"fs"}:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
-        self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None))
+        self.engine = CheckpointEngine(self.cfg, self.ops, fs=fs)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()

@@ -23,6 +23,7 @@ from typing import Any
 import keras
 
 from candle_ckpt.config.candle_params import develop_params
+from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.keras.argcheck import require_model, require_params
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart as _restart
@@ -35,6 +36,7 @@ class CandleCkptKeras(CandleCheckpointCallback):
         gParameters: The job's parameter dict (``epochs``, ``ckpt_*``, ``output_dir``).
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None (``ckpt.log`` only).
         verbose: Progress lines on the console; ``ckpt.log`` gets them either way.
+        fs: The file-system seam, as for :class:`CandleCheckpointCallback` (tests inject faults).
 
     Raises:
         TypeError: ``gParameters`` is not a mapping (a model passed by mistake, say).
@@ -46,12 +48,13 @@ class CandleCkptKeras(CandleCheckpointCallback):
         gParameters: Mapping[str, Any],
         logger: str | logging.Logger | None = "DEFAULT",
         verbose: bool = True,
-        **kwargs: Any,
+        *,
+        fs: LocalFS | None = None,
     ) -> None:
         require_params(gParameters, "CandleCkptKeras(gParameters): gParameters")
         self.gParameters = develop_params(gParameters)
         self._logger, self._verbose = logger, verbose
-        super().__init__(self.gParameters, logger=logger, verbose=verbose, **kwargs)
+        super().__init__(self.gParameters, logger=logger, verbose=verbose, fs=fs)
 
     def set_model(self, model) -> None:
         """Attach the Keras model (``fit`` does it again; scripts call it before ``restart``)."""

@@ -14,39 +14,28 @@ from typing import Any
 import keras
 import numpy as np
 
+from candle_ckpt.core.fileobj import SeekableFile
 from candle_ckpt.keras import internals
 
 
-class _BufferFile(io.BytesIO):
+class _BufferFile(SeekableFile, io.BytesIO):
     """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
 
     ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
     ``readinto`` copies each byte once, straight into its destination. It
     subclasses ``BytesIO`` (left empty) because Keras's ``H5IOStore`` accepts
-    only that type.
+    only that type; its seek/tell surface is :class:`SeekableFile`'s.
     """
 
+    writable_file = False
+
     def __init__(self, data) -> None:
-        super().__init__()
+        io.BytesIO.__init__(self)
         self._view = memoryview(data).cast("B")
         self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+    def _extent(self) -> int:
+        return len(self._view)
 
     def readinto(self, buf) -> int:
         dst = memoryview(buf).cast("B")

@@ -49,9 +49,6 @@ class FitPreemption:
             signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin
         )
         self.enabled = on and (self.watcher.active or cfg.save_steps > 0)
-        # Where several workers agree: called at every decision with this worker's request (or None), it
-        # returns the cluster's (the first request any worker has, the same on all). One worker: as is.
-        self.agree: Callable[[Trigger | None], Trigger | None] = lambda trigger: trigger
         self.stopped = False  # a step checkpoint ended this fit in the middle of an epoch
         self._last = time.monotonic()
         self._step_s = 0.0
@@ -100,7 +97,7 @@ class FitPreemption:
         if not self.enabled or self.stopped:
             return
         last = isinstance(steps, int) and step >= steps
-        trigger = self.agree(self.watcher.due(self.need_s()))
+        trigger = self.watcher.due(self.need_s())
         if trigger is not None and not last:
             self.finish(trigger, save(trigger.reason, step), epoch, step)
         elif trigger is None and self.cfg.save_steps and step % self.cfg.save_steps == 0 and not last:
@@ -119,7 +116,7 @@ class FitPreemption:
         """
         if not self.enabled or self.stopped:
             return False
-        trigger = self.agree(self.watcher.due(self.need_s()))
+        trigger = self.watcher.due(self.need_s())
         if trigger is None:
             return False
         if epochs is not None and epoch >= epochs:

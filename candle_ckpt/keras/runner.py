@@ -71,7 +71,9 @@ class JobRunner:
             ``epoch_fn`` must then return the same (all-reduced) logs on every worker.
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
         verbose: Print progress (with ``logger="DEFAULT"``).
-        fs: File-system operations (tests inject faults here).
+        fs: The file-system seam every change on disk goes through
+            (:class:`~candle_ckpt.core.fs.LocalFS`); None for the real one. Tests pass
+            :class:`~candle_ckpt.testing.faultfs.FaultFS` to inject faults.
 
     Raises:
         ValueError, TypeError: an invalid parameter, object or state value (named).

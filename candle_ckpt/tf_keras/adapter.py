@@ -35,6 +35,7 @@ import tf_keras
 import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
+from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.distributed.preempt_sync import make_sync
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
@@ -157,6 +158,14 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     role (chief or not) comes from the model's distribution strategy, so the
     directory is opened (locked, cleaned) when ``fit`` starts, before the
     first epoch, rather than when the callback is created.
+
+    Args:
+        gParameters: The job's parameter dict (``ckpt_*`` keys and ``epochs``).
+        logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None for ``ckpt.log`` only.
+        verbose: Print progress to the console (with ``logger="DEFAULT"``).
+        fs: The file-system seam every change on disk goes through
+            (:class:`~candle_ckpt.core.fs.LocalFS`); None for the real one. Tests pass
+            :class:`~candle_ckpt.testing.faultfs.FaultFS` to inject faults.
     """
 
     def __init__(
@@ -164,15 +173,14 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         gParameters: Mapping[str, Any],
         logger: str | logging.Logger | None = "DEFAULT",
         verbose: bool = True,
-        **kwargs: Any,
+        *,
+        fs: LocalFS | None = None,
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         self._params = dict(gParameters)
         self._logger, self._verbose = logger, verbose
-        self._fs = kwargs.pop("fs", None)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self._fs = fs
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, describe_parameters, str2bool
+from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.schema import CKPT_KEYS
+from candle_ckpt.config.schema import _SPECS, CKPT_KEYS
 
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "restart_mode": "auto",
@@ -627,7 +627,7 @@ def test_epochs_optional_by_default() -> None:
 
 
 # --------------------------------------------------------------------------
-# Direct construction, replace, to_params
+# Direct construction, replace, the round trip through gParameters
 # --------------------------------------------------------------------------
 
 
@@ -681,8 +681,13 @@ def test_config_is_frozen() -> None:
         config.save_best = False  # type: ignore[misc]
 
 
-def test_to_params_round_trip() -> None:
-    """from_params(config.to_params()) reproduces the configuration."""
+def as_params(config: CkptConfig) -> dict[str, object]:
+    """The gParameters dict of ``config``: each key of the schema table with the field's value."""
+    return {spec.key: getattr(config, spec.field) for spec in _SPECS}
+
+
+def test_params_round_trip() -> None:
+    """from_params of a configuration's own values reproduces it (coercion is idempotent)."""
     config = CkptConfig(
         restart_mode="required",
         save_best=False,
@@ -692,7 +697,7 @@ def test_to_params_round_trip() -> None:
         epochs=9,
         async_timeout=1.5,
     )
-    params = config.to_params()
+    params = as_params(config)
     assert set(params) == set(CKPT_KEYS) - {"metadata"}
     assert CkptConfig.from_params(params) == config
 
@@ -942,29 +947,6 @@ def test_ckpt_parser_help_renders() -> None:
 
 
 # --------------------------------------------------------------------------
-# describe_parameters
-# --------------------------------------------------------------------------
-
-
-def test_describe_parameters_rows() -> None:
-    """describe_parameters gives a 4-string row per ckpt_* key plus epochs."""
-    rows = describe_parameters()
-    assert [row[0] for row in rows] == [*CKPT_ONLY_KEYS, "epochs"]
-    for row in rows:
-        assert len(row) == 4
-        assert all(isinstance(cell, str) and cell for cell in row)
-
-
-def test_describe_parameters_defaults_match_config() -> None:
-    """The documented defaults are the string forms of the real defaults."""
-    defaults = {row[0]: row[2] for row in describe_parameters()}
-    params = {key: (None if text == "None" else text) for key, text in defaults.items()}
-    assert CkptConfig.from_params(params) == CkptConfig()
-    assert defaults["ckpt_keep_limit"] == "1000000"
-    assert defaults["ckpt_async_timeout"] == "600.0"
-
-
-# --------------------------------------------------------------------------
 # Property tests
 # --------------------------------------------------------------------------
 
@@ -1010,7 +992,7 @@ def test_any_params_dict_gives_config_or_error(params: dict[str, object]) -> Non
     config, error = _from_params_or_error(params)
     if error is None:
         assert config is not None
-        assert CkptConfig.from_params(config.to_params()) == config
+        assert CkptConfig.from_params(as_params(config)) == config
     else:
         assert any(key in str(error) for key in params)
 

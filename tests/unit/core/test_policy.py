@@ -137,21 +137,6 @@ def test_is_improvement_nan_best_is_treated_as_unset() -> None:
     assert is_improvement(1.0, math.nan, "max")
 
 
-def test_is_improvement_min_delta() -> None:
-    """A change must exceed min_delta to count as an improvement."""
-    assert not is_improvement(0.45, 0.5, "min", min_delta=0.1)
-    assert is_improvement(0.35, 0.5, "min", min_delta=0.1)
-    assert not is_improvement(0.55, 0.5, "max", min_delta=0.1)
-    assert is_improvement(0.65, 0.5, "max", min_delta=0.1)
-    assert is_improvement(0.55, None, "max", min_delta=0.1)
-
-
-def test_is_improvement_rejects_negative_min_delta() -> None:
-    """A negative min_delta is rejected."""
-    with pytest.raises(ValueError, match="min_delta"):
-        is_improvement(0.1, 0.2, "min", min_delta=-0.01)
-
-
 @pytest.mark.parametrize("mode", ["auto", "MIN", "up"])
 def test_is_improvement_rejects_unresolved_mode(mode: str) -> None:
     """Only resolved min/max directions are accepted."""
@@ -179,13 +164,6 @@ def test_best_state_update_returns_same_state_when_not_improved() -> None:
     new, improved = state.update(0.35, epoch=5)
     assert not improved
     assert new is state
-
-
-def test_best_state_update_respects_min_delta() -> None:
-    """update passes min_delta through to the improvement test."""
-    state = BestState("val_loss", "min", 0.3, 4)
-    assert not state.update(0.29, epoch=5, min_delta=0.05)[1]
-    assert state.update(0.2, epoch=5, min_delta=0.05)[1]
 
 
 def test_best_state_is_frozen() -> None:
