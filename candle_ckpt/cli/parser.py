@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 from candle_ckpt import __version__
-from candle_ckpt.cli import commands, prune
+from candle_ckpt.cli import commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
@@ -92,6 +92,13 @@ def _prune_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and remove nothing")
 
 
+def _consolidate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("output", metavar="OUT.keras", help="the model file to write (its name must end in .keras)")
+    p.add_argument(
+        "--epoch", type=epoch_or_link, default="last", metavar="N", help="epoch number, 'best' or 'last' (default)"
+    )
+
+
 def _plot_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
@@ -160,6 +167,17 @@ COMMANDS = (
         f"{PROG} prune ./save --keep-limit 3 --keep-mode exponential --dry-run",
         prune.cmd_prune,
         _prune_options,
+    ),
+    Command(
+        "consolidate",
+        "Write one stock-Keras model.keras from a sharded checkpoint",
+        "A checkpoint written by several processes holds one part per process. This verifies\n"
+        "every file, builds the model from its config.json on this machine (CPU, no distribution),\n"
+        "sets every model and optimizer variable by its path and writes OUT.keras, which\n"
+        "keras.models.load_model reads anywhere. Needs Keras.",
+        f"{PROG} consolidate ./save model.keras --epoch best",
+        consolidate.cmd_consolidate,
+        _consolidate_options,
     ),
     Command(
         "plot",
