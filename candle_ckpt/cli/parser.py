@@ -203,6 +203,17 @@ COMMANDS = (
 )
 
 
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Leaves room for the longest command name beside its summary (argparse sizes the column
+    without the extra indent of the commands, so "consolidate" would wrap)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max(len(name) for name in action.choices) + self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, longest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``candle-ckpt`` argument parser with all its subcommands."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -211,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, verify, roll back, prune and plot the checkpoints that candle_ckpt writes "
         "into a ckpt_directory (DIR holds ckpt.log and ckpts/).",
         epilog=EXIT_HELP,
-        formatter_class=fmt,
+        formatter_class=_CommandsFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}", help="show the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
