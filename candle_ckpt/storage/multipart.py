@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from candle_ckpt.core import layout as L
@@ -50,6 +50,18 @@ class RankPart:
     files: Sequence[FileSpec] = ()
 
 
+# A rank's part: the chunks and files to write, or a callable that writes them into the work directory it is
+# given (through write_part); a callable that raises (a snapshot that failed) fails the save on every rank.
+Part = RankPart | Callable[[str], object]
+
+
+def _write(part: Part, work: str, rank: int, fs: LocalFS) -> None:
+    if callable(part):
+        part(work)
+    else:
+        write_part(work, rank, part.chunks, fs, part.files)
+
+
 @dataclass
 class SharedSave:
     """The primary's side of one multi-part commit; passed to ``CheckpointStore.commit(..., shared=)``.
@@ -57,7 +69,7 @@ class SharedSave:
     Args:
         group: The job's processes (this one must be rank 0).
         key: Names this save's meeting points; the same on every rank and unique in the job.
-        part: The primary's own part.
+        part: The primary's own part (a :class:`RankPart`, or a callable writing it into the directory given).
         sharding: A description of each variable's sharding, by path (kept in the manifest).
         extra: Anything else for the manifest.
         timeout_s: How long to wait for the other ranks at each meeting point.
@@ -65,7 +77,7 @@ class SharedSave:
 
     group: Group
     key: str
-    part: RankPart
+    part: Part
     sharding: dict[str, str] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -87,7 +99,7 @@ class SharedSave:
         """
         ok, error = True, None
         try:
-            write_part(work, 0, self.part.chunks, fs, self.part.files)
+            _write(self.part, work, 0, fs)
         except Exception as err:  # the others must still hear that this save is off
             ok, error = False, err
         self._stage = "parts-written"
@@ -123,7 +135,7 @@ def write_rank_part(
     layout: L.Layout,
     group: Group,
     key: str,
-    part: RankPart,
+    part: Part,
     *,
     fs: LocalFS | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -141,7 +153,7 @@ def write_rank_part(
         raise CheckpointSaveError(f"{key}: the primary could not start the save ({word.removeprefix(ERROR)})")
     error = None
     try:
-        write_part(layout.work, group.rank, part.chunks, fs or LocalFS(), part.files)
+        _write(part, layout.work, group.rank, fs or LocalFS())
     except Exception as err:
         error = err
     group.all_agree(f"{key}/parts-written", error is None, timeout_s)

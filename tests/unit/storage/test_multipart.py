@@ -130,3 +130,26 @@ def test_when_the_primary_cannot_start_the_others_hear_it(tmp_path: Path) -> Non
     assert isinstance(results[0], CheckpointError) and "open_for_write() must be called" in str(results[0])
     assert isinstance(results[1], CheckpointSaveError) and "the primary could not start the save" in str(results[1])
     assert not os.path.exists(CheckpointReader(tmp_path).layout.work)
+
+
+def test_a_part_given_as_a_callable_that_raises_fails_the_save_everywhere(tmp_path: Path) -> None:
+    """Rank 1's part is a callable (its snapshot failed): both ranks raise, naming it; epoch 1 stays last."""
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    store = CheckpointStore(tmp_path)
+    store.open_for_write()
+
+    def broken(work: str) -> None:
+        raise RuntimeError("snapshot of rank 1 failed")
+
+    def work(g):
+        if g.rank == 0:
+            shared = SharedSave(g, "s2", rank_part(state_for(2), 0, 2), timeout_s=30)
+            return store.commit(2, [], sidecar_template(), shared=shared)
+        return write_rank_part(store.layout, g, "s2", broken, timeout_s=30)
+
+    results = run_ranks(ThreadGroup(2), work)
+    store.close()
+    assert isinstance(results[0], CheckpointSaveError) and "could not write its part" in str(results[0])
+    assert isinstance(results[1], CheckpointSaveError) and "snapshot of rank 1 failed" in str(results[1])
+    reader = CheckpointReader(tmp_path)
+    assert reader.epochs() == [1] and reader.link_epoch("last") == 1
