@@ -66,7 +66,7 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
 
     Keras's own "Skipping variable loading" and "Skipping nested container"
     warnings (a file that does not hold what the model has) are raised as
-    :class:`UserWarning` errors instead of passing silently.
+    :class:`ValueError` instead of passing silently.
 
     Relies on: ``saving_lib._load_state(..., failed_saveables, error_msgs)`` and ``_raise_loading_failure``
     -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
@@ -76,15 +76,18 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Skipping variable loading")
         warnings.filterwarnings("error", message="Skipping nested container")
-        saving_lib._load_state(
-            obj,
-            weights_store=store,
-            assets_store=None,
-            inner_path="",
-            visited_saveables=skip,
-            failed_saveables=failed,
-            error_msgs=errors,
-        )
+        try:
+            saving_lib._load_state(
+                obj,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables=skip,
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+        except UserWarning as warning:
+            raise ValueError(f"the weights file does not hold what the model has: {warning}") from None
     if failed:
         saving_lib._raise_loading_failure(errors)
 
@@ -109,7 +112,20 @@ def h5_dataset(store: Any, key: str) -> Any:
     safe_get = getattr(saving_lib, "safe_get_h5_dataset", None)
     if safe_get is not None:
         return safe_get(group, key)
-    return store._verify_dataset(group[key])
+    # Keras 3.13 follows links and external storage; refuse them as 3.14 does (same messages).
+    import h5py
+
+    if key not in group:
+        raise KeyError(key)
+    link = group.get(key, default=None, getclass=True, getlink=True)
+    if link in (h5py.ExternalLink, h5py.SoftLink):
+        raise ValueError(f"Not allowed: H5 file with {link.__name__}")
+    dataset = store._verify_dataset(group[key])
+    if dataset.external:
+        raise ValueError(f"Not allowed: H5 file with external Dataset: {dataset.external}")
+    if dataset.is_virtual:
+        raise ValueError("Not allowed: H5 file with virtual Dataset")
+    return dataset
 
 
 def stock_save_own_variables() -> Callable[..., Any]:
