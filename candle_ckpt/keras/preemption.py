@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from candle_ckpt.config.deadline import resolve_deadline
+from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
@@ -59,6 +59,9 @@ class FitPreemption:
         """At ``on_train_begin``: install the signal handlers (the previous ones come back at :meth:`end`)."""
         self.stopped = False
         self._last, self._step_s = time.monotonic(), 0.0
+        warning = unwatched_warning(self.cfg.deadline, self.deadline_source) if self.cfg.save_interval else None
+        if warning:
+            self.ops.warning(warning)
         if not self.enabled:
             return
         caught = self.watcher.arm()
@@ -70,6 +73,12 @@ class FitPreemption:
             )
         if caught:
             self.ops.info(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+        held = self.watcher.pending
+        if held is not None:
+            self.ops.warning(
+                f"{held.reason} came {time.monotonic() - held.at:.1f} s ago, after restart() and before fit began: "
+                "a checkpoint is saved after the first step"
+            )
         if self.watcher.kept:
             self.ops.warning(
                 f"preemption: {', '.join(self.watcher.kept)} already has a handler this program installed; it is "
