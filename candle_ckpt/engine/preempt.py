@@ -123,8 +123,29 @@ class _EarlyCatch:
                 signal.signal(signum, self.previous[signum])
             del self.previous[signum]
 
+    def finish(self, deliver: bool = True) -> None:
+        """End the early catch (main thread): the previous handlers come back, and a signal still held
+        (no watcher took it) is delivered to them when ``deliver``, as if it came now."""
+        held, self.trigger, self.expired = self.trigger, None, False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.uninstall()
+        if held is not None and held.signum is not None and deliver:
+            signal.raise_signal(held.signum)
+
 
 _EARLY = _EarlyCatch()
+
+
+def end_early_catch(deliver: bool = True) -> None:
+    """End what :func:`catch_early` started (on the main thread; elsewhere nothing happens).
+
+    Every watcher's :meth:`PreemptionWatcher.arm` calls it once it has taken
+    over its own signals, so the catch never outlives the first fit.
+    """
+    if threading.current_thread() is threading.main_thread():
+        _EARLY.finish(deliver)
 
 
 def catch_early(signals: Iterable[int]) -> list[str]:
@@ -175,6 +196,7 @@ class PreemptionWatcher:
         self._released = False
         self.kept: list[str] = []
         if not self.signals:
+            end_early_catch()
             return []
         if threading.current_thread() is not threading.main_thread():
             logger.warning("preemption signals are caught on the main thread only; this fit runs on another")
@@ -190,6 +212,7 @@ class PreemptionWatcher:
             else:
                 self.kept.append(signal.Signals(signum).name)
         self._trigger = _EARLY.adopt(self._previous)
+        end_early_catch()  # signals this watcher does not catch get their handlers back
         return [signal.Signals(s).name for s in self._previous]
 
     def disarm(self) -> None:

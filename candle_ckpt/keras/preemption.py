@@ -26,7 +26,14 @@ from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
+from candle_ckpt.engine.preempt import (
+    PreemptExit,
+    PreemptionWatcher,
+    Trigger,
+    end_early_catch,
+    preempt_message,
+    preempt_record,
+)
 from candle_ckpt.engine.resume import checkpoint_dir
 from candle_ckpt.keras import fit_hooks
 
@@ -63,6 +70,7 @@ class FitPreemption:
         if warning:
             self.ops.warning(warning)
         if not self.enabled:
+            end_early_catch()  # restart() caught the signals for this fit, which watches none
             return
         caught = self.watcher.arm()
         if self.watcher.deadline is not None:

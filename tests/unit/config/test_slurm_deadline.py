@@ -145,3 +145,16 @@ def test_a_held_signal_no_fit_takes_gets_its_default_action_after_the_grace() ->
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr)
     assert proc.stdout == "alive\n"
     assert "SIGTERM came before training started and no fit began within 0.5 s" in proc.stderr
+
+
+def test_the_first_watcher_ends_the_early_catch_of_signals_it_does_not_watch() -> None:
+    """A fit that watches other signals (or none) gives the early-caught ones their previous handlers back."""
+    old = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert catch_early([signal.SIGUSR2]) == ["SIGUSR2"]
+        assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL
+        watcher = PreemptionWatcher([])
+        assert watcher.arm() == [] and watcher.pending is None
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR2, old)
