@@ -22,6 +22,7 @@ USED = {
     "CheckpointUploadError",
     "CorruptCheckpoint",
     "DirectoryLocked",
+    "GroupTimeout",
     "LayoutMismatch",
     "ModelMismatch",
     "NoValidCheckpoint",
