@@ -36,7 +36,9 @@ CPUS = 8  # the node claims at least this many CPUs (config_overrides) so that t
 
 
 def missing() -> str | None:
-    """Why no cluster can be started here (a program not installed), or None."""
+    """Why no cluster can be started here (a program not installed, not root), or None."""
+    if os.geteuid() != 0:
+        return "slurmd launches jobs as their user, so it must run as root (and apt needs root to install Slurm)"
     for name in (*DAEMONS, "sbatch", "scontrol", "squeue", "scancel", "sinfo", "munge"):
         if shutil.which(name) is None:
             path = f"/usr/sbin/{name}"
