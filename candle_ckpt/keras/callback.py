@@ -79,7 +79,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
-        self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.ops = OpsLog(Layout.of(self.cfg).log, get_logger(logger, verbose))
         if kwargs.keys() - {"fs"}:
             raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
@@ -126,7 +126,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
-        where = checkpoint_dir(Layout.at(self.cfg.directory), self._resumed.sidecar) if self._resumed else ""
+        where = checkpoint_dir(Layout.of(self.cfg), self._resumed.sidecar) if self._resumed else ""
         arrays = resume_apply.take(self._resumed, resume_apply.OPTIMIZER)
         if arrays is not None:  # restart() ran before compile(): the optimizer exists now
             apply_optimizer_state(self.model, arrays, where)

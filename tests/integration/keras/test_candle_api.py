@@ -79,7 +79,7 @@ def test_develop_restart_before_compile_resumes_bit_identical(tmp_path: Path) ->
         (lambda p, m: candle_ckpt.restart(m, p), r"gParameters must be a mapping .* got Sequential \(a model\?"),
         (lambda p, m: CandleCheckpointCallback(m), r"gParameters must be a mapping"),
         (lambda p, m: CandleCkptKeras(m), r"CandleCkptKeras\(gParameters\): gParameters must be the parameter dict"),
-        (lambda p, m: CandleCkptKeras(p).restart(p), r"CandleCkptKeras.restart\(model\): model must be a Keras model"),
+        (lambda p, m: CandleCkptKeras(p).restart(p), r"restart\(\): no model to restore: call ckpt.set_model"),
         (lambda p, m: CandleCkptKeras(p).set_model(p), r"set_model\(model\): model must be a Keras model; got a dict"),
     ],
     ids=["restart-dict-model", "restart-swapped", "callback-model", "ckptkeras-model", "uno-restart-params", "set"],

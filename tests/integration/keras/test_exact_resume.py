@@ -35,6 +35,7 @@ SETUPS = [
     "tfdata_map_parallel",
     "pydataset_np",
     "pydataset_inplace",
+    "pydataset_shuffle_inplace",
     "reduce_lr_after",
     "reduce_lr_before",
     "early_stopping",
