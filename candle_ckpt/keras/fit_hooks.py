@@ -91,6 +91,18 @@ def wrap_epoch_hooks(
     return True
 
 
+def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
+    """Run ``then()`` before every callback's ``on_train_end`` of this fit (a fit that runs no epoch)."""
+    end = callback_list.on_train_end
+
+    def on_train_end(logs: Any = None) -> None:
+        del callback_list.on_train_end
+        then()
+        end(logs)
+
+    callback_list.on_train_end = on_train_end
+
+
 def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:
     """In the next epoch of ``epoch_iterator`` only, take its first ``steps`` steps before ``fit`` sees any.
 
@@ -132,3 +144,13 @@ def OutOfRange() -> type[BaseException]:  # noqa: N802 -- used as an exception c
     """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration."""
     tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
     return getattr(tf_errors, "OutOfRangeError", StopIteration)
+
+
+def set_first_epoch(model: Any, epoch: int | None) -> None:
+    """Make the ``fit`` that is starting begin at ``epoch`` whatever its ``initial_epoch`` (None: undo).
+
+    Relies on the trainers' ``initial_epoch = self._initial_epoch or initial_epoch``
+    (Keras's own ``BackupAndRestore`` sets it); tripwire:
+    ``tests/integration/keras/test_exact_resume.py::test_a_finished_run_rerun_trains_nothing``.
+    """
+    model._initial_epoch = epoch

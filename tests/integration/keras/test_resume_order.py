@@ -131,15 +131,23 @@ def test_callback_created_before_restart_continues_best_tracking(tmp_path):
 
 
 def test_initial_epoch_at_or_beyond_epochs_is_reported(tmp_path):
-    """restart() restores epoch 3 but fit(epochs=2): a warning names both numbers and that no epoch ran."""
+    """restart() restores epoch 3 but fit(epochs=2): one warning names both numbers, that nothing is trained
+    and how to train on; the checkpoint it names exists."""
     params = _params(tmp_path)
     _train(params, _model(), epochs=3)
     model = _model()
     found = candle.restart(params, model, logger=None)
     _train(params, model, epochs=2, initial_epoch=found["epoch"])
     log = _log(params)
-    assert "restart() restored epoch 3 but fit() was called with epochs=2" in log
-    assert "fit() ran no epoch" in log
+    where = Path(params["ckpt_directory"]) / "ckpts" / "epochs" / "003"
+    expected = (
+        f"the run is finished: its checkpoint is of epoch 3 and fit() was called with epochs=2 ({where}); "
+        "this fit() trains nothing; to train on, pass epochs > 3"
+    )
+    assert [line for line in log.splitlines() if "run is finished" in line or "no epoch" in line] == [
+        line for line in log.splitlines() if line.endswith(expected)
+    ]
+    assert expected in log and where.is_dir()
 
 
 class Counter(keras.callbacks.Callback):
