@@ -80,6 +80,8 @@ class CandleCkptKeras(CandleCheckpointCallback):
         Raises:
             TypeError: no model was set and ``model`` is not a Keras model.
         """
+        if not self.cfg.restores():
+            return None  # ckpt_restart_mode=off: nothing is read, whatever was passed
         model = self._model_to_restore(model)
         found = _restart(
             self.gParameters, model, logger=self._logger, verbose=self._verbose if verbose is None else verbose

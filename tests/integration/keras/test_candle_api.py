@@ -203,3 +203,34 @@ def test_cli_lists_a_flat_directory(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["last"] == 2 and [r["epoch"] for r in out["checkpoints"]] == [1, 2]
+
+
+def test_develop_restart_takes_what_candle_lib_takes(tmp_path: Path) -> None:
+    """ckpt.restart(params) (Uno) and ckpt.restart() restore set_model's model, with ckpt_restart_mode=off too;
+    another model passed is not restored and one warning (said once) names both and the fix."""
+    params = {"epochs": 2, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    first = CandleCkptKeras(params, verbose=False)
+    trained = compile_model(build_model())
+    fit(trained, [first], 2)
+    first.close()
+    assert CandleCkptKeras(params | {"ckpt_restart_mode": "off"}, verbose=False).restart(params) is None
+    for arg in (params, None):
+        ckpt, model = CandleCkptKeras(params, verbose=False), build_model(seed=7)
+        ckpt.set_model(model)
+        assert (ckpt.restart(params) if arg is not None else ckpt.restart())["epoch"] == 2
+        for a, b in zip(model.get_weights(), trained.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+    ckpt, model, other = CandleCkptKeras(params, verbose=False), build_model(seed=7), build_model(seed=8)
+    ckpt.set_model(model)
+    before = [w.copy() for w in other.get_weights()]
+    assert ckpt.restart(other)["epoch"] == 2 and ckpt.restart(other)["epoch"] == 2
+    np.testing.assert_array_equal(model.get_weights()[0], trained.get_weights()[0])
+    for a, b in zip(other.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    expected = (
+        f"CandleCkptKeras.restart(model): the Sequential passed is not the model given to set_model() (Sequential "
+        f"{model.name!r}); as in candle_lib, the set_model() one is restored and the one passed is not: call "
+        "ckpt.set_model(model) first to restore that one"
+    )
+    log = (tmp_path / "ckpts" / "ckpt.log").read_text()
+    assert log.count(expected) == 1, log
