@@ -174,7 +174,7 @@ def run_uno(params: dict, workdir: str):
         initial_epoch = J["epoch"]
         best_metric_last = J["best_metric_last"]
         params["ckpt_best_metric_last"] = best_metric_last
-        print("initial_epoch: %i" % initial_epoch, file=sys.stderr)
+        print(f"initial_epoch: {initial_epoch}", file=sys.stderr)
     model = template_model
     optimizer = keras.optimizers.deserialize({"class_name": "adam", "config": {}})
     base_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
