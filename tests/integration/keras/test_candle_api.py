@@ -234,3 +234,40 @@ def test_develop_restart_takes_what_candle_lib_takes(tmp_path: Path) -> None:
     )
     log = (tmp_path / "ckpts" / "ckpt.log").read_text()
     assert log.count(expected) == 1, log
+
+
+@pytest.mark.parametrize("api", ["master", "develop"])
+def test_every_path_in_the_log_exists_under_both_layouts(tmp_path: Path, api: str) -> None:
+    """Under the nested (master) and flat (develop) layouts, every path that ckpt.log names exists: saves, the
+    resume, the optimizer state applied when fit starts, and the warning about optimizer state never applied."""
+    import gc
+    import re
+
+    params = {"epochs": 3, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    if api == "master":
+        params["ckpt_directory"] = str(tmp_path / "save")
+
+    def restart_before_compile(model):
+        if api == "master":
+            return candle_ckpt.restart(params, model, logger=None), CandleCheckpointCallback(params, logger=None)
+        ckpt = CandleCkptKeras(params, logger=None)
+        ckpt.set_model(model)
+        return ckpt.restart(params), ckpt
+
+    first = CandleCkptKeras(params, logger=None) if api == "develop" else CandleCheckpointCallback(params, logger=None)
+    fit(compile_model(build_model()), [first], 2)
+    model = build_model(seed=7)
+    found, ckpt = restart_before_compile(model)
+    fit(compile_model(model), [ckpt], 3, initial_epoch=found["epoch"])
+    ckpt.close()
+    lonely = build_model(seed=8)
+    restart_before_compile(lonely)[1].close()  # and no fit ever applies its optimizer state
+    del lonely
+    gc.collect()
+    log_path = tmp_path / ("save" if api == "master" else "ckpts") / "ckpt.log"
+    lines = log_path.read_text().splitlines()
+    named = [(m.group(0), line) for line in lines for m in re.finditer(re.escape(str(tmp_path)) + r"[^\s,;()']*", line)]
+    assert any("never applied" in line for _, line in named) and any("resumed from" in line for _, line in named)
+    assert any("optimizer state of" in line for _, line in named), lines
+    missing = [(path, line) for path, line in named if not os.path.exists(path)]
+    assert missing == []
