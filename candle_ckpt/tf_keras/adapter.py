@@ -43,6 +43,7 @@ from candle_ckpt.engine.pending import OPTIMIZER, take
 from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
+from candle_ckpt.tf_keras import exactness
 from candle_ckpt.tf_keras.optimizer_state import (
     assign_optimizer_state,
     build_optimizer,
@@ -180,6 +181,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._supports_tf_logs = True  # batch logs stay tensors: no host sync per step for our hook
         self._epoch = 0
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
+        self._inexact: list[str] = []  # why a resume of this fit is not bit-identical (tf_keras/exactness.py)
+        self._inexact_said = False
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -212,6 +215,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
+        self._inexact = exactness.inexact_causes(self.model, exactness.fit_arguments(self.model))  # said at a save
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
@@ -230,6 +234,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._sync is not None and self._sync.stopped:
             return  # preempted in mid-epoch: that step's checkpoint is the newest state
+        if self._inexact and self.cfg.save_interval and not self._inexact_said:
+            self._inexact_said = True
+            self.state.ops.warning(exactness.inexact_message(self._inexact))
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         try:
             saved = self.state.back_up(epoch + 1, logs or {})
