@@ -20,7 +20,7 @@ import keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.resume import Resumed
-from candle_ckpt.keras import fit_hooks
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.train_state import unpack
 
 
@@ -63,10 +63,10 @@ def stop_if_finished(
         return False
     ops.warning(f"the run is finished: {why} ({where}); this fit() trains nothing; {how}")
     if isinstance(epochs, int):
-        fit_hooks.set_first_epoch(model, epochs)
+        internals.set_first_epoch(model, epochs)
     return True
 
 
 def release(model: Any) -> None:
     """At ``on_train_end`` of a finished run's fit: a later ``fit`` of the model starts where it is told."""
-    fit_hooks.set_first_epoch(model, None)
+    internals.set_first_epoch(model, None)

@@ -17,22 +17,9 @@ it in one warning, at the first save.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-_DEPTH = 10  # frames searched above on_train_begin for tf_keras's fit
-
-
-def fit_arguments(model: Any) -> dict[str, Any] | None:
-    """The ``x`` and ``shuffle`` of the tf_keras ``fit`` of ``model`` running now (its frame's locals), or None."""
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model and "shuffle" in frame.f_locals:
-            return {"x": frame.f_locals.get("x"), "shuffle": frame.f_locals.get("shuffle")}
-    return None
+import candle_ckpt.tf_keras.internals as internals
 
 
 def inexact_causes(model: Any, fit_args: dict[str, Any] | None) -> list[str]:
@@ -40,9 +27,7 @@ def inexact_causes(model: Any, fit_args: dict[str, Any] | None) -> list[str]:
     causes = []
     if fit_args is not None and fit_args["shuffle"] and _is_arrays(fit_args["x"]):
         causes.append(f"fit(shuffle={fit_args['shuffle']!r}) shuffles the arrays every epoch")
-    random_layers = sorted(
-        {type(layer).__name__ for layer in model.submodules if getattr(layer, "_random_generator", None) is not None}
-    )
+    random_layers = internals.random_layers(model)
     if random_layers:
         causes.append(f"random layers ({', '.join(random_layers)}) draw new numbers at every step")
     return causes
