@@ -83,6 +83,7 @@ class Pipeline:
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
+        self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
         if self.kind == "tf.data":
             internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
@@ -92,7 +93,7 @@ class Pipeline:
                 if has_protocol(self.dataset) or not _overrides_epoch_end(self.dataset):
                     end()
                 else:
-                    dataset_attrs.watch_rebinding(self.dataset, end, self.warn)
+                    dataset_attrs.watch(self.dataset, end, self.changed, self.warn)
 
             self.adapter.on_epoch_end = on_epoch_end
         elif self.kind not in ("arrays", "generator"):
@@ -141,7 +142,7 @@ class Pipeline:
                 doc["state"] = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
                 arrays.update({f"pipe.state.{k}": v for k, v in state.items() if isinstance(v, np.ndarray)})
             elif _overrides_epoch_end(self.dataset):
-                doc["attrs"], more = dataset_attrs.capture(self.dataset)
+                doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed)
                 arrays.update(more)
         return doc, arrays
 
@@ -185,6 +186,7 @@ class Pipeline:
             ds.set_state(state)
         elif "attrs" in doc:
             dataset_attrs.restore(ds, doc["attrs"], arrays)
+            self.changed |= set(doc["attrs"].get("changed", []))
         elif "rng_before" in doc and _overrides_epoch_end(ds):  # a checkpoint of an earlier release
             before = {k[len("pipe.before.") :]: v for k, v in arrays.items() if k.startswith("pipe.before.")}
             rng_state.restore(doc["rng_before"], before)
