@@ -44,6 +44,24 @@ CALLBACK_DISPATCH_FILES = ("callback_list.py",)
 
 _DEPTH = 8  # frames searched above on_train_begin
 
+
+def unsupported(version: str = KERAS_VERSION) -> str | None:
+    """A warning for a Keras release outside :data:`SUPPORTED` (None inside it).
+
+    Relies on: nothing private; the range CI runs
+    -- tripwire ``tests/integration/keras/test_keras_versions.py::test_a_keras_outside_the_range_is_named``.
+    """
+    release = _release(version)
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
+    if release is None or SUPPORTED[0] <= release <= SUPPORTED[1]:
+        return None
+    return (
+        f"candle_ckpt is tested with Keras {lo_major}.{lo_minor} to {hi_major}.{hi_minor}, and this is Keras "
+        f"{version}: checkpoints may fail to save or restore; install a Keras in that range "
+        f"(pip install 'keras>={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}')"
+    )
+
+
 # -- saving_lib ---------------------------------------------------------------------------
 
 H5IOStore = saving_lib.H5IOStore
@@ -66,7 +84,7 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
 
     Keras's own "Skipping variable loading" and "Skipping nested container"
     warnings (a file that does not hold what the model has) are raised as
-    :class:`UserWarning` errors instead of passing silently.
+    :class:`ValueError` instead of passing silently.
 
     Relies on: ``saving_lib._load_state(..., failed_saveables, error_msgs)`` and ``_raise_loading_failure``
     -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
@@ -76,15 +94,18 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Skipping variable loading")
         warnings.filterwarnings("error", message="Skipping nested container")
-        saving_lib._load_state(
-            obj,
-            weights_store=store,
-            assets_store=None,
-            inner_path="",
-            visited_saveables=skip,
-            failed_saveables=failed,
-            error_msgs=errors,
-        )
+        try:
+            saving_lib._load_state(
+                obj,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables=skip,
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+        except UserWarning as warning:
+            raise ValueError(f"the weights file does not hold what the model has: {warning}") from None
     if failed:
         saving_lib._raise_loading_failure(errors)
 
@@ -109,7 +130,20 @@ def h5_dataset(store: Any, key: str) -> Any:
     safe_get = getattr(saving_lib, "safe_get_h5_dataset", None)
     if safe_get is not None:
         return safe_get(group, key)
-    return store._verify_dataset(group[key])
+    # Keras 3.13 follows links and external storage; refuse them as 3.14 does (same messages).
+    import h5py
+
+    if key not in group:
+        raise KeyError(key)
+    link = group.get(key, default=None, getclass=True, getlink=True)
+    if link in (h5py.ExternalLink, h5py.SoftLink):
+        raise ValueError(f"Not allowed: H5 file with {link.__name__}")
+    dataset = store._verify_dataset(group[key])
+    if dataset.external:
+        raise ValueError(f"Not allowed: H5 file with external Dataset: {dataset.external}")
+    if dataset.is_virtual:
+        raise ValueError("Not allowed: H5 file with virtual Dataset")
+    return dataset
 
 
 def stock_save_own_variables() -> Callable[..., Any]:
@@ -127,7 +161,7 @@ def format_change(saved_version: str | None) -> str | None:
     """What changed in the saving format between the Keras that wrote a file and this one, or None.
 
     Relies on: :data:`FORMAT_CHANGES` (read from Keras's release notes)
-    -- tripwire ``tests/unit/keras/test_internals.py::test_format_change_names_the_container_groups``.
+    -- tripwire ``tests/integration/keras/test_keras_versions.py::test_format_change_names_the_container_groups``.
     """
     saved, running = _release(saved_version), _release(KERAS_VERSION)
     if saved is None or running is None:
@@ -161,7 +195,7 @@ def optimizer_strategy(opt: Any) -> Any:
     """The ``tf.distribute`` strategy an optimizer was made under (None outside one).
 
     Relies on: ``Optimizer._distribution_strategy`` (TensorFlow backend)
-    -- tripwire ``tests/integration/distributed/test_mirrored.py``.
+    -- tripwire ``test_distributed.py::test_mirrored_fit_killed_mid_epoch_resumes_bit_identical``.
     """
     return getattr(opt, "_distribution_strategy", None)
 
@@ -233,7 +267,7 @@ def hook_frame() -> FrameType:
     """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
-    -- tripwire ``tests/integration/engine/test_fit_guard.py``.
+    -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raises_in_another_callback_releases_the_lock``.
     """
     return sys._getframe(1)
 
@@ -370,7 +404,8 @@ def adapter_epoch(adapter: Any) -> int | None:
     Keras 3.16 seeds the shuffle of ``ArrayDataAdapter`` and ``PyDatasetAdapter``
     from this count, which starts at 0 in every ``fit``: a resumed run sets it.
     Relies on: ``DataAdapter._epoch`` (Keras 3.16 on) -- tripwire
-    ``test_exact_resume.py`` (pydataset_np, arrays_shuffle) and ``tests/unit/keras/test_internals.py``.
+    ``test_exact_resume.py`` (pydataset_np, pydataset_inplace on keras-nightly) and
+    ``test_mid_epoch.py::test_restart_from_a_step_checkpoint_in_process_is_exact`` (JAX).
     """
     epoch = getattr(adapter, "_epoch", None)
     return epoch if isinstance(epoch, int) else None
@@ -393,3 +428,7 @@ def set_first_epoch(model: Any, epoch: int | None) -> None:
     ``tests/integration/keras/test_exact_resume.py::test_a_finished_run_rerun_trains_nothing``.
     """
     model._initial_epoch = epoch
+
+
+if unsupported() is not None:  # said once, when the Keras adapter is first imported
+    warnings.warn(unsupported(), stacklevel=2)

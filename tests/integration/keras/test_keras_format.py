@@ -1,4 +1,4 @@
-"""Tripwires on the Keras saving internals that ``candle_ckpt.keras.internals`` reaches for ``plan``, ``h5read``, ``state``.
+"""Tripwires on the Keras saving internals that ``candle_ckpt.keras.internals`` reaches (plan, h5read, state).
 
 If a Keras upgrade changes how ``save_weights`` lays out a ``.weights.h5``, or
 renames the private ``saving_lib`` functions we call, these tests fail loudly
@@ -243,7 +243,7 @@ def _parameters(func) -> list[str]:
 
 
 def test_saving_lib_still_has_what_we_call():
-    """saving_lib still has the private functions and classes the gateway calls (_save_state, the dataset checks, ...)."""
+    """saving_lib still has the private functions and classes the gateway calls (_save_state, the dataset checks)."""
     assert _parameters(saving_lib._save_state)[:5] == [
         "saveable",
         "weights_store",
