@@ -155,6 +155,14 @@ class CkptConfig:
             raise ValueError("epochs is required (an integer > 0) but gParameters['epochs'] is missing or None")
         return config
 
+    @property
+    def flat(self) -> bool:
+        """Whether checkpoints use the ``flat`` layout (the one place ``ckpt_layout`` is read).
+
+        :meth:`candle_ckpt.core.layout.Layout.of` turns this configuration into its paths.
+        """
+        return self.layout == "flat"
+
     def restores(self, epoch: int | None = None) -> bool:
         """Whether a restart looks for a checkpoint at all.
 

@@ -24,6 +24,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from candle_ckpt.config.params import CkptConfig
 
 LINK_NAMES = ("best", "last")
 SIDECAR = "ckpt-info.json"
@@ -112,6 +116,14 @@ class Layout:
     @classmethod
     def at(cls, directory: str | os.PathLike[str], *, flat: bool = False) -> Layout:
         return cls(os.path.abspath(os.fspath(directory)), flat)
+
+    @classmethod
+    def of(cls, cfg: CkptConfig) -> Layout:
+        """The paths of a job's configuration: its ``ckpt_directory`` in its ``ckpt_layout``.
+
+        Every path a job builds or prints comes from here, so both layouts name real places.
+        """
+        return cls.at(cfg.directory, flat=cfg.flat)
 
     @property
     def ckpts(self) -> str:

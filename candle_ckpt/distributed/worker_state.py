@@ -104,7 +104,7 @@ class WorkerTrainingState:
         if not (number and collective_timeout_s > 0):
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
         self.timeout_s = float(collective_timeout_s)
-        self.layout = Layout.at(self.cfg.directory, flat=self.cfg.layout == "flat")
+        self.layout = Layout.of(self.cfg)
         self.ops = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
         self.fs = fs or LocalFS()
         # Non-chief scratch space: a ".tmp-*" name is debris to the store and never read by a restart.
@@ -177,7 +177,7 @@ class WorkerTrainingState:
             self.fs.rmtree(self.temp_dir)
         if remove_checkpoints and self.info.is_chief:
             own = self.engine.store if self.engine is not None else None
-            store = own or CheckpointStore(self.cfg.directory, flat=self.cfg.layout == "flat")
+            store = own or CheckpointStore(self.cfg.directory, flat=self.cfg.flat)
             for name in ("last", "best"):
                 if os.path.lexists(self.layout.link(name)):
                     self.fs.unlink(self.layout.link(name))
@@ -274,7 +274,7 @@ class WorkerTrainingState:
         failure: CheckpointError | None = None
         if chosen is None:
             try:
-                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.flat)
                 if code == _STEP:  # the step checkpoint of that generation (its sidecar says so)
                     chosen = Chosen(chosen_epoch, *store.steps.verify(generation, keep=keep))
                 else:

@@ -45,7 +45,7 @@ class CheckpointEngine:
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
         self.ops = ops if not self.policy.off or scratch_dir is not None else OpsLog(None, ops.logger)
-        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
+        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and

@@ -288,6 +288,7 @@ def preempt_record(trigger: Trigger, epoch: int, step: int | None, path: str | N
 
 def preempt_message(trigger: Trigger, what: str, epoch: int, step: int | None, exit_code: int | None) -> str:
     """The one log line of a preemption save: what was saved, where in training, how long after, and what next."""
-    where = f"epoch {epoch}" + (f", step {step} of the next" if step is not None else "")
+    # Keras's numbering: a step save is in epoch epoch + 1 (fit prints "Epoch {epoch + 1}/N"), an epoch save ends epoch.
+    where = f"epoch {epoch}" if step is None else f"epoch {epoch + 1}, step {step}"
     then = "training stops" if exit_code is None else f"exiting with status {exit_code}"
     return f"{trigger.reason}: {what} ({where}) {time.monotonic() - trigger.at:.3f} s after the request; {then}"

@@ -165,7 +165,7 @@ def select_checkpoint(
     if not cfg.restores(epoch):
         return None
     if store is None:
-        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
+        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
     store.check_layout()  # checkpoints in the other layout: say so rather than start from scratch
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
@@ -261,7 +261,7 @@ def load_chosen(
     Unmaps the kept files afterwards and returns the load statistics; the
     caller hands them on in a :class:`Resumed` (see :func:`attach_resumed`).
     """
-    where = checkpoint_dir(L.Layout.at(cfg.directory, flat=cfg.layout == "flat"), chosen.sidecar)
+    where = checkpoint_dir(L.Layout.of(cfg), chosen.sidecar)
     start = time.perf_counter()
     try:
         adapter.restore(chosen, ops, where)
@@ -270,7 +270,7 @@ def load_chosen(
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
     record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
-    log_resumed(ops, cfg.directory, chosen.sidecar, record, who, flat=cfg.layout == "flat")
+    log_resumed(ops, L.Layout.of(cfg), chosen.sidecar, record, who)
     return record
 
 
@@ -279,13 +279,11 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
     return transfer_record(side.total_bytes, {"epoch": side.epoch}, verify_s=verify_s, load_s=load_s)
 
 
-def log_resumed(
-    ops: OpsLog, directory: str, side: Sidecar, record: dict[str, Any], who: str = "", *, flat: bool = False
-) -> None:
-    path = checkpoint_dir(L.Layout.at(directory, flat=flat), side)
-    step = f", step {side.step} of the next epoch" if side.step is not None else ""
+def log_resumed(ops: OpsLog, layout: L.Layout, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
+    path = checkpoint_dir(layout, side)
+    at = f"after epoch {side.epoch}" if side.step is None else f"epoch {side.epoch + 1}, step {side.step}"
     ops.info(
-        f"restart: {who + ' ' if who else ''}resumed from {path} (epoch {side.epoch}{step}, "
+        f"restart: {who + ' ' if who else ''}resumed from {path} ({at}, "
         f"generation {side.generation}); "
         f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "
         f"loaded in {record['load_s']:.3f} s ({record['mb_per_s']:.1f} MB/s)"

@@ -59,7 +59,7 @@ def save_step(
         return None
     engine.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
     engine.ops.info(
-        f"epoch {epoch} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
+        f"epoch {epoch + 1} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
         f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
     )
     return side

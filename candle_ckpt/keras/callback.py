@@ -23,7 +23,7 @@ from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
-from candle_ckpt.keras import fit_hooks, internals
+from candle_ckpt.keras import finished, fit_hooks, internals
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
@@ -83,7 +83,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
-        self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.ops = OpsLog(Layout.of(self.cfg).log, get_logger(logger, verbose))
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
         self.engine = CheckpointEngine(self.cfg, self.ops, fs=fs)
         self.engine.close()  # held again from on_train_begin to on_train_end
@@ -97,9 +97,11 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
         self._logs: dict[str, Any] = {}
         self._epochs_run = 0
+        self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
         self._pre = FitPreemption(self.cfg, self.ops, self.engine)  # signals, deadline, step checkpoints
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
+        self._list: Any = None  # the fit's CallbackList
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
         if not self._pre.enabled:
             # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
@@ -127,7 +129,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._guard.arm(internals.hook_frame())
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
-        where = checkpoint_dir(Layout.at(self.cfg.directory), self._resumed.sidecar) if self._resumed else ""
+        where = checkpoint_dir(Layout.of(self.cfg), self._resumed.sidecar) if self._resumed else ""
         pending = self._resumed.pending if self._resumed is not None else Pending()
         parked = pending.take_optimizer()
         if parked is not None:  # restart() ran before compile(): the optimizer exists now
@@ -137,14 +139,16 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epochs_run = 0
         self._hook_fit()
         self._restore = pending.take_train_state()
-        if self._restore is not None and not self._hooked:
-            self._before_epoch(-1)
         epochs = (self.params or {}).get("epochs")
-        if self._resumed is not None and isinstance(epochs, int) and self._resumed.sidecar.epoch >= epochs:
-            self.ops.warning(
-                f"restart() restored epoch {self._resumed.sidecar.epoch} but fit() was called with epochs={epochs}: "
-                f"no epoch will run; pass epochs > {self._resumed.sidecar.epoch} to train further"
-            )
+        self._finished = finished.stop_if_finished(
+            self.model, self._resumed, self._restore, self.cfg, epochs, where, self.ops
+        )
+        if self._restore is not None and self._hooked and self._finished:
+            # No epoch runs: the callbacks get their state back before their on_train_end, as in the
+            # uninterrupted run's (EarlyStopping's restore_best_weights).
+            fit_hooks.before_train_end(self._list, lambda: self._before_epoch(-1))
+        elif self._restore is not None and not self._hooked:
+            self._before_epoch(-1)
         # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
         self._pre.begin()
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
@@ -153,7 +157,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _hook_fit(self) -> None:
         """Find the other callbacks and the input of this fit (see :mod:`candle_ckpt.keras.fit_hooks`)."""
-        callback_list = fit_hooks.find_callback_list(self)
+        callback_list = self._list = fit_hooks.find_callback_list(self)
         iterator = self._iterator = fit_hooks.find_epoch_iterator(self.model)
         siblings = [c for c in callback_list.callbacks if c is not self] if callback_list is not None else []
         train = TrainState(siblings, None, self.ops.warning)
@@ -226,7 +230,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if self._train is not None:
-            data = self._train.capture(step)
+            by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
+            data = self._train.capture(step, by, self._epoch + 1)
             cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
             cap.nbytes += len(data)
         return cap
@@ -259,7 +264,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self._guard.disarm()
-        if self._epochs_run == 0:
+        if self._finished:
+            finished.release(self.model)
+        elif self._epochs_run == 0:
             epochs = (self.params or {}).get("epochs")
             self.ops.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"

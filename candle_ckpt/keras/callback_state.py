@@ -11,7 +11,9 @@ often resets counters) and before the first ``on_epoch_begin``.
 Keras's own stateful callbacks are handled without it: ``EarlyStopping``
 (wait, best, best epoch, best weights), ``ReduceLROnPlateau`` (wait,
 cooldown, best; the rate itself is an optimizer variable, saved with the
-optimizer) and ``ModelCheckpoint`` (best). Callbacks known to keep no state
+optimizer), ``ModelCheckpoint`` (best) and ``CSVLogger(append=True)`` (the
+size of its file at the save: a resumed run cuts off the rows written after
+it, so a kill during a save leaves no row twice). Callbacks known to keep no state
 across epochs (loggers, ``LearningRateScheduler`` whose rate lives in the
 optimizer, CANDLE's ``TerminateOnTimeOut`` and ``CandleRemoteMonitor``) need
 nothing. Any other callback gets one warning naming it.
@@ -19,6 +21,7 @@ nothing. Any other callback gets one warning naming it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,7 +40,6 @@ STATELESS = frozenset(
     {
         "History",
         "ProgbarLogger",
-        "CSVLogger",
         "TerminateOnNaN",
         "LearningRateScheduler",
         "TensorBoard",
@@ -48,6 +50,31 @@ STATELESS = frozenset(
         "CandleCheckpointCallback",
     }
 )
+
+
+def _appended_file(cb: Any) -> str | None:
+    """The file a ``CSVLogger(append=True)`` adds a row to at every epoch end, else None."""
+    if isinstance(cb, keras.callbacks.CSVLogger) and cb.append:
+        return cb.filename
+    return None
+
+
+def _file_state(cb: Any) -> dict[str, Any]:
+    """The appended file's size now (None if it does not exist)."""
+    path = _appended_file(cb)
+    return {"file_bytes": os.path.getsize(path) if path and os.path.exists(path) else None}
+
+
+def _restore_file(cb: Any, state: dict[str, Any], warn: Callable[[str], None]) -> None:
+    """Cut the appended file back to its size at the save: the rows after it are written again."""
+    path, size = _appended_file(cb), state.get("file_bytes")
+    if path is None or size is None or not os.path.exists(path):
+        return
+    now = os.path.getsize(path)
+    if now > size:
+        os.truncate(path, size)
+    elif now < size:
+        warn(f"restart: {path} is shorter ({now} bytes) than at the checkpoint ({size}); it is left as it is")
 
 
 def has_protocol(obj: Any) -> bool:
@@ -97,6 +124,7 @@ def unsaved(callbacks: Iterable[Any]) -> list[tuple[str, list[str]]]:
         if not has_protocol(cb)
         and _known_attrs(cb) is None
         and type(cb).__name__ not in STATELESS
+        and not isinstance(cb, keras.callbacks.CSVLogger)
         and (attrs := _own_attributes(cb))
     ]
 
@@ -108,6 +136,8 @@ def capture(callbacks: Iterable[Any]) -> tuple[dict[str, Any], dict[str, np.ndar
     for key, cb in _keys(callbacks):
         if has_protocol(cb):
             state = dict(cb.get_state())
+        elif _appended_file(cb) is not None:
+            state = _file_state(cb)
         elif (attrs := _known_attrs(cb)) is not None:
             state = {a: getattr(cb, a) for a in attrs if hasattr(cb, a)}
             if isinstance(cb, keras.callbacks.EarlyStopping) and cb.best_weights is not None:
@@ -135,7 +165,7 @@ def restore(
     """
     done = []
     for key, cb in _keys(callbacks):
-        if not (has_protocol(cb) or _known_attrs(cb) is not None):
+        if not (has_protocol(cb) or _known_attrs(cb) is not None or _appended_file(cb) is not None):
             continue
         if key not in doc:
             warn(f"restart: the checkpoint holds no state for callback {key}; it starts fresh")
@@ -146,6 +176,8 @@ def restore(
         }
         if has_protocol(cb):
             cb.set_state(state)
+        elif _appended_file(cb) is not None:
+            _restore_file(cb, state, warn)
         else:
             count = sum(1 for name in state if name.startswith("best_weights/"))
             weights = [state.pop(f"best_weights/{i}") for i in range(count)]

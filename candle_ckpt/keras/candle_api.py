@@ -4,7 +4,7 @@ Scripts of that generation do::
 
     ckpt = candle.CandleCkptKeras(gParameters, verbose=False)
     ckpt.set_model(model)
-    J = ckpt.restart(model)          # often before model.compile()
+    J = ckpt.restart(model)          # often before model.compile(); Uno passes gParameters instead
     model.fit(..., callbacks=[..., ckpt])
     ckpt.report_final()
 
@@ -30,7 +30,7 @@ from candle_ckpt.keras.restart import restart as _restart
 
 
 class CandleCkptKeras(CandleCheckpointCallback):
-    """candle_lib develop's checkpoint callback, with ``set_model``, ``restart(model)`` and ``report_final()``.
+    """candle_lib develop's checkpoint callback, with ``set_model``, ``restart()`` and ``report_final()``.
 
     Args:
         gParameters: The job's parameter dict (``epochs``, ``ckpt_*``, ``output_dir``).
@@ -54,6 +54,7 @@ class CandleCkptKeras(CandleCheckpointCallback):
         require_params(gParameters, "CandleCkptKeras(gParameters): gParameters")
         self.gParameters = develop_params(gParameters)
         self._logger, self._verbose = logger, verbose
+        self._other_said = False  # restart() was passed another model than set_model's (said once)
         super().__init__(self.gParameters, logger=logger, verbose=verbose, fs=fs)
 
     def set_model(self, model) -> None:
@@ -62,7 +63,13 @@ class CandleCkptKeras(CandleCheckpointCallback):
         super().set_model(model)
 
     def restart(self, model=None, verbose: bool | None = None) -> dict[str, Any] | None:
-        """Restore ``model`` from the newest valid checkpoint; return its ``ckpt-info.json`` dict or None.
+        """Restore the model from the newest valid checkpoint; return its ``ckpt-info.json`` dict or None.
+
+        As in candle_lib, the model restored is the one given to :meth:`set_model`;
+        ``model`` is needed only when none was set. Like candle_lib, any other
+        argument is accepted and not read: Uno passes its parameter dict
+        (``ckpt.restart(params)``). A model that is not the one set is not
+        restored, and a warning says so once.
 
         Works before ``model.compile()``: the weights are loaded now and the
         optimizer state when training begins (this object is the callback).
@@ -70,11 +77,11 @@ class CandleCkptKeras(CandleCheckpointCallback):
         continue from the restored checkpoint.
 
         Raises:
-            TypeError: ``model`` is not a Keras model (e.g. the parameter dict).
+            TypeError: no model was set and ``model`` is not a Keras model.
         """
-        if model is None:
-            model = getattr(self, "_model", None)
-        require_model(model, "CandleCkptKeras.restart(model): model")
+        if not self.cfg.restores():
+            return None  # ckpt_restart_mode=off: nothing is read, whatever was passed
+        model = self._model_to_restore(model)
         found = _restart(
             self.gParameters, model, logger=self._logger, verbose=self._verbose if verbose is None else verbose
         )
@@ -85,6 +92,26 @@ class CandleCkptKeras(CandleCheckpointCallback):
         # state that waits for compile() travels with the model (engine.pending), as for restart().
         self.engine.adopt_resumed(self.engine.store.read_sidecar(found["epoch"]))
         return found
+
+    def _model_to_restore(self, given: Any) -> Any:
+        """set_model's model (candle_lib reads nothing else), or ``given`` when none was set."""
+        own = getattr(self, "_model", None)
+        if own is None:
+            if isinstance(given, Mapping) or given is None:
+                raise TypeError(
+                    "CandleCkptKeras.restart(): no model to restore: call ckpt.set_model(model) first "
+                    "(candle_lib's order), or pass the model: ckpt.restart(model)"
+                )
+            require_model(given, "CandleCkptKeras.restart(model): model")
+            return given
+        if given is not None and given is not own and not isinstance(given, Mapping) and not self._other_said:
+            self._other_said = True
+            self.ops.warning(
+                f"CandleCkptKeras.restart(model): the {type(given).__name__} passed is not the model given to "
+                f"set_model() ({type(own).__name__} {own.name!r}); as in candle_lib, the set_model() one is "
+                "restored and the one passed is not: call ckpt.set_model(model) first to restore that one"
+            )
+        return own
 
 
 #: candle_lib's backend-neutral base class; candle_ckpt serves Keras only, so it is the same class.

@@ -66,6 +66,18 @@ def wrap_epoch_hooks(
     return True
 
 
+def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
+    """Run ``then()`` before every callback's ``on_train_end`` of this fit (a fit that runs no epoch)."""
+    end = callback_list.on_train_end
+
+    def on_train_end(logs: Any = None) -> None:
+        del callback_list.on_train_end
+        then()
+        end(logs)
+
+    callback_list.on_train_end = on_train_end
+
+
 def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:
     """In the next epoch of ``epoch_iterator`` only, take its first ``steps`` steps before ``fit`` sees any.
 

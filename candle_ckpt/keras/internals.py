@@ -420,5 +420,15 @@ def set_adapter_epoch(adapter: Any, epoch: int) -> None:
         adapter._epoch = int(epoch)
 
 
+def set_first_epoch(model: Any, epoch: int | None) -> None:
+    """Make the ``fit`` that is starting begin at ``epoch`` whatever its ``initial_epoch`` (None: undo).
+
+    Relies on: the trainers' ``initial_epoch = self._initial_epoch or initial_epoch`` (Keras's own
+    ``BackupAndRestore`` sets it) -- tripwire
+    ``tests/integration/keras/test_exact_resume.py::test_a_finished_run_rerun_trains_nothing``.
+    """
+    model._initial_epoch = epoch
+
+
 if unsupported() is not None:  # said once, when the Keras adapter is first imported
     warnings.warn(unsupported(), stacklevel=2)

@@ -15,10 +15,12 @@ run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
   saved with ``tf.train.Checkpoint(iterator=...)`` and loaded into the
   resumed run's iterator.
 * **keras.utils.PyDataset**: one with ``get_state()`` / ``set_state()`` gets
-  its state back. One without them that overrides ``on_epoch_end`` has that
-  call replayed with the global RNG states it drew from in the uninterrupted
-  run: exact when ``on_epoch_end`` draws a fresh order from a global RNG
-  (``self.index = np.random.permutation(n)``), which a warning says once.
+  its state back. One without them that overrides ``on_epoch_end`` gets its
+  small attributes back as they were at the save, after that epoch's
+  ``on_epoch_end`` (:mod:`candle_ckpt.keras.dataset_attrs`): exact for an
+  index shuffled in place (``np.random.shuffle(self.index)``) as for a fresh
+  permutation. (Checkpoints of earlier releases replay the last
+  ``on_epoch_end`` with the global RNG states it drew from.)
 * **A Python generator**: its position cannot be saved; one warning says so.
 * **NumPy arrays**: Keras's own shuffle resumes exactly; nothing to save
   before Keras 3.16.
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from candle_ckpt.keras import internals, rng_state
+from candle_ckpt.keras import dataset_attrs, internals, rng_state
 from candle_ckpt.keras.callback_state import has_protocol
 
 _ITER_PREFIX = "pipe.iterator."
@@ -81,15 +83,17 @@ class Pipeline:
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
-        self.rng_before: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+        self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
         if self.kind == "tf.data":
             internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
             end = self.adapter.on_epoch_end
 
             def on_epoch_end() -> None:
-                self.rng_before = rng_state.capture()  # what the dataset's on_epoch_end will draw from
-                end()
+                if has_protocol(self.dataset) or not _overrides_epoch_end(self.dataset):
+                    end()
+                else:
+                    dataset_attrs.watch(self.dataset, end, self.changed, self.warn)
 
             self.adapter.on_epoch_end = on_epoch_end
         elif self.kind not in ("arrays", "generator"):
@@ -137,9 +141,9 @@ class Pipeline:
                 state = dict(self.dataset.get_state())
                 doc["state"] = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
                 arrays.update({f"pipe.state.{k}": v for k, v in state.items() if isinstance(v, np.ndarray)})
-            elif self.rng_before is not None:
-                doc["rng_before"], before = self.rng_before
-                arrays.update({f"pipe.before.{k}": v for k, v in before.items()})
+            elif _overrides_epoch_end(self.dataset):
+                doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed)
+                arrays.update(more)
         return doc, arrays
 
     def restore(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -180,7 +184,10 @@ class Pipeline:
             state = dict(doc["state"])
             state.update({k[len("pipe.state.") :]: v for k, v in arrays.items() if k.startswith("pipe.state.")})
             ds.set_state(state)
-        elif "rng_before" in doc and type(ds).on_epoch_end is not _base_on_epoch_end():
+        elif "attrs" in doc:
+            dataset_attrs.restore(ds, doc["attrs"], arrays)
+            self.changed |= set(doc["attrs"].get("changed", []))
+        elif "rng_before" in doc and _overrides_epoch_end(ds):  # a checkpoint of an earlier release
             before = {k[len("pipe.before.") :]: v for k, v in arrays.items() if k.startswith("pipe.before.")}
             rng_state.restore(doc["rng_before"], before)
             ds.on_epoch_end()
@@ -191,7 +198,7 @@ class Pipeline:
             )
 
 
-def _base_on_epoch_end() -> Any:
+def _overrides_epoch_end(dataset: Any) -> bool:
     import keras
 
-    return keras.utils.PyDataset.on_epoch_end
+    return type(dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end

@@ -175,9 +175,9 @@ def resume_mid_epoch(
     """
     side = resumed.sidecar
     if epoch != side.epoch or iterator is None:
-        why = "its epoch iterator could not be found" if iterator is None else f"fit starts at epoch index {epoch}"
+        why = "its epoch iterator could not be found" if iterator is None else f"fit starts at epoch {epoch + 1}"
         ops.warning(
-            f"restart: the checkpoint was taken after step {side.step} of epoch index {side.epoch} but {why}: "
+            f"restart: the checkpoint was taken after step {side.step} of epoch {side.epoch + 1} but {why}: "
             f"the epoch runs from its first batch and the run will not be bit-identical "
             f"(pass initial_epoch={side.epoch} to fit)"
         )
@@ -193,7 +193,7 @@ def resume_mid_epoch(
         if engine.load is not None:
             engine.load.update(skipped_steps=done, skip_s=round(seconds, 6))
         ops.info(
-            f"restart: skipped the {done} steps of epoch index {epoch} done before the checkpoint in {seconds:.3f} s "
+            f"restart: skipped the {done} steps of epoch {epoch + 1} done before the checkpoint in {seconds:.3f} s "
             f"(their batches {'drawn, not trained on' if consume else 'were already consumed'}); "
             f"restored {', '.join(restored)}"
         )

@@ -98,7 +98,7 @@ def _restart_through_worker(
 
 def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, verbose: bool) -> dict[str, Any] | None:
     """A Keras 3 model in this process: choose, verify and load through :class:`KerasModelAdapter`."""
-    ops = OpsLog(L.Layout.at(cfg.directory).log, get_logger(logger, verbose))
+    ops = OpsLog(L.Layout.of(cfg).log, get_logger(logger, verbose))
     adapter = KerasModelAdapter(model)
     start = time.perf_counter()
     attach_resumed(model, None)
@@ -109,5 +109,5 @@ def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, 
     # What was restored travels with the model: the callback reads it when fit starts.
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, ops, checkpoint_dir(L.Layout.at(cfg.directory), chosen.sidecar))
+    resumed.pending.guard(model, ops, checkpoint_dir(L.Layout.of(cfg), chosen.sidecar))
     return chosen.sidecar.to_dict()

@@ -111,7 +111,7 @@ class JobRunner:
             raise ValueError(f"resume_from_epoch must be an int >= 0 or None; got {resume_from_epoch!r}")
         self.resume_from_epoch = resume_from_epoch
         self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
-        self.ops = OpsLog(L.Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        self.ops = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
         self.logger, self.verbose = logger, verbose
         self.fs = fs
         self.strategy = strategy

@@ -94,11 +94,13 @@ class TrainState:
         iterators = self.pipeline.iterators if self.pipeline is not None and self.pipeline.kind == "tf.data" else None
         self._begin = (doc, arrays, iterators)
 
-    def capture(self, step: int | None = None) -> bytes:
+    def capture(self, step: int | None = None, finished: str | None = None, epoch: int = 0) -> bytes:
         """The packed state now (on the training thread: the bytes own their data).
 
         Args:
             step: For a step checkpoint, the steps done in this epoch (see the module docstring).
+            finished: The callback that ended the run for good at this epoch end (see
+                :mod:`candle_ckpt.keras.finished`), recorded with ``epoch`` (completed epochs).
         """
         if not self._checked:
             self._check_callbacks()
@@ -110,6 +112,8 @@ class TrainState:
         for name, fn in parts:
             doc[name], more = fn()
             arrays.update(more)
+        if finished is not None:
+            doc["finished"] = {"by": finished, "epoch": epoch}
         if step is not None and self._begin is not None:
             begin_doc, begin_arrays, iterators = self._begin
             doc["mid"] = {"step": step, "rng_begin": begin_doc}

@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 import tf_keras
 
+import candle_ckpt.tf_keras.exactness as exactness
 import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
@@ -188,6 +189,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         internals.keep_tensor_logs(self)  # batch logs stay tensors: no host sync per step for our hook
         self._epoch = 0
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
+        self._inexact: list[str] = []  # why a resume of this fit is not bit-identical (tf_keras/exactness.py)
+        self._inexact_said = False
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -220,6 +223,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
+        self._inexact = exactness.inexact_causes(self.model, internals.fit_arguments(self.model))  # said at a save
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
@@ -238,6 +242,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._sync is not None and self._sync.stopped:
             return  # preempted in mid-epoch: that step's checkpoint is the newest state
+        if self._inexact and self.cfg.save_interval and not self._inexact_said:
+            self._inexact_said = True
+            self.state.ops.warning(exactness.inexact_message(self._inexact))
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         try:
             saved = self.state.back_up(epoch + 1, logs or {})

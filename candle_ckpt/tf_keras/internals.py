@@ -74,3 +74,28 @@ def hook_frame() -> FrameType:
     -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
     """
     return sys._getframe(1)
+
+
+def fit_arguments(model: Any) -> dict[str, Any] | None:
+    """The ``x`` and ``shuffle`` of the tf_keras ``fit`` of ``model`` running now (its frame's locals), or None.
+
+    Relies on: ``Model.fit``'s frame (locals ``self``, ``x``, ``shuffle``) within 10 frames of ``on_train_begin``
+    -- tripwire ``test_worker_state.py::test_tf_keras_fit_says_once_why_its_resume_is_not_exact``.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(10):
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model and "shuffle" in frame.f_locals:
+            return {"x": frame.f_locals.get("x"), "shuffle": frame.f_locals.get("shuffle")}
+    return None
+
+
+def random_layers(model: Any) -> list[str]:
+    """The class names of the model's layers that draw random numbers (``Dropout``, ``GaussianNoise``, ...).
+
+    Relies on: ``BaseRandomLayer._random_generator``
+    -- tripwire ``test_worker_state.py::test_tf_keras_fit_says_once_why_its_resume_is_not_exact``.
+    """
+    return sorted({type(layer).__name__ for layer in model.submodules if getattr(layer, "_random_generator", None)})

@@ -317,3 +317,32 @@ def test_several_workers_without_a_multi_worker_strategy_is_refused(
     _two_workers(monkeypatch, 0)
     with pytest.raises(ValueError, match="not a multi-worker strategy"):
         WorkerTrainingState(_params(tmp_path), _k3_model(), verbose=False)
+
+
+def test_tf_keras_fit_says_once_why_its_resume_is_not_exact(tmp_path: Path) -> None:
+    """tf_keras with fit's default shuffle=True and a Dropout layer: one warning at the first save names both
+    causes and the remedies; with shuffle=False and no random layer there is none."""
+    x, y = make_data()
+    tf_keras.utils.set_random_seed(1)
+    model = tf_keras.Sequential(
+        [tf_keras.Input((8,)), tf_keras.layers.Dense(16), tf_keras.layers.Dropout(0.2), tf_keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    cb = ck_tfk.CandleCheckpointCallback(_params(tmp_path, epochs=2), verbose=False)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb])
+    expected = (
+        "WARNING tf_keras model: a resumed run will not be bit-identical to an uninterrupted one: fit(shuffle=True) "
+        "shuffles the arrays every epoch; random layers (Dropout) draw new numbers at every step; these draw from "
+        "stateful TensorFlow random ops whose state candle_ckpt cannot save for tf_keras (Keras 2) models (the "
+        "weights and optimizer state resume exactly); for an exact resume train with Keras 3, whose callback saves "
+        "the random and input state, or pass fit(shuffle=False) and use no random layers"
+    )
+    log = (tmp_path / "save" / "ckpt.log").read_text()
+    assert [line for line in log.splitlines() if "bit-identical" in line] == [
+        line for line in log.splitlines() if line.endswith(expected)
+    ]
+    assert log.count(expected) == 1
+    _forget_run()
+    cb = ck_tfk.CandleCheckpointCallback(_params(tmp_path / "plain", epochs=2), verbose=False)
+    _tfk_model().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    assert "bit-identical" not in (tmp_path / "plain" / "save" / "ckpt.log").read_text()

@@ -409,7 +409,8 @@ def wait_for(predicate, proc: subprocess.Popen, what: str) -> None:
 
 
 def test_kill_during_async_write_then_restart_is_bit_identical(tmp_path):
-    """kill -9 while epoch 3 is being written; the restart resumes from epoch 2 and ends bit-identical."""
+    """kill -9 while epoch 3 is being written; the restart resumes from epoch 2 and ends bit-identical, and
+    CSVLogger(append=True)'s file holds each epoch's row once, as the uninterrupted run's does."""
     proc = child("kill", tmp_path)
     wait_for(lambda: (tmp_path / "blocked").exists(), proc, "the write of epoch 3")
     ckpt = tmp_path / "ckpt"
@@ -418,6 +419,9 @@ def test_kill_during_async_write_then_restart_is_bit_identical(tmp_path):
     proc.kill()
     proc.wait(WAIT)
     assert CheckpointStore(ckpt).epochs() == [1, 2] and last_epoch(ckpt) == 2
+    rows = (tmp_path / "train.csv").read_text().splitlines()
+    # Epoch 3's row (index 2) is in, its checkpoint is not; training may have gone on to write epoch 4's.
+    assert [r.split(",")[0] for r in rows][:4] == ["epoch", "0", "1", "2"], rows
 
     resumed = child("resume", tmp_path)
     out, _ = resumed.communicate(timeout=WAIT * 2)
@@ -430,6 +434,7 @@ def test_kill_during_async_write_then_restart_is_bit_identical(tmp_path):
         assert result[f"resumed_{i}"].tobytes() == result[f"reference_{i}"].tobytes(), i
     assert CheckpointStore(ckpt).epochs() == [1, 2, 3, 4, 5, 6] and last_epoch(ckpt) == 6
     assert not os.path.exists(L.Layout.at(str(ckpt)).work)
+    assert (tmp_path / "train.csv").read_text() == (tmp_path / "reference.csv").read_text()
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ checkpoint directory) and the marker files the parent and child talk through.
 Modes:
     kill: 6 epochs, async; the write of epoch 3 blocks after its data is
         written, before fsync (``DIR/blocked`` appears), until the parent kill -9s.
+        ``CSVLogger(append=True)`` logs to ``DIR/train.csv`` (its row of epoch 3 is written by then).
     resume: restart() from ``DIR/ckpt``, continue to 6 epochs, then train a
-        fresh model 6 epochs uninterrupted; both states go to ``DIR/result.npz``.
+        fresh model 6 epochs uninterrupted; both states go to ``DIR/result.npz``,
+        the CSV rows to ``DIR/train.csv`` and ``DIR/reference.csv``.
     signal: 100 epochs, async, preemption signals off; the write of epoch 2 blocks
         (``DIR/blocked``) until ``DIR/go`` exists. The parent sends SIGTERM or SIGINT meanwhile.
     timeout: 2 epochs, async, ckpt_async_timeout=0.5; the write of epoch 2
@@ -84,17 +86,20 @@ def main() -> None:
     if mode == "kill":
         fs = BlockingFS("fsync", 3, blocked)
         cb = CandleCheckpointCallback(params(ckpt, EPOCHS), verbose=False, fs=fs)
-        build_model(7).fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
+        csv = keras.callbacks.CSVLogger(os.path.join(root, "train.csv"), append=True)
+        build_model(7).fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0, callbacks=[csv, cb])
         raise AssertionError("the parent should have killed this process")
     if mode == "resume":
         model = build_model(7)
         info = restart(params(ckpt, EPOCHS, ckpt_restart_mode="required"), model, verbose=False)
         cb = CandleCheckpointCallback(params(ckpt, EPOCHS), verbose=False)
-        model.fit(
-            x, y, epochs=EPOCHS, initial_epoch=info["epoch"], batch_size=16, shuffle=False, verbose=0, callbacks=[cb]
-        )
+        csv = keras.callbacks.CSVLogger(os.path.join(root, "train.csv"), append=True)
+        start = info["epoch"]
+        fit_args = {"epochs": EPOCHS, "initial_epoch": start, "batch_size": 16, "shuffle": False, "verbose": 0}
+        model.fit(x, y, callbacks=[csv, cb], **fit_args)
         reference = build_model(7)
-        reference.fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0)
+        csv = keras.callbacks.CSVLogger(os.path.join(root, "reference.csv"), append=True)
+        reference.fit(x, y, epochs=EPOCHS, batch_size=16, shuffle=False, verbose=0, callbacks=[csv])
         arrays = {f"resumed_{i}": a for i, a in enumerate(state(model))}
         arrays.update({f"reference_{i}": a for i, a in enumerate(state(reference))})
         np.savez(os.path.join(root, "result.npz"), start_epoch=info["epoch"], **arrays)

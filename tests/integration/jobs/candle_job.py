@@ -2,7 +2,7 @@
 
 Usage::
 
-    python candle_job.py master|develop WORKDIR EPOCHS OUT.npz
+    python candle_job.py master|develop|uno WORKDIR EPOCHS OUT.npz
 
 ``master`` is Benchmarks master's shape (NT3, Uno, ST1): ``restart(gParameters,
 model)`` before ``model.compile()``, ``best_metric_last`` fed back as
@@ -10,7 +10,13 @@ model)`` before ``model.compile()``, ``best_metric_last`` fed back as
 candle_lib develop's: ``CandleCkptKeras`` made first, ``set_model``,
 ``restart(model)``, compile, fit, ``report_final()``. Both put ``CSVLogger``,
 ``ReduceLROnPlateau`` and a ``TerminateOnTimeOut``-style callback in the list
-before the checkpoint callback, as the benchmarks do.
+before the checkpoint callback, as the benchmarks do. ``uno`` is Uno's
+(Benchmarks develop, ``Pilot1/Uno/uno_baseline_keras2.py``) call for call:
+``CandleCkptKeras(params)``, ``set_model(template_model)``, ``J = ckpt.restart(params)``
+(the parameter dict, before compile), a ``Sequence`` input shuffled in place at
+every epoch end, ``EarlyStopping``, ``ReduceLROnPlateau``, a learning-rate
+warm-up and ``MultiGPUCheckpoint("model.h5", save_best_only=True)``; the data
+are synthetic.
 
 It prints ``ready N`` after restart and ``committed N`` after each epoch's
 checkpoint (written with ``os.write``, so a line that was printed is in the
@@ -136,6 +142,70 @@ def run_develop(gParameters: dict, workdir: str):
     return model
 
 
+class Feeder(keras.utils.Sequence):
+    """Uno's data generator in shape: an index shuffled in place at construction and at every epoch end."""
+
+    def __init__(self, x, y, batch_size: int, shuffle: bool) -> None:
+        super().__init__()
+        self.x, self.y, self.batch_size, self.shuffle = x, y, batch_size, shuffle
+        self.index = np.arange(len(x))
+        if shuffle:
+            np.random.shuffle(self.index)
+
+    def __len__(self) -> int:
+        return len(self.x) // self.batch_size
+
+    def __getitem__(self, i):
+        rows = self.index[i * self.batch_size : (i + 1) * self.batch_size]
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self) -> None:
+        if self.shuffle:
+            np.random.shuffle(self.index)
+
+
+def run_uno(params: dict, workdir: str):
+    template_model = build_model()
+    initial_epoch = 0
+    ckpt = candle.CandleCkptKeras(params, verbose=True)
+    ckpt.set_model(template_model)
+    J = ckpt.restart(params)
+    if J is not None:
+        initial_epoch = J["epoch"]
+        best_metric_last = J["best_metric_last"]
+        params["ckpt_best_metric_last"] = best_metric_last
+        print(f"initial_epoch: {initial_epoch}", file=sys.stderr)
+    model = template_model
+    optimizer = keras.optimizers.deserialize({"class_name": "adam", "config": {}})
+    base_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    model.compile(loss="mse", optimizer=optimizer, metrics=["mae"])
+
+    def warmup_scheduler(epoch):
+        lr = base_lr * 16 / 100 * 10
+        if epoch <= 5:
+            model.optimizer.learning_rate.assign((base_lr * (5 - epoch) + lr * epoch) / 5)
+        return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+    es_monitor = keras.callbacks.EarlyStopping(patience=10, verbose=0)
+    reduce_lr = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=5, min_lr=0.00001)
+    warmup_lr = keras.callbacks.LearningRateScheduler(warmup_scheduler)
+    checkpointer = candle.MultiGPUCheckpoint(os.path.join(workdir, "model.h5"), save_best_only=True)
+    callbacks = [TerminateOnTimeOut(3600), ckpt, es_monitor, reduce_lr, warmup_lr, checkpointer, Progress()]
+    x, y = data()
+    train_gen = Feeder(x[:48], y[:48], 16, shuffle=True)
+    val_gen = Feeder(x[48:], y[48:], 16, shuffle=False)
+    say(f"ready {initial_epoch}")
+    model.fit(
+        train_gen,
+        epochs=params["epochs"],
+        initial_epoch=initial_epoch,
+        callbacks=callbacks,
+        validation_data=val_gen,
+        verbose=0,
+    )
+    return model
+
+
 def main(generation: str, workdir: str, epochs: int, out: str) -> None:
     gParameters = {
         "epochs": epochs,
@@ -144,7 +214,7 @@ def main(generation: str, workdir: str, epochs: int, out: str) -> None:
         "ckpt_save_interval": 1,
         "ckpt_directory": os.path.join(workdir, "save") if generation == "master" else None,
     }
-    model = (run_master if generation == "master" else run_develop)(gParameters, workdir)
+    model = {"master": run_master, "develop": run_develop, "uno": run_uno}[generation](gParameters, workdir)
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
     np.savez(out, **arrays)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
+PYDATASETS = {"pydataset_np": "fresh", "pydataset_inplace": "protocol", "pydataset_shuffle_inplace": "bare"}
 
 
 def say(message: str) -> None:
@@ -62,8 +63,9 @@ def compile_model(model) -> None:
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
 
 
-def make_pydataset(x, y, protocol: bool):
-    """A PyDataset reshuffling with ``np.random``: a fresh permutation, or in place with get_state/set_state."""
+def make_pydataset(x, y, kind: str):
+    """A PyDataset reshuffling with ``np.random``: a fresh permutation (``fresh``), in place with
+    get_state/set_state (``protocol``), or in place with nothing else (``bare``, most Keras examples)."""
     import keras
     import numpy as np
 
@@ -82,17 +84,18 @@ def make_pydataset(x, y, protocol: bool):
         def on_epoch_end(self) -> None:
             self.index = np.random.permutation(N)
 
-    class InPlace(Fresh):
+    class Bare(Fresh):
         def on_epoch_end(self) -> None:
             np.random.shuffle(self.index)  # depends on every earlier shuffle: needs its state saved
 
+    class InPlace(Bare):
         def get_state(self) -> dict:
             return {"index": self.index.copy()}
 
         def set_state(self, state: dict) -> None:
             self.index = np.array(state["index"])
 
-    return InPlace() if protocol else Fresh()
+    return {"fresh": Fresh, "protocol": InPlace, "bare": Bare}[kind]()
 
 
 def tf_dataset(x, y, *, repeat: bool = False, augment: bool = False):
@@ -122,8 +125,8 @@ def fit_inputs(setup: str) -> dict:
         args = {"x": tf_dataset(x, y, repeat=True), "steps_per_epoch": 3}
     elif setup == "tfdata_map_parallel":
         args = {"x": tf_dataset(x, y, augment=True)}
-    elif setup in ("pydataset_np", "pydataset_inplace"):
-        args = {"x": make_pydataset(x, y, protocol=setup == "pydataset_inplace")}
+    elif setup in PYDATASETS:
+        args = {"x": make_pydataset(x, y, PYDATASETS[setup])}
     elif setup == "sample_weights":
         args["sample_weight"] = w
     elif setup == "validation_freq":

@@ -79,7 +79,7 @@ def test_develop_restart_before_compile_resumes_bit_identical(tmp_path: Path) ->
         (lambda p, m: candle_ckpt.restart(m, p), r"gParameters must be a mapping .* got Sequential \(a model\?"),
         (lambda p, m: CandleCheckpointCallback(m), r"gParameters must be a mapping"),
         (lambda p, m: CandleCkptKeras(m), r"CandleCkptKeras\(gParameters\): gParameters must be the parameter dict"),
-        (lambda p, m: CandleCkptKeras(p).restart(p), r"CandleCkptKeras.restart\(model\): model must be a Keras model"),
+        (lambda p, m: CandleCkptKeras(p).restart(p), r"restart\(\): no model to restore: call ckpt.set_model"),
         (lambda p, m: CandleCkptKeras(p).set_model(p), r"set_model\(model\): model must be a Keras model; got a dict"),
     ],
     ids=["restart-dict-model", "restart-swapped", "callback-model", "ckptkeras-model", "uno-restart-params", "set"],
@@ -203,3 +203,71 @@ def test_cli_lists_a_flat_directory(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["last"] == 2 and [r["epoch"] for r in out["checkpoints"]] == [1, 2]
+
+
+def test_develop_restart_takes_what_candle_lib_takes(tmp_path: Path) -> None:
+    """ckpt.restart(params) (Uno) and ckpt.restart() restore set_model's model, with ckpt_restart_mode=off too;
+    another model passed is not restored and one warning (said once) names both and the fix."""
+    params = {"epochs": 2, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    first = CandleCkptKeras(params, verbose=False)
+    trained = compile_model(build_model())
+    fit(trained, [first], 2)
+    first.close()
+    assert CandleCkptKeras(params | {"ckpt_restart_mode": "off"}, verbose=False).restart(params) is None
+    for arg in (params, None):
+        ckpt, model = CandleCkptKeras(params, verbose=False), build_model(seed=7)
+        ckpt.set_model(model)
+        assert (ckpt.restart(params) if arg is not None else ckpt.restart())["epoch"] == 2
+        for a, b in zip(model.get_weights(), trained.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+    ckpt, model, other = CandleCkptKeras(params, verbose=False), build_model(seed=7), build_model(seed=8)
+    ckpt.set_model(model)
+    before = [w.copy() for w in other.get_weights()]
+    assert ckpt.restart(other)["epoch"] == 2 and ckpt.restart(other)["epoch"] == 2
+    np.testing.assert_array_equal(model.get_weights()[0], trained.get_weights()[0])
+    for a, b in zip(other.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    expected = (
+        f"CandleCkptKeras.restart(model): the Sequential passed is not the model given to set_model() (Sequential "
+        f"{model.name!r}); as in candle_lib, the set_model() one is restored and the one passed is not: call "
+        "ckpt.set_model(model) first to restore that one"
+    )
+    log = (tmp_path / "ckpts" / "ckpt.log").read_text()
+    assert log.count(expected) == 1, log
+
+
+@pytest.mark.parametrize("api", ["master", "develop"])
+def test_every_path_in_the_log_exists_under_both_layouts(tmp_path: Path, api: str) -> None:
+    """Under the nested (master) and flat (develop) layouts, every path that ckpt.log names exists: saves, the
+    resume, the optimizer state applied when fit starts, and the warning about optimizer state never applied."""
+    import gc
+    import re
+
+    params = {"epochs": 3, "output_dir": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    if api == "master":
+        params["ckpt_directory"] = str(tmp_path / "save")
+
+    def restart_before_compile(model):
+        if api == "master":
+            return candle_ckpt.restart(params, model, logger=None), CandleCheckpointCallback(params, logger=None)
+        ckpt = CandleCkptKeras(params, logger=None)
+        ckpt.set_model(model)
+        return ckpt.restart(params), ckpt
+
+    first = CandleCkptKeras(params, logger=None) if api == "develop" else CandleCheckpointCallback(params, logger=None)
+    fit(compile_model(build_model()), [first], 2)
+    model = build_model(seed=7)
+    found, ckpt = restart_before_compile(model)
+    fit(compile_model(model), [ckpt], 3, initial_epoch=found["epoch"])
+    ckpt.close()
+    lonely = build_model(seed=8)
+    restart_before_compile(lonely)[1].close()  # and no fit ever applies its optimizer state
+    del lonely
+    gc.collect()
+    log_path = tmp_path / ("save" if api == "master" else "ckpts") / "ckpt.log"
+    lines = log_path.read_text().splitlines()
+    named = [(m.group(0), line) for line in lines for m in re.finditer(re.escape(str(tmp_path)) + r"[^\s,;()']*", line)]
+    assert any("never applied" in line for _, line in named) and any("resumed from" in line for _, line in named)
+    assert any("optimizer state of" in line for _, line in named), lines
+    missing = [(path, line) for path, line in named if not os.path.exists(path)]
+    assert missing == []

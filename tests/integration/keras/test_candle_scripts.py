@@ -94,3 +94,19 @@ def test_killed_and_rerun_unchanged_is_bit_identical(tmp_path: Path, reference: 
     assert sorted(expected.files) == sorted(resumed.files)
     for name in expected.files:
         np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
+
+
+def test_uno_shaped_script_killed_and_rerun_unchanged_is_bit_identical(tmp_path: Path) -> None:
+    """Uno's calls unchanged (ckpt.restart(params) with the parameter dict before compile, a Sequence shuffled in
+    place, EarlyStopping, ReduceLROnPlateau, LR warm-up, MultiGPUCheckpoint): SIGKILL after epoch 2's commit, rerun,
+    and the final weights and optimizer state equal an uninterrupted run's bit for bit."""
+    run("uno", tmp_path / "reference", tmp_path / "reference.npz")
+    lines = run("uno", tmp_path / "job", tmp_path / "unused.npz", kill_after=2)
+    assert lines[0] == "ready 0" and "committed 2" in lines
+    lines = run("uno", tmp_path / "job", tmp_path / "resumed.npz")
+    assert lines[0] in ("ready 2", "ready 3"), lines
+    assert (tmp_path / "job" / "model.h5").is_file()  # MultiGPUCheckpoint saved the template model
+    expected, resumed = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
+    assert sorted(expected.files) == sorted(resumed.files)
+    for name in expected.files:
+        np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)

@@ -35,6 +35,7 @@ SETUPS = [
     "tfdata_map_parallel",
     "pydataset_np",
     "pydataset_inplace",
+    "pydataset_shuffle_inplace",
     "reduce_lr_after",
     "reduce_lr_before",
     "early_stopping",
@@ -101,3 +102,28 @@ def test_job_server_reports_a_crashed_child(server, tmp_path):
     bad.write_text("x")
     lines, status = server.run("arrays_shuffle", "full", str(bad / "sub"), str(tmp_path / "o.npz"))
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1, (lines, status)
+
+
+@pytest.mark.parametrize(("setup", "stopped"), [("early_stopping", 4), ("arrays_shuffle", 5)])
+def test_a_finished_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
+    """A run that EarlyStopping ended (after epoch 4 of 5), or that reached its epochs, rerun unchanged in a fresh
+    process: fit trains no epoch, the weights stay bit-identical and ckpt.log says so in one line naming the
+    checkpoint (which exists) and how to train on. Also the tripwire of fit_hooks.set_first_epoch."""
+    directory = tmp_path / "job"
+    lines, status = server.run(setup, "full", str(directory), str(tmp_path / "first.npz"))
+    assert status == 0 and lines[-1] == f"done 0 {stopped}", lines
+    lines, status = server.run(setup, "resume", str(directory), str(tmp_path / "again.npz"))
+    assert status == 0 and lines[-1] == f"done {stopped} 0", lines  # restored epoch `stopped`, ran no epoch
+    a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
+    assert [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
+    where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
+    if setup == "early_stopping":
+        why, how = "EarlyStopping ended it after epoch 4", "to train on from there on purpose, set ckpt_restart_epoch=4"
+    else:
+        why, how = "its checkpoint is of epoch 5 and fit() was called with epochs=5", "to train on, pass epochs > 5"
+    expected = f"WARNING the run is finished: {why} ({where}); this fit() trains nothing; {how}"
+    log = (directory / "ckpt.log").read_text().splitlines()
+    assert [line for line in log if "run is finished" in line or "no epoch" in line] == [
+        line for line in log if line.endswith(expected)
+    ]
+    assert len([line for line in log if line.endswith(expected)]) == 1 and where.is_dir()

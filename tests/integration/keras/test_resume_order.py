@@ -131,15 +131,23 @@ def test_callback_created_before_restart_continues_best_tracking(tmp_path):
 
 
 def test_initial_epoch_at_or_beyond_epochs_is_reported(tmp_path):
-    """restart() restores epoch 3 but fit(epochs=2): a warning names both numbers and that no epoch ran."""
+    """restart() restores epoch 3 but fit(epochs=2): one warning names both numbers, that nothing is trained
+    and how to train on; the checkpoint it names exists."""
     params = _params(tmp_path)
     _train(params, _model(), epochs=3)
     model = _model()
     found = candle.restart(params, model, logger=None)
     _train(params, model, epochs=2, initial_epoch=found["epoch"])
     log = _log(params)
-    assert "restart() restored epoch 3 but fit() was called with epochs=2" in log
-    assert "fit() ran no epoch" in log
+    where = Path(params["ckpt_directory"]) / "ckpts" / "epochs" / "003"
+    expected = (
+        f"the run is finished: its checkpoint is of epoch 3 and fit() was called with epochs=2 ({where}); "
+        "this fit() trains nothing; to train on, pass epochs > 3"
+    )
+    assert [line for line in log.splitlines() if "run is finished" in line or "no epoch" in line] == [
+        line for line in log.splitlines() if line.endswith(expected)
+    ]
+    assert expected in log and where.is_dir()
 
 
 class Counter(keras.callbacks.Callback):
@@ -356,3 +364,23 @@ def test_integer_counters_of_another_width_fit_but_other_dtypes_do_not(tmp_path)
         assert not _dtype_fits(h5["big"], "int32")
         assert _dtype_fits(h5["big"], "int64")
         assert not _dtype_fits(h5["half"], "float32")
+
+
+def test_a_run_early_stopping_ended_trains_on_when_its_epoch_is_asked_for(tmp_path):
+    """The documented way to continue a finished run on purpose: ckpt_restart_epoch=N resumes from the epoch
+    EarlyStopping ended the run after, and fit trains on (no 'finished' line for that rerun)."""
+    params = _params(tmp_path, epochs=8)
+    stop = keras.callbacks.EarlyStopping("loss", patience=1, min_delta=1e6)
+    _train(params, _model(), epochs=8, extra=[stop])
+    stopped = stop.stopped_epoch + 1
+    assert 1 < stopped < 8
+    model = _model()
+    found = candle.restart(params | {"ckpt_restart_epoch": stopped}, model, logger=None)
+    assert found["epoch"] == stopped
+    history = model.fit(
+        X, Y, batch_size=16, epochs=8, initial_epoch=stopped, shuffle=False, verbose=0,
+        callbacks=[keras.callbacks.EarlyStopping("loss", patience=3, min_delta=1e6),
+                   candle.CandleCheckpointCallback(params | {"ckpt_restart_epoch": stopped}, logger=None)],
+    )  # fmt: skip
+    assert len(history.epoch) >= 1
+    assert _log(params).count("the run is finished") == 0

@@ -1,0 +1,61 @@
+"""A tf_keras (Keras 2) training job run by ``test_tfk_exactness.py`` in fresh processes, without tf.distribute.
+
+Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR OUT``). ``plain``:
+Dense layers, ``fit(shuffle=False)``; ``defaults``: a ``Dropout`` layer and ``fit``'s default
+``shuffle=True``. PHASE ``kill`` sends itself SIGKILL after the second batch of epoch 3;
+``full`` and ``resume`` run to the end and write the final weights and optimizer variables to OUT.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from exact_job import BATCH, EPOCHS, KILL_AT, data, say, serve  # noqa: E402
+
+
+def run(words: list[str]) -> None:
+    """Run one job (see the module docstring)."""
+    import numpy as np
+    import tf_keras
+
+    import candle_ckpt
+    from candle_ckpt.tf_keras.adapter import CandleCheckpointCallback
+
+    setup, phase, directory, out = words[:4]
+    tf_keras.utils.set_random_seed(1)
+    layers = [tf_keras.Input((8,)), tf_keras.layers.Dense(16, activation="relu")]
+    layers += [tf_keras.layers.Dropout(0.2)] if setup == "defaults" else []
+    model = tf_keras.Sequential([*layers, tf_keras.layers.Dense(1)])
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
+    params = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss"}
+    found = candle_ckpt.restart(params, model, logger=None)
+    start = found["epoch"] if found else 0
+    say(f"start {start}")
+
+    class KillMidEpoch(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            if phase == "kill" and self.epoch + 1 == KILL_AT and batch == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    x, y, _ = data()
+    shuffle = {} if setup == "defaults" else {"shuffle": False}
+    callbacks = [KillMidEpoch(), CandleCheckpointCallback(params, logger=None)]
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, **shuffle)
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(out, **arrays)
+    say(f"done {start}")
+
+
+if __name__ == "__main__":
+    import tf_keras  # noqa: F401  (imported once, inherited by every child)
+
+    serve(run)
