@@ -46,6 +46,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "url": str,
     "json": str,
     "signals": str,
+    "exit": str,
     "deadline": str,
 }
 

@@ -57,7 +57,8 @@ class CkptConfig:
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         save_steps: Also save every N steps of an epoch; 0: never.
         preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
-        preempt_exit_code: Exit status after a preemption save, or None to stop training.
+        preempt_exit_code: After a preemption save: ``"signal"`` (exit with 128 + its number),
+            ``"return"`` (stop training, ``fit`` returns) or an exit status.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
         preempt_check: Multi-worker: steps between two preemption agreements.
@@ -87,7 +88,7 @@ class CkptConfig:
     layout: str = "nested"
     save_steps: int = 0
     preempt_signals: tuple[str, ...] = ("SIGTERM",)
-    preempt_exit_code: int | None = None
+    preempt_exit_code: int | str = "signal"
     deadline: str = "auto"
     deadline_margin: float = 60.0
     preempt_check: int = 1

@@ -152,12 +152,26 @@ def test_signal_saves_the_step_and_the_rerun_is_bit_identical(
 
 
 @pytest.mark.tf_only
-def test_signal_without_exit_code_stops_fit_and_the_job_goes_on(server, tmp_path, tmp_path_factory):
-    """With ckpt_preempt_exit_code unset, fit returns after the step checkpoint (stop_training); no epoch
-    checkpoint is made of the partial epoch, and stats()["preempt"] records the save."""
+def test_signal_with_the_defaults_commits_then_ends_the_process_with_143(server, tmp_path):
+    """With the defaults, SIGTERM in the middle of an epoch commits a step checkpoint and the process ends with
+    143 (128 + 15, what SIGTERM itself gives): the script does not go on as if training had completed."""
     directory = tmp_path / "job"
     lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.1",
                                send=signal.SIGTERM)  # fmt: skip
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, (lines, status)
+    assert not any(line.startswith("done") for line in lines), lines
+    assert [(s["epoch"], s["step"]) for s in step_sidecars(directory)] == [(1, 2)]
+    log = (directory / "ckpt.log").read_text()
+    assert "SIGTERM: committed " in log and "exiting with status 143" in log
+
+
+@pytest.mark.tf_only
+def test_signal_with_return_stops_fit_and_the_job_goes_on(server, tmp_path, tmp_path_factory):
+    """With ckpt_preempt_exit_code=return, fit returns after the step checkpoint (stop_training); no epoch
+    checkpoint is made of the partial epoch, and stats()["preempt"] records the save."""
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.1",
+                               "code=return", send=signal.SIGTERM)  # fmt: skip
     assert status == 0, lines
     assert lines[-1].startswith("done 0 2 {") and "'step': 2" in lines[-1], lines
     assert sorted(p.name for p in (directory / "ckpts" / "epochs").iterdir()) == ["001"]
