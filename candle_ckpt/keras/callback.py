@@ -96,6 +96,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
         self._logs: dict[str, Any] = {}
         self._epochs_run = 0
+        self._done_said = False  # on_train_begin said that all epochs are done
         self._epoch = 0  # Keras's index of the epoch running now
         # Signals, deadline, step checkpoints; a multi-process job replaces its ``agreement`` before fit.
         self._pre = PreemptionController(self.cfg, self.engine, self.ops, step_saves=True)
@@ -139,11 +140,12 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._restore = resume_apply.take(self._resumed, resume_apply.TRAIN_STATE)
         if self._restore is not None and not self._hooked:
             self._before_epoch(-1)
-        epochs = (self.params or {}).get("epochs")
-        if self._resumed is not None and isinstance(epochs, int) and self._resumed.sidecar.epoch >= epochs:
+        epochs, side = (self.params or {}).get("epochs"), self._resumed.sidecar if self._resumed else None
+        self._done_said = side is not None and isinstance(epochs, int) and side.epoch >= epochs
+        if self._done_said:  # the one line of a run with nothing to do (on_train_end says nothing more)
             self.ops.warning(
-                f"restart() restored epoch {self._resumed.sidecar.epoch} but fit() was called with epochs={epochs}: "
-                f"no epoch will run; pass epochs > {self._resumed.sidecar.epoch} to train further"
+                f"all {epochs} epochs are done (restart() restored epoch {side.epoch}): nothing to train; "
+                f"to train on, pass epochs > {side.epoch} to fit"
             )
         # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
         self._pre.arm()
@@ -264,7 +266,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self._guard.disarm()
-        if self._epochs_run == 0:
+        if self._epochs_run == 0 and not self._done_said:
             epochs = (self.params or {}).get("epochs")
             self.ops.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"

@@ -108,8 +108,19 @@ def test_demo_help_names_the_command_it_was_run_as() -> None:
     assert "./candle_ckpt_demo" in via_cli.stdout
 
 
-def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path) -> None:
-    """SIGINT during the demo: exit 130, no traceback, one line naming the last saved epoch and how to resume."""
+def _ignore_sigint() -> None:
+    """In the child before exec: SIGINT ignored, as a non-interactive shell's ``&`` leaves it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("moment", "background"),
+    [("importing", False), ("fit-starts", False), ("after-a-save", False), ("after-a-save", True)],
+)
+def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path, moment: str, background: bool):
+    """SIGINT at several moments of the demo (while Keras loads, as fit starts, after a checkpoint; and once with
+    SIGINT inherited ignored, as a background shell starts it): exit 130, no traceback, one line saying what was
+    saved and how to resume."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"],
         cwd=tmp_path,
@@ -117,20 +128,36 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if background else None,
     )
     last = tmp_path / "candle_ckpt_demo" / "ckpts" / "last"
     deadline = time.monotonic() + 120
-    while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert os.path.lexists(last), "the demo saved nothing"
+    if moment == "importing":  # TensorFlow's library is mapped: main() is importing Keras
+        maps = Path(f"/proc/{proc.pid}/maps")
+        while proc.poll() is None and time.monotonic() < deadline and "tensorflow" not in maps.read_text():
+            time.sleep(0.05)
+    elif moment == "fit-starts":
+        line = proc.stdout.readline()  # the demo's first line comes once Keras is loaded, just before fit
+        assert line.startswith("demo: starting from scratch"), line
+    else:
+        while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert os.path.lexists(last), "the demo saved nothing"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip() and "candle_ckpt INFO" not in line]
     assert len(lines) == 1, err
-    saved = int(os.readlink(last).split("/")[-1])
-    assert f"interrupted; the last checkpoint is epoch {saved} in {tmp_path / 'candle_ckpt_demo'}" in lines[0]
+    where = tmp_path / "candle_ckpt_demo"
+    if os.path.lexists(last):
+        saved = int(os.readlink(last).split("/")[-1])
+        assert f"interrupted; the last checkpoint is epoch {saved} in {where}" in lines[0]
+    else:
+        assert f"interrupted; no checkpoint was saved yet in {where}" in lines[0]
     assert "run the same command again to resume" in lines[0]
 
 
@@ -190,3 +217,62 @@ def test_plot_without_matplotlib_is_one_line_naming_the_pip_command(tmp_path: Pa
     assert len(lines) == 1, proc.stderr
     assert "needs matplotlib" in lines[0] and "python3 -m pip install matplotlib" in lines[0]
     assert not (tmp_path / "m.png").exists()
+
+
+def test_the_preemption_line_goes_to_ckpt_log_only(tmp_path: Path) -> None:
+    """A fit with the defaults: 'preemption: SIGTERM save a checkpoint ...' is in ckpt.log, not on the console."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FIT, str(tmp_path / "save"), "sync"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "preemption" not in proc.stdout, proc.stdout[-3000:]
+    log = (tmp_path / "save" / "ckpt.log").read_text()
+    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
+
+
+def test_a_finished_demo_suggests_more_epochs_than_were_saved(tmp_path: Path) -> None:
+    """The demo trained to epoch 2, rerun with --epochs 1: the hint names --epochs 12 (saved epoch + 10), a
+    command that trains."""
+    demo = [sys.executable, "-m", "candle_ckpt.cli.demo", "--sleep", "0", "--samples", "128"]
+    first = subprocess.run([*demo, "--epochs", "2"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run([*demo, "--epochs", "1"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "demo: all 1 epochs are done (checkpoint of epoch 2 in" in again.stdout
+    assert "pass more epochs (--epochs 12)" in again.stdout
+
+
+def test_the_demo_without_tensorflow_says_how_to_choose_a_backend(tmp_path: Path) -> None:
+    """`candle-ckpt demo` where TensorFlow cannot be imported: one line naming KERAS_BACKEND=jax and the tf
+    extra, exit status 2, no 'internal error'."""
+    code = (
+        "import sys; sys.modules['tensorflow'] = None\nfrom candle_ckpt.cli.main import main\nsys.exit(main(['demo']))"
+    )
+    env = {k: v for k, v in ENV.items() if k != "KERAS_BACKEND"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "internal error" not in lines[0], proc.stderr[-2000:]
+    assert "KERAS_BACKEND=jax" in lines[0] and "tf extra" in lines[0]
+
+
+def test_the_demo_directory_is_ignored_by_git() -> None:
+    """./candle_ckpt_demo/, where the README's demo command writes, is in .gitignore."""
+    from candle_ckpt.cli.parser import DEMO_DIRECTORY
+
+    assert DEMO_DIRECTORY.removeprefix("./") + "/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_help_lists_every_exit_status_including_130() -> None:
+    """`candle-ckpt --help` names the exit statuses the commands use: 0, 1, 2 and 130 (Ctrl-C)."""
+    proc = subprocess.run([sys.executable, "-m", "candle_ckpt", "--help"], env=ENV, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "exit status: 0 ok, 1 corruption found, 2 error" in text and "130 interrupted (Ctrl-C)" in text

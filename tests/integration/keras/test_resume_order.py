@@ -131,15 +131,18 @@ def test_callback_created_before_restart_continues_best_tracking(tmp_path):
 
 
 def test_initial_epoch_at_or_beyond_epochs_is_reported(tmp_path):
-    """restart() restores epoch 3 but fit(epochs=2): a warning names both numbers and that no epoch ran."""
+    """restart() restores epoch 3 but fit(epochs=2): one warning line names both numbers, says that all epochs are
+    done and how to train on (issue 27: it was two warnings)."""
     params = _params(tmp_path)
     _train(params, _model(), epochs=3)
     model = _model()
     found = candle.restart(params, model, logger=None)
+    before = len(_log(params).splitlines())
     _train(params, model, epochs=2, initial_epoch=found["epoch"])
-    log = _log(params)
-    assert "restart() restored epoch 3 but fit() was called with epochs=2" in log
-    assert "fit() ran no epoch" in log
+    warnings = [line for line in _log(params).splitlines()[before:] if " WARNING " in line]
+    assert [w.split(" WARNING ", 1)[1] for w in warnings] == [
+        "all 2 epochs are done (restart() restored epoch 3): nothing to train; to train on, pass epochs > 3 to fit"
+    ]
 
 
 class Counter(keras.callbacks.Callback):
