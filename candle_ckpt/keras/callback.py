@@ -124,8 +124,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.adopt_resumed(resumed.sidecar, resumed.load)
 
     def on_train_begin(self, logs=None) -> None:
+        self._guard.arm()  # first: an earlier fit's release (if under way) ends before the lock is taken
         self.engine.open()  # the writer lock, for as long as this fit runs
-        self._guard.arm()
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()

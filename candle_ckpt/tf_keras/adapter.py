@@ -196,8 +196,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             )
 
     def on_train_begin(self, logs=None) -> None:
+        self._guard.arm()  # first: a fit that raises releases the lock; an earlier one's release ends here
         self.state.open()  # the writer lock (chief), held while this fit runs
-        self._guard.arm()  # a fit that raises releases it too
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
             self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
