@@ -46,3 +46,19 @@ class SidecarError(ValueError):
 
 class MissingDependency(ImportError):
     """An optional dependency is not installed; the message names the pip command that installs it."""
+
+
+class GroupTimeout(CheckpointError):
+    """A process of a multi-process job did not reach a meeting point in time (it died or hangs).
+
+    ``name`` is the meeting point (e.g. ``"save/3/parts-written"``), ``timeout_s``
+    how long this process waited, and ``missing`` the ranks that never came
+    (empty where the group cannot tell).
+    """
+
+    def __init__(self, name: str, timeout_s: float, missing: tuple[int, ...] = ()) -> None:
+        who = f" (rank(s) {', '.join(map(str, missing))} never came)" if missing else ""
+        super().__init__(f"the processes did not all reach {name!r} within {timeout_s:g} s{who}")
+        self.name = name
+        self.timeout_s = timeout_s
+        self.missing = missing

@@ -38,11 +38,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from candle_ckpt.config.deadline import resolve_deadline
+from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
+from candle_ckpt.engine.decision import checkpointing_off
+from candle_ckpt.engine.preempt import (
+    PreemptExit,
+    PreemptionWatcher,
+    Trigger,
+    end_early_catch,
+    preempt_message,
+    preempt_record,
+)
 from candle_ckpt.engine.resume import checkpoint_dir
 
 #: ``ckpt_preempt_exit_code`` words: exit with 128 + the signal's number, or return from ``fit``.
@@ -162,7 +170,7 @@ class PreemptionController:
         step_saves: bool = False,
     ) -> None:
         self.cfg, self.engine, self.ops, self.agreement, self.who = cfg, engine, ops, agreement, who
-        on = cfg.save_interval != 0  # checkpointing off: nothing is saved, nothing is caught
+        on = not checkpointing_off(cfg)  # nothing is saved, nothing is caught
         deadline, self.deadline_source = resolve_deadline(cfg.deadline, time.time(), os.environ)
         self.watcher = PreemptionWatcher(
             signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin
@@ -184,7 +192,11 @@ class PreemptionController:
         """At the start of a fit: forget the last one's save and install the signal handlers."""
         self.saved_at, self.mid_epoch = None, False
         self._last, self._step_s = time.monotonic(), 0.0
+        warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
+        if warning:
+            self.ops.warning(warning)
         if not self.watching:
+            end_early_catch()  # restart() caught the signals for this fit, which watches none
             return
         caught = self.watcher.arm()
         if self.watcher.deadline is not None:
@@ -195,6 +207,12 @@ class PreemptionController:
             )
         if caught:  # every run says it: ckpt.log only, not the console
             self.ops.note(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+        held = self.watcher.pending
+        if held is not None:
+            self.ops.warning(
+                f"{held.reason} came {time.monotonic() - held.at:.1f} s ago, after restart() and before fit began: "
+                "a checkpoint is saved after the first step"
+            )
         if self.watcher.kept:
             self.ops.warning(
                 f"preemption: {', '.join(self.watcher.kept)} already has a handler this program installed; it is "

@@ -23,7 +23,7 @@ from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
-from candle_ckpt.keras import fit_hooks
+from candle_ckpt.keras import fit_hooks, internals
 from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
@@ -88,7 +88,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
-        self._guard = FitGuard(self._fit_ended)
+        self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
         self._stdout: LineTracker | None = None
         self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
@@ -124,7 +124,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.adopt_resumed(resumed.sidecar, resumed.load)
 
     def on_train_begin(self, logs=None) -> None:
-        self._guard.arm()  # first: an earlier fit's release (if under way) ends before the lock is taken
+        self._guard.arm(internals.hook_frame())  # first: an earlier fit's release (if under way) ends here
         self.engine.open()  # the writer lock, for as long as this fit runs
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
@@ -225,9 +225,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _capture(self, step: int | None = None):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
-        sync = getattr(self.model, "jax_state_sync", None)
-        if step is not None and callable(sync):
-            sync()  # JAX keeps the state outside the variables between epoch ends: put it back first
+        if step is not None:
+            internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if self._train is not None:

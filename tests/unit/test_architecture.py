@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import sys
 from collections.abc import Iterator
 
@@ -172,3 +173,78 @@ def test_exceptions_have_one_home() -> None:
                 if name != "candle_ckpt.core.errors" and qual not in OWN_EXCEPTIONS:
                     elsewhere.append(qual)
     assert not elsewhere, elsewhere
+
+
+# The only modules that reach framework internals (docs/api.rst lists what each relies on).
+GATEWAYS = {"candle_ckpt.keras.internals", "candle_ckpt.tf_keras.internals"}
+PRIVATE_PREFIXES = ("keras.src", "tensorflow.python", "tf_keras.src")
+PRIVATE_CALLS = ("_getframe",)
+
+
+def _private_reaches(tree: ast.Module) -> list[str]:
+    """What a module reaches of the frameworks' private parts: imports, module names in strings, frames."""
+    found = []
+    for node in ast.walk(tree):
+        names = _imported(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            names = [node.value]  # e.g. sys.modules.get("tensorflow.python.framework.errors_impl")
+        found += [n for n in names if n.startswith(PRIVATE_PREFIXES)]
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_CALLS:
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_gateways_reach_framework_internals() -> None:
+    """No module but keras/internals.py and tf_keras/internals.py reaches keras.src, tensorflow.python,
+    tf_keras.src or sys._getframe."""
+    wrong = [
+        f"{name}: {what}" for name, _, tree in _modules() if name not in GATEWAYS for what in _private_reaches(tree)
+    ]
+    assert not wrong, wrong
+    assert all(_private_reaches(tree) for name, _, tree in _modules() if name in GATEWAYS), "a gateway moved"
+
+
+def test_the_gateway_check_finds_a_private_import() -> None:
+    """The check flags each kind of private reach (it can fail)."""
+    source = (
+        "from keras.src.saving import saving_lib\nimport tf_keras.src.callbacks\nimport sys\n"
+        "f = sys._getframe(1)\nm = sys.modules.get('tensorflow.python.eager.context')\n"
+    )
+    assert _private_reaches(ast.parse(source)) == [
+        "keras.src.saving",
+        "keras.src.saving.saving_lib",
+        "tf_keras.src.callbacks",
+        "sys._getframe",
+        "tensorflow.python.eager.context",
+    ]
+
+
+def _tripwires(doc: str) -> list[str]:
+    """The tests named after "tripwire" in an accessor's docstring: ``file.py`` or ``file.py::test_name``."""
+    text = " ".join(doc.split())
+    return (
+        re.findall(r"``((?:[\w/]+/)?test_\w+\.py(?:::\w+)?)``", text.split("tripwire", 1)[1])
+        if "tripwire" in text
+        else []
+    )
+
+
+@pytest.mark.parametrize("gateway", sorted(GATEWAYS))
+def test_every_gateway_accessor_names_what_it_relies_on_and_a_tripwire_that_exists(gateway: str) -> None:
+    """Each public function of a gateway says "Relies on:" and names a tripwire test that exists."""
+    tests = PACKAGE.parent / "tests"
+    (tree,) = [tree for name, _, tree in _modules() if name == gateway]
+    wrong = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node) or ""
+        wires = _tripwires(doc)
+        if "Relies on:" not in doc or not wires:
+            wrong.append(f"{node.name}: no 'Relies on:' line with a tripwire")
+        for wire in wires:
+            file, _, test = wire.partition("::")
+            found = [p for p in tests.rglob(pathlib.Path(file).name) if p.as_posix().endswith(file)]
+            if not found or (test and not any(f"def {test}(" in p.read_text() for p in found)):
+                wrong.append(f"{node.name}: tripwire {wire} does not exist")
+    assert not wrong, wrong
