@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 from locations import REPO
+from pace import wait_s
 
 ROOT = REPO
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
 ENV.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it: the demo and the CLI must quiet TF themselves
+RUN_S = wait_s(60)  # a short job's bound, scaled to the machine (pace)
+SHORT_S = wait_s(40)  # --help, or until a job reaches a point
 TF_NOISE = re.compile(r"oneDNN|cuInit|cuda_|absl::InitializeLog|cpu_feature_guard|^[IWE]0000 ", re.M)
 
 FIT = textwrap.dedent(
@@ -52,7 +55,7 @@ def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     lines = proc.stdout.splitlines()
@@ -72,7 +75,7 @@ def test_sizes_are_printed_in_readable_units(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert re.search(r"saved 001 \(best\) \d+\.\d kB in", proc.stdout), proc.stdout[-2000:]
@@ -88,7 +91,7 @@ def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert not TF_NOISE.search(proc.stdout), proc.stdout[:3000]
@@ -98,11 +101,19 @@ def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_pat
 def test_demo_help_names_the_command_it_was_run_as() -> None:
     """`candle-ckpt demo --help` says `usage: candle-ckpt demo`, and the module says its own name."""
     via_cli = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt", "demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "candle_ckpt", "demo", "--help"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=SHORT_S,
     )
     assert via_cli.returncode == 0 and via_cli.stdout.startswith("usage: candle-ckpt demo "), via_cli.stdout[:200]
     direct = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt.cli.demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--help"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=SHORT_S,
     )
     assert direct.returncode == 0 and direct.stdout.startswith("usage: python3 -m candle_ckpt.cli.demo ")
     assert "./candle_ckpt_demo" in via_cli.stdout
@@ -131,7 +142,7 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
         preexec_fn=_ignore_sigint if background else None,
     )
     last = tmp_path / "candle_ckpt_demo" / "ckpts" / "last"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + SHORT_S
     if moment == "importing":  # TensorFlow's library is mapped: main() is importing Keras
         maps = Path(f"/proc/{proc.pid}/maps")
         while proc.poll() is None and time.monotonic() < deadline and "tensorflow" not in maps.read_text():
@@ -145,7 +156,7 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
         assert os.path.lexists(last), "the demo saved nothing"
     proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=SHORT_S)
     finally:
         proc.kill()
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
@@ -169,7 +180,7 @@ def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
         cwd=tmp_path,
         env=env,
         capture_output=True,
-        timeout=180,
+        timeout=RUN_S,
         check=True,
     )
     proc = subprocess.run(
@@ -178,7 +189,7 @@ def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -210,7 +221,7 @@ def test_plot_without_matplotlib_is_one_line_naming_the_pip_command(tmp_path: Pa
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SHORT_S,
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -227,7 +238,7 @@ def test_the_preemption_line_goes_to_ckpt_log_only(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "preemption" not in proc.stdout, proc.stdout[-3000:]
@@ -239,9 +250,13 @@ def test_a_finished_demo_suggests_more_epochs_than_were_saved(tmp_path: Path) ->
     """The demo trained to epoch 2, rerun with --epochs 1: the hint names --epochs 12 (saved epoch + 10), a
     command that trains."""
     demo = [sys.executable, "-m", "candle_ckpt.cli.demo", "--sleep", "0", "--samples", "128"]
-    first = subprocess.run([*demo, "--epochs", "2"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=180)
+    first = subprocess.run(
+        [*demo, "--epochs", "2"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
     assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run([*demo, "--epochs", "1"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=180)
+    again = subprocess.run(
+        [*demo, "--epochs", "1"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert "demo: all 1 epochs are done (checkpoint of epoch 2 in" in again.stdout
     assert "pass more epochs (--epochs 12)" in again.stdout
@@ -255,7 +270,7 @@ def test_the_demo_without_tensorflow_says_how_to_choose_a_backend(tmp_path: Path
     )
     env = {k: v for k, v in ENV.items() if k != "KERAS_BACKEND"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+                          timeout=RUN_S)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "internal error" not in lines[0], proc.stderr[-2000:]
@@ -272,7 +287,7 @@ def test_the_demo_directory_is_ignored_by_git() -> None:
 def test_help_lists_every_exit_status_including_130() -> None:
     """`candle-ckpt --help` names the exit statuses the commands use: 0, 1, 2 and 130 (Ctrl-C)."""
     proc = subprocess.run([sys.executable, "-m", "candle_ckpt", "--help"], env=ENV, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=SHORT_S)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "exit status: 0 ok, 1 corruption found, 2 error" in text and "130 interrupted (Ctrl-C)" in text
