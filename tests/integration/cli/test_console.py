@@ -46,9 +46,8 @@ FIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: str) -> None:
-    """A short fit with verbose=1: every log record starts a line; no line holds progress text and a record."""
+def run_fit(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    """:data:`FIT` into ``tmp_path/save`` (``sync`` or ``async``), stdout and stderr in one pipe; it must succeed."""
     proc = subprocess.run(
         [sys.executable, "-c", FIT, str(tmp_path / "save"), mode],
         env=ENV,
@@ -58,6 +57,13 @@ def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: 
         timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: str) -> None:
+    """A short fit with verbose=1: every log record starts a line; no line holds progress text and a record."""
+    proc = run_fit(tmp_path, mode)
     lines = proc.stdout.splitlines()
     records = [line for line in lines if "candle_ckpt INFO" in line]
     assert len([r for r in records if ": saved " in r]) == 3, proc.stdout[-3000:]
@@ -67,19 +73,15 @@ def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: 
         assert "━" not in line and "step" not in line.split("candle_ckpt INFO")[0], line
 
 
-def test_sizes_are_printed_in_readable_units(tmp_path: Path) -> None:
-    """A tiny model's save is reported in kB, never as '0.0 MB'."""
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT, str(tmp_path / "save"), "sync"],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=RUN_S,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:]
+def test_sizes_are_printed_in_readable_units_and_the_preemption_line_only_in_ckpt_log(tmp_path: Path) -> None:
+    """A tiny model's save is reported in kB, never as '0.0 MB'; 'preemption: SIGTERM save a checkpoint ...',
+    said at every fit, is in ckpt.log and not on the console (issue 27)."""
+    proc = run_fit(tmp_path, "sync")
     assert re.search(r"saved 001 \(best\) \d+\.\d kB in", proc.stdout), proc.stdout[-2000:]
     assert "0.0 MB" not in proc.stdout
+    assert "preemption" not in proc.stdout, proc.stdout[-3000:]
+    log = (tmp_path / "save" / "ckpt.log").read_text()
+    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
 
 
 def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_path: Path) -> None:
@@ -228,22 +230,6 @@ def test_plot_without_matplotlib_is_one_line_naming_the_pip_command(tmp_path: Pa
     assert len(lines) == 1, proc.stderr
     assert "needs matplotlib" in lines[0] and "python3 -m pip install matplotlib" in lines[0]
     assert not (tmp_path / "m.png").exists()
-
-
-def test_the_preemption_line_goes_to_ckpt_log_only(tmp_path: Path) -> None:
-    """A fit with the defaults: 'preemption: SIGTERM save a checkpoint ...' is in ckpt.log, not on the console."""
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT, str(tmp_path / "save"), "sync"],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=RUN_S,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "preemption" not in proc.stdout, proc.stdout[-3000:]
-    log = (tmp_path / "save" / "ckpt.log").read_text()
-    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
 
 
 def test_a_finished_demo_suggests_more_epochs_than_were_saved(tmp_path: Path) -> None:
