@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+# A suite started in the background by a non-interactive shell (``pytest ... &``, a CI runner, nohup)
+# inherits SIGINT *ignored*; every job it starts would inherit that too, and a Python child then
+# never raises KeyboardInterrupt: a test's Ctrl-C reaches a process that goes on (the demo ran all its
+# epochs and exited 0). Give SIGINT Python's own handler here, so children start with its default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ``locations`` (this folder) and the job scripts' helpers (``testkit``, ``candle_writer``,
 # ``runner_loops``) import by name from a test file in any folder.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -71,7 +72,7 @@ def _train(args: argparse.Namespace, where: str) -> int:
     initial_epoch = info["epoch"] if info else 0
     if initial_epoch >= args.epochs:
         print(f"demo: all {args.epochs} epochs are done (checkpoint of epoch {initial_epoch} in {where}).")
-        print(f"demo: to train on, pass more epochs (--epochs {args.epochs + 10}); to start over, remove {where}")
+        print(f"demo: to train on, pass more epochs (--epochs {initial_epoch + 10}); to start over, remove {where}")
         return 0
     start = f"resuming after epoch {initial_epoch}" if info else "starting from scratch"
     print(f"demo: {start}; training to epoch {args.epochs}; checkpoints in {where}", flush=True)
@@ -97,6 +98,21 @@ def _train(args: argparse.Namespace, where: str) -> int:
     return 0
 
 
+_BACKENDS = ("tensorflow", "jax", "torch", "keras")
+_TF_EXTRA = "pip install '.[tf]' in the candle_ckpt checkout, or pip install tensorflow"
+
+
+def _no_backend(module: str) -> str:
+    """What to do when the Keras backend (or Keras) is not installed: choose one, or install the ``tf`` extra."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if module == "keras":
+        return f"demo: Keras is not installed: install candle_ckpt with its tf extra ({_TF_EXTRA})"
+    return (
+        f"demo: Keras's backend {backend} needs the module {module}, which is not installed: choose an installed "
+        f"backend (KERAS_BACKEND=jax candle-ckpt demo) or install the tf extra ({_TF_EXTRA})"
+    )
+
+
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the demo job; return the process exit code.
 
@@ -105,10 +121,18 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """
     args = build_parser(prog).parse_args(argv)
     where = os.path.abspath(args.ckpt_directory)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started from a background shell, SIGINT comes ignored: the demo still stops on Ctrl-C / kill -INT.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     from candle_ckpt.core.errors import CheckpointError
 
     try:
         return _train(args, where)
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] not in _BACKENDS:
+            raise
+        print(_no_backend(err.name.split(".")[0]), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"\ndemo: interrupted; {saved_so_far(where)}; run the same command again to resume", file=sys.stderr)
         return 130

@@ -12,7 +12,10 @@ from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
 
-EXIT_HELP = "exit status: 0 ok, 1 corruption found, 2 error (usage, not a checkpoint directory, unknown epoch, ...)"
+EXIT_HELP = (
+    "exit status: 0 ok, 1 corruption found, 2 error (usage, not a checkpoint directory, unknown epoch, ...), "
+    "130 interrupted (Ctrl-C)"
+)
 DEMO_DIRECTORY = "./candle_ckpt_demo"
 
 

@@ -8,7 +8,8 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.raw import bool_word, describe, is_none_like
+from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.raw import bool_word, describe, is_none_like, is_none_word
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _SPECS, _Spec
 
 
@@ -46,6 +47,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "url": str,
     "json": str,
     "signals": str,
+    "exit": str,
     "deadline": str,
 }
 
@@ -131,6 +133,27 @@ def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         elif spec.kind == "int" and spec.optional:
             kwargs.update(type=_optional_int, metavar="INT")
         else:
-            kwargs["type"] = _DEF_TYPES[spec.kind]
+            kwargs["type"] = _checked(spec, _DEF_TYPES[spec.kind])
         parser.add_argument(f"--{spec.key}", **kwargs)
     return parser
+
+
+def _checked(spec: _Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``convert``, then the parameter's own check, so that a bad flag is argparse's
+    one-line error (exit status 2) naming the key and what is allowed, not a traceback later."""
+
+    def check(text: str) -> Any:
+        if is_none_word(text) and not spec.none_is_value:
+            return None  # the default, as CkptConfig.from_params reads it
+        try:
+            value = convert(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{spec.key} must be {spec.allowed}; got {describe(text)}") from None
+        try:
+            _coerce(spec, value)
+        except (TypeError, ValueError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+
+    check.__name__ = spec.kind  # argparse names the type in some messages
+    return check

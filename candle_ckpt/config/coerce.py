@@ -18,7 +18,7 @@ from typing import Any
 from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_none_like, plain_text
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
-from candle_ckpt.config.signals import parse_signals
+from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
 
 def _check_range(spec: _Spec, key: str, number: float) -> None:
@@ -222,6 +222,7 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "url": _to_url,
     "json": _to_json,
     "signals": lambda spec, key, value: parse_signals(value, key),
+    "exit": lambda spec, key, value: parse_exit_code(value, key),
     "deadline": lambda spec, key, value: parse_deadline(value, key),
 }
 

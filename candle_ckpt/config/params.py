@@ -16,6 +16,9 @@ that it loads in milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +60,8 @@ class CkptConfig:
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         save_steps: Also save every N steps of an epoch; 0: never.
         preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
-        preempt_exit_code: Exit status after a preemption save, or None to stop training.
+        preempt_exit_code: After a preemption save: ``"signal"`` (exit with 128 + its number),
+            ``"return"`` (stop training, ``fit`` returns) or an exit status.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
         preempt_check: Multi-worker: steps between two preemption agreements.
@@ -87,7 +91,7 @@ class CkptConfig:
     layout: str = "nested"
     save_steps: int = 0
     preempt_signals: tuple[str, ...] = ("SIGTERM",)
-    preempt_exit_code: int | None = None
+    preempt_exit_code: int | str = "signal"
     deadline: str = "auto"
     deadline_margin: float = 60.0
     preempt_check: int = 1
@@ -110,7 +114,8 @@ class CkptConfig:
 
         Missing keys, and keys whose value is None or the string ``"None"``
         (any case: what a command line or config file gives), take their defaults.
-        Unknown keys are ignored.  If ``ckpt_metadata`` is missing or
+        Unknown keys are ignored; an unknown ``ckpt_*`` key (a typo in a
+        config file) gets one warning naming the closest known key.  If ``ckpt_metadata`` is missing or
         None-like, CANDLE's ``metadata`` key is used instead.
 
         Args:
@@ -135,6 +140,9 @@ class CkptConfig:
                 "gParameters must be a mapping such as the parameter dict (use "
                 f"vars(args) for an argparse.Namespace); got {type(params).__name__}{hint}"
             )
+        for key in params:
+            if isinstance(key, str) and key.startswith("ckpt_") and key not in _SPEC_BY_KEY:
+                _warn_unknown(key)
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
@@ -185,3 +193,11 @@ class CkptConfig:
             TypeError: A new value has an invalid type or a name is unknown.
         """
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache  # one warning per key and process, however many objects read the dict
+def _warn_unknown(key: str) -> None:
+    """Warn that ``key`` is no ``ckpt_*`` parameter, naming the closest one."""
+    close = difflib.get_close_matches(key, [spec.key for spec in _SPECS], n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else "the keys are listed in docs/parameters.rst"
+    logging.getLogger("candle_ckpt").warning("unknown parameter %s is ignored; %s", key, hint)

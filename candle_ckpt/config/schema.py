@@ -299,16 +299,14 @@ _SPECS: tuple[_Spec, ...] = (
     _Spec(
         key="ckpt_preempt_exit_code",
         field="preempt_exit_code",
-        kind="int",
-        default=None,
+        kind="exit",
+        default="signal",
         help=(
-            "After a preemption save: None stops training (fit returns); an integer exits the process with "
-            "that status once the checkpoint is committed (a requeue script tells it from a failure)."
+            "After a preemption save: signal ends the process with 128 + the signal's number (143 for SIGTERM, "
+            "what the signal itself gives; a deadline counts as SIGTERM); an integer exits with that status; "
+            "return stops training and lets fit return."
         ),
-        allowed="integer 0-255 or None",
-        optional=True,
-        minimum=0,
-        maximum=255,
+        allowed="signal, return, or integer 0-255",
     ),
     _Spec(
         key="ckpt_deadline",

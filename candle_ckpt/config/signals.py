@@ -70,3 +70,34 @@ def parse_signals(value: object, key: str = "ckpt_preempt_signals") -> tuple[str
 def signal_numbers(names: Iterable[str]) -> tuple[int, ...]:
     """The numbers of canonical signal names (as :func:`parse_signals` returns them)."""
     return tuple(int(getattr(signal.Signals, name)) for name in names)
+
+
+EXIT_WORDS = ("signal", "return")
+EXIT_ALLOWED = "signal (128 + the signal's number), return (fit returns), or an integer 0-255"
+
+
+def parse_exit_code(value: object, key: str = "ckpt_preempt_exit_code") -> int | str:
+    """``ckpt_preempt_exit_code``: ``"signal"``, ``"return"`` or an int 0-255.
+
+    Raises:
+        ValueError, TypeError: naming ``key`` and what is allowed.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be {EXIT_ALLOWED}; got {value!r}")
+    if isinstance(value, str):
+        text = str.strip(str.__str__(value))
+        if text.lower() in EXIT_WORDS:
+            return text.lower()
+        if not text.lstrip("-").isdigit():
+            raise ValueError(f"{key} must be {EXIT_ALLOWED}; got {text!r}")
+        value = int(text)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, numbers.Integral):
+        raise TypeError(f"{key} must be {EXIT_ALLOWED}; got {type(value).__name__}")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"{key} must be >= 0 ({EXIT_ALLOWED}); got {number}")
+    if number > 255:
+        raise ValueError(f"{key} must be <= 255 ({EXIT_ALLOWED}); got {number}")
+    return number

@@ -132,7 +132,7 @@ class OpsLog:
         self.logger = logger
         self._lock = threading.Lock()
 
-    def write(self, message: str, level: int = logging.INFO) -> None:
+    def write(self, message: str, level: int = logging.INFO, console: bool = True) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         line = f"{stamp} {logging.getLevelName(level)} {message}\n"
         if self.path is not None:
@@ -144,10 +144,14 @@ class OpsLog:
                 except OSError as err:  # a full disk must not turn a log line into a crash
                     logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
         if self.logger is not None:
-            self.logger.log(level, message)
+            self.logger.log(level if console else logging.DEBUG, message)
 
     def info(self, message: str) -> None:
         self.write(message, logging.INFO)
+
+    def note(self, message: str) -> None:
+        """An INFO line for ``ckpt.log`` only (the logger gets it at DEBUG): what every run says."""
+        self.write(message, logging.INFO, console=False)
 
     def warning(self, message: str) -> None:
         self.write(message, logging.WARNING)

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.engine.preempt_control import PreemptionController
 
 DEFAULT_AGREE_TIMEOUT_S = 300.0
 
@@ -116,3 +117,14 @@ class SaveAgreement:
             return strategy.experimental_local_results(out)[0]
 
         return reduce
+
+
+def make_controller(cfg: Any, engine: Any, strategy: Any, info: Any, ops: Any) -> PreemptionController:
+    """The :class:`~candle_ckpt.engine.preempt_control.PreemptionController` of one ``tf.distribute`` worker.
+
+    The agreement is a :class:`SaveAgreement` over ``strategy`` every
+    ``ckpt_preempt_check`` steps; with several workers the log line names this one.
+    """
+    agreement = SaveAgreement(strategy, info.num_workers, every=cfg.preempt_check)
+    who = f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else ""
+    return PreemptionController(cfg, engine, ops, agreement=agreement, who=who)

@@ -69,7 +69,13 @@ def _weak(on_exit: Callable[[], None]) -> Callable[[], Callable[[], None] | None
 
 
 def _watch(
-    target_id: int, code: CodeType, thread_id: int, stop: threading.Event, on_exit: Callable, poll_s: float
+    target_id: int,
+    code: CodeType,
+    thread_id: int,
+    stop: threading.Event,
+    on_exit: Callable,
+    poll_s: float,
+    turn: threading.Lock,
 ) -> None:
     main = threading.main_thread()
     while not stop.wait(poll_s):
@@ -77,8 +83,11 @@ def _watch(
             if thread_id == main.ident and not main.is_alive():
                 return  # the interpreter is exiting: leave the rest to the atexit hooks and the kernel
             action = on_exit()
-            if action is not None and not stop.is_set():
-                action()
+            # ``turn``: disarm() (a new fit's on_train_begin) waits for an action under way, and an action
+            # never starts once disarmed: the release of the fit that raised never lands in the next fit.
+            with turn:
+                if action is not None and not stop.is_set():
+                    action()
             return
 
 
@@ -98,6 +107,7 @@ class FitGuard:
         # The callback whose hooks arm this guard (on_exit's object): its own frames are not the fit.
         self._owner = getattr(on_exit, "__self__", None)
         self._stop: threading.Event | None = None
+        self._turn = threading.Lock()  # the watcher's action and disarm() never overlap
 
     def arm(self, hook_frame: FrameType) -> None:
         """Start watching the ``fit`` that called the hook whose frame is ``hook_frame`` (running now)."""
@@ -107,11 +117,15 @@ class FitGuard:
             return
         stop = self._stop = threading.Event()
         # Not the frame itself, nor self.on_exit: see the module docstring.
-        args = (id(target), target.f_code, threading.get_ident(), stop, _weak(self.on_exit), self.poll_s)
+        args = (id(target), target.f_code, threading.get_ident(), stop, _weak(self.on_exit), self.poll_s, self._turn)
         threading.Thread(target=_watch, args=args, name="candle_ckpt-fit-guard", daemon=True).start()
 
     def disarm(self) -> None:
-        """Stop watching: ``fit`` ended normally (``on_train_end``) and cleaned up itself."""
+        """Stop watching: ``fit`` ended normally (``on_train_end``) and cleaned up itself.
+
+        Returns once a release the watcher already started has finished; none starts after.
+        """
         if self._stop is not None:
-            self._stop.set()
+            with self._turn:
+                self._stop.set()
             self._stop = None

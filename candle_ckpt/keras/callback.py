@@ -21,12 +21,13 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
+from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import finished, fit_hooks, internals
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
-from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
+from candle_ckpt.keras.preemption import resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
@@ -99,7 +100,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epochs_run = 0
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
-        self._pre = FitPreemption(self.cfg, self.ops, self.engine)  # signals, deadline, step checkpoints
+        # Signals, deadline, step checkpoints; a multi-process job replaces its ``agreement`` before fit.
+        self._pre = PreemptionController(self.cfg, self.engine, self.ops, step_saves=True)
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._list: Any = None  # the fit's CallbackList
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
@@ -125,8 +127,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.adopt_resumed(resumed.sidecar, resumed.load)
 
     def on_train_begin(self, logs=None) -> None:
+        self._guard.arm(internals.hook_frame())  # first: an earlier fit's release (if under way) ends here
         self.engine.open()  # the writer lock, for as long as this fit runs
-        self._guard.arm(internals.hook_frame())
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         where = checkpoint_dir(Layout.of(self.cfg), self._resumed.sidecar) if self._resumed else ""
@@ -150,7 +152,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         elif self._restore is not None and not self._hooked:
             self._before_epoch(-1)
         # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
-        self._pre.begin()
+        self._pre.arm()
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
@@ -193,25 +195,27 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self._train.mark_epoch_begin()
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
-        def save(reason: str, step: int):
+        step, steps = batch + 1, (self.params or {}).get("steps")
+
+        def save(reason: str):
             return self.engine.save_step(self._epoch, step, logs or {}, lambda: self._capture(step), reason)
 
         try:
-            self._pre.batch_end(self._epoch, batch + 1, (self.params or {}).get("steps"), save)
+            stop = self._pre.step_end(self._epoch, step, save, last=isinstance(steps, int) and step >= steps)
         except PreemptExit:
             self._exiting()
             raise
         except BaseException:  # a failed step save (ckpt_on_error=raise): fit stops here, the guard frees the lock
             self._sigterm.disarm()
-            self._pre.end()
+            self._pre.close()
             raise
-        if self._pre.stopped:
+        if stop:
             self.model.stop_training = True
 
     def _exiting(self) -> None:
         """ckpt_preempt_exit_code: the checkpoint is committed; give the signals and the lock back before exit."""
         self._sigterm.disarm()
-        self._pre.end()
+        self._pre.close()
         self.close()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -246,7 +250,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             def force(reason: str) -> bool:
                 return self.engine.save(epoch + 1, logs, self._capture, reason=reason)
 
-            if self._pre.epoch_end(epoch + 1, (self.params or {}).get("epochs"), saved, force):
+            epochs = (self.params or {}).get("epochs")
+            last = isinstance(epochs, int) and epoch + 1 >= epochs
+            if self._pre.epoch_end(epoch + 1, saved, force, last_epoch=last):
                 self.model.stop_training = True
         except PreemptExit:
             self._exiting()
@@ -256,7 +262,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             # unless a write is in flight; then the guard waits for it on its own thread (this one
             # must unwind, so that a SIGTERM's exit hook can commit that write).
             self._sigterm.disarm()
-            self._pre.end()
+            self._pre.close()
             if not self.engine.writer.in_flight():
                 self._guard.disarm()
                 self._fit_ended()
@@ -275,7 +281,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
             self._sigterm.disarm()
-            self._pre.end()
+            self._pre.close()
             self._fit_ended()
 
     def _fit_ended(self) -> None:

@@ -27,6 +27,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.preempt_control import PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
 from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
     STATE_FILES,
@@ -124,7 +125,7 @@ class JobRunner:
         # epoch_fn skips that many batches of that epoch. None after an epoch checkpoint.
         self.resumed_step: int | None = None
         self.preempted: tuple[int, int] | None = None  # (epoch, step) of a preemption save
-        self._sync = None  # distributed.preempt_sync.PreemptSync while train() runs
+        self._sync: PreemptionController | None = None  # while train() runs
         self._restored_at: tuple[int, int] | None = None  # (epoch, step) of a restored mid-epoch checkpoint
         self.load: dict[str, Any] | None = None
         self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
@@ -190,8 +191,14 @@ class JobRunner:
         self.step += 1
         if self._sync is None:
             return False
+        epoch, step = self.epoch, self.step
+
+        def save(reason: str):
+            capture = lambda: self._capture(epoch, step)  # noqa: E731
+            return self.engine.save_step(epoch, step, plain_logs(logs), capture, reason)
+
         try:
-            return self._sync.step_end(self.epoch, self.step, logs)
+            return self._sync.step_end(epoch, step, save)
         finally:  # set before an exit with ckpt_preempt_exit_code too
             self.preempted = self._sync.saved_at
 
@@ -262,23 +269,22 @@ class JobRunner:
             self.epoch = done = epoch + 1
             saved = self.engine.save(done, logs, lambda: self._capture(done))  # noqa: B023 - called at once
 
-            def force(reason: str, done: int = done, logs: dict = logs, saved: bool = saved) -> None:
-                if not saved:  # the policy skipped this epoch: a preemption saves it anyway
-                    self.engine.save(done, logs, lambda: self._capture(done), reason=reason)
+            def force(reason: str, done: int = done, logs: dict = logs) -> bool:
+                return self.engine.save(done, logs, lambda: self._capture(done), reason=reason)
 
             # A request at an epoch's end (or from a loop that never calls step_end), unless the job is done.
-            if not self._should_stop(done, logs) and self._sync.epoch_end(done, force):
+            if self._sync.epoch_end(done, saved, force, last_epoch=self._should_stop(done, logs)):
                 self.preempted = self._sync.saved_at
                 break
         return logs
 
-    def _make_sync(self):
-        from candle_ckpt.distributed.preempt_sync import make_sync
-        from candle_ckpt.distributed.worker_state import worker_info
+    def _make_sync(self) -> PreemptionController:
+        if self.workers is not None:
+            from candle_ckpt.distributed.agreement import make_controller
 
-        info = self.workers.info if self.workers is not None else worker_info(None)
-        capture = lambda: self._capture(self.epoch, self.step)  # noqa: E731
-        sync = make_sync(self.cfg, self.engine, capture, self.strategy, info, self.ops)
+            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.ops)
+        else:
+            sync = PreemptionController(self.cfg, self.engine, self.ops)
         sync.arm()
         return sync
 

@@ -40,16 +40,23 @@ _DOC = "__doc__"
 
 
 def pack(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Serialize a document and its arrays as one ``.npz`` (no pickle)."""
+    """Serialize a document and its arrays as one compressed ``.npz`` (no pickle).
+
+    The document is compact JSON stored as its UTF-8 bytes (``uint8``): a NumPy
+    string array would take 4 bytes a character.
+    """
+    text = json.dumps(doc, separators=(",", ":"))
     buf = io.BytesIO()
-    np.savez(buf, **{_DOC: np.array(json.dumps(doc))}, **arrays)
+    np.savez_compressed(buf, **{_DOC: np.frombuffer(text.encode("utf-8"), np.uint8)}, **arrays)
     return buf.getvalue()
 
 
 def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Inverse of :func:`pack`."""
+    """Inverse of :func:`pack`; also reads the first form, the JSON as a NumPy string (before issue 27)."""
     with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as npz:
-        doc = json.loads(str(npz[_DOC]))
+        raw = npz[_DOC]
+        text = raw.tobytes().decode("utf-8") if raw.dtype == np.uint8 else str(raw)
+        doc = json.loads(text)
         arrays = {k: npz[k] for k in npz.files if k != _DOC}
     return doc, arrays
 

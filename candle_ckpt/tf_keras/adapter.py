@@ -37,11 +37,13 @@ import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.distributed.preempt_sync import make_sync
+from candle_ckpt.distributed.agreement import make_controller
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
+from candle_ckpt.engine.preempt import PreemptExit
+from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
@@ -185,7 +187,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
-        self._sync = None  # the preemption save (PreemptSync) while fit runs
+        self._sync = None  # the PreemptionController while fit runs
         internals.keep_tensor_logs(self)  # batch logs stay tensors: no host sync per step for our hook
         self._epoch = 0
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
@@ -205,8 +207,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             )
 
     def on_train_begin(self, logs=None) -> None:
+        # First: a fit that raises releases the lock, and an earlier fit's release under way ends here.
+        self._guard.arm(internals.hook_frame())
         self.state.open()  # the writer lock (chief), held while this fit runs
-        self._guard.arm(internals.hook_frame())  # a fit that raises releases it too
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
             self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
@@ -219,8 +222,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         side = resumed.sidecar if resumed is not None else None
         self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
         state = self.state
-        capture = lambda: state.adapter.capture(self.cfg)  # noqa: E731
-        self._sync = make_sync(self.cfg, state.engine, capture, state.strategy, state.info, state.ops)
+        self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.ops)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
         self._inexact = exactness.inexact_causes(self.model, internals.fit_arguments(self.model))  # said at a save
@@ -233,10 +235,23 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         if self._sync is None or (isinstance(steps, int) and batch + 1 >= steps):
             return  # the epoch's last step: a request is answered by the epoch checkpoint (on_epoch_end)
-        done = batch + 1
-        if self._skipped is not None and self._skipped[0] == self._epoch:
+        done, epoch, engine = batch + 1, self._epoch, self.state.engine
+        if self._skipped is not None and self._skipped[0] == epoch:
             done += self._skipped[1]
-        if self._sync is not None and self._sync.step_end(self._epoch, done, logs):
+
+        def save(reason: str):
+            capture = lambda: self.state.adapter.capture(self.cfg)  # noqa: E731
+            return engine.save_step(epoch, done, plain_logs(logs), capture, reason)
+
+        try:
+            stop = self._sync.step_end(epoch, done, save)
+        except PreemptExit:  # committed: give the signals and the lock back before the process exits
+            self._sigterm.disarm()
+            self._close_sync()
+            self._guard.disarm()
+            self.state.close()
+            raise
+        if stop:
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -248,13 +263,13 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         try:
             saved = self.state.back_up(epoch + 1, logs or {})
-            if self._sync is not None and epoch + 1 < (self.params or {}).get("epochs", epoch + 2):
+            if self._sync is not None:
 
-                def force(reason: str) -> None:
-                    if not saved:  # the policy skipped this epoch: a preemption saves it anyway
-                        self.state.back_up(epoch + 1, logs or {}, reason=reason)
+                def force(reason: str) -> bool:
+                    return self.state.back_up(epoch + 1, logs or {}, reason=reason)
 
-                if self._sync.epoch_end(epoch + 1, force):
+                last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
+                if self._sync.epoch_end(epoch + 1, bool(saved), force, last_epoch=last):
                     self.model.stop_training = True
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 from locations import REPO
+from pace import wait_s
 
 ROOT = REPO
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
 ENV.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it: the demo and the CLI must quiet TF themselves
+RUN_S = wait_s(60)  # a short job's bound, scaled to the machine (pace)
+SHORT_S = wait_s(40)  # --help, or until a job reaches a point
 TF_NOISE = re.compile(r"oneDNN|cuInit|cuda_|absl::InitializeLog|cpu_feature_guard|^[IWE]0000 ", re.M)
 
 FIT = textwrap.dedent(
@@ -43,18 +46,24 @@ FIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: str) -> None:
-    """A short fit with verbose=1: every log record starts a line; no line holds progress text and a record."""
+def run_fit(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    """:data:`FIT` into ``tmp_path/save`` (``sync`` or ``async``), stdout and stderr in one pipe; it must succeed."""
     proc = subprocess.run(
         [sys.executable, "-c", FIT, str(tmp_path / "save"), mode],
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: str) -> None:
+    """A short fit with verbose=1: every log record starts a line; no line holds progress text and a record."""
+    proc = run_fit(tmp_path, mode)
     lines = proc.stdout.splitlines()
     records = [line for line in lines if "candle_ckpt INFO" in line]
     assert len([r for r in records if ": saved " in r]) == 3, proc.stdout[-3000:]
@@ -64,19 +73,15 @@ def test_no_line_mixes_the_progress_bar_with_a_log_record(tmp_path: Path, mode: 
         assert "━" not in line and "step" not in line.split("candle_ckpt INFO")[0], line
 
 
-def test_sizes_are_printed_in_readable_units(tmp_path: Path) -> None:
-    """A tiny model's save is reported in kB, never as '0.0 MB'."""
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT, str(tmp_path / "save"), "sync"],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:]
+def test_sizes_are_printed_in_readable_units_and_the_preemption_line_only_in_ckpt_log(tmp_path: Path) -> None:
+    """A tiny model's save is reported in kB, never as '0.0 MB'; 'preemption: SIGTERM save a checkpoint ...',
+    said at every fit, is in ckpt.log and not on the console (issue 27)."""
+    proc = run_fit(tmp_path, "sync")
     assert re.search(r"saved 001 \(best\) \d+\.\d kB in", proc.stdout), proc.stdout[-2000:]
     assert "0.0 MB" not in proc.stdout
+    assert "preemption" not in proc.stdout, proc.stdout[-3000:]
+    log = (tmp_path / "save" / "ckpt.log").read_text()
+    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
 
 
 def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_path: Path) -> None:
@@ -88,7 +93,7 @@ def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert not TF_NOISE.search(proc.stdout), proc.stdout[:3000]
@@ -98,18 +103,37 @@ def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_pat
 def test_demo_help_names_the_command_it_was_run_as() -> None:
     """`candle-ckpt demo --help` says `usage: candle-ckpt demo`, and the module says its own name."""
     via_cli = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt", "demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "candle_ckpt", "demo", "--help"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=SHORT_S,
     )
     assert via_cli.returncode == 0 and via_cli.stdout.startswith("usage: candle-ckpt demo "), via_cli.stdout[:200]
     direct = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt.cli.demo", "--help"], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "candle_ckpt.cli.demo", "--help"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=SHORT_S,
     )
     assert direct.returncode == 0 and direct.stdout.startswith("usage: python3 -m candle_ckpt.cli.demo ")
     assert "./candle_ckpt_demo" in via_cli.stdout
 
 
-def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path) -> None:
-    """SIGINT during the demo: exit 130, no traceback, one line naming the last saved epoch and how to resume."""
+def _ignore_sigint() -> None:
+    """In the child before exec: SIGINT ignored, as a non-interactive shell's ``&`` leaves it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("moment", "background"),
+    [("importing", False), ("fit-starts", False), ("after-a-save", False), ("after-a-save", True)],
+)
+def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path, moment: str, background: bool):
+    """SIGINT at several moments of the demo (while Keras loads, as fit starts, after a checkpoint; and once with
+    SIGINT inherited ignored, as a background shell starts it): exit 130, no traceback, one line saying what was
+    saved and how to resume."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"],
         cwd=tmp_path,
@@ -117,20 +141,36 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if background else None,
     )
     last = tmp_path / "candle_ckpt_demo" / "ckpts" / "last"
-    deadline = time.monotonic() + 120
-    while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert os.path.lexists(last), "the demo saved nothing"
+    deadline = time.monotonic() + SHORT_S
+    if moment == "importing":  # TensorFlow's library is mapped: main() is importing Keras
+        maps = Path(f"/proc/{proc.pid}/maps")
+        while proc.poll() is None and time.monotonic() < deadline and "tensorflow" not in maps.read_text():
+            time.sleep(0.05)
+    elif moment == "fit-starts":
+        line = proc.stdout.readline()  # the demo's first line comes once Keras is loaded, just before fit
+        assert line.startswith("demo: starting from scratch"), line
+    else:
+        while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert os.path.lexists(last), "the demo saved nothing"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=SHORT_S)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip() and "candle_ckpt INFO" not in line]
     assert len(lines) == 1, err
-    saved = int(os.readlink(last).split("/")[-1])
-    assert f"interrupted; the last checkpoint is epoch {saved} in {tmp_path / 'candle_ckpt_demo'}" in lines[0]
+    where = tmp_path / "candle_ckpt_demo"
+    if os.path.lexists(last):
+        saved = int(os.readlink(last).split("/")[-1])
+        assert f"interrupted; the last checkpoint is epoch {saved} in {where}" in lines[0]
+    else:
+        assert f"interrupted; no checkpoint was saved yet in {where}" in lines[0]
     assert "run the same command again to resume" in lines[0]
 
 
@@ -142,7 +182,7 @@ def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
         cwd=tmp_path,
         env=env,
         capture_output=True,
-        timeout=180,
+        timeout=RUN_S,
         check=True,
     )
     proc = subprocess.run(
@@ -151,7 +191,7 @@ def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=RUN_S,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -183,10 +223,57 @@ def test_plot_without_matplotlib_is_one_line_naming_the_pip_command(tmp_path: Pa
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SHORT_S,
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "needs matplotlib" in lines[0] and "python3 -m pip install matplotlib" in lines[0]
     assert not (tmp_path / "m.png").exists()
+
+
+def test_a_finished_demo_suggests_more_epochs_than_were_saved(tmp_path: Path) -> None:
+    """The demo trained to epoch 2, rerun with --epochs 1: the hint names --epochs 12 (saved epoch + 10), a
+    command that trains."""
+    demo = [sys.executable, "-m", "candle_ckpt.cli.demo", "--sleep", "0", "--samples", "128"]
+    first = subprocess.run(
+        [*demo, "--epochs", "2"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run(
+        [*demo, "--epochs", "1"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "demo: all 1 epochs are done (checkpoint of epoch 2 in" in again.stdout
+    assert "pass more epochs (--epochs 12)" in again.stdout
+
+
+def test_the_demo_without_tensorflow_says_how_to_choose_a_backend(tmp_path: Path) -> None:
+    """`candle-ckpt demo` where TensorFlow cannot be imported: one line naming KERAS_BACKEND=jax and the tf
+    extra, exit status 2, no 'internal error'."""
+    code = (
+        "import sys; sys.modules['tensorflow'] = None\nfrom candle_ckpt.cli.main import main\nsys.exit(main(['demo']))"
+    )
+    env = {k: v for k, v in ENV.items() if k != "KERAS_BACKEND"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=RUN_S)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "internal error" not in lines[0], proc.stderr[-2000:]
+    assert "KERAS_BACKEND=jax" in lines[0] and "tf extra" in lines[0]
+
+
+def test_the_demo_directory_is_ignored_by_git() -> None:
+    """./candle_ckpt_demo/, where the README's demo command writes, is in .gitignore."""
+    from candle_ckpt.cli.parser import DEMO_DIRECTORY
+
+    assert DEMO_DIRECTORY.removeprefix("./") + "/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_help_lists_every_exit_status_including_130() -> None:
+    """`candle-ckpt --help` names the exit statuses the commands use: 0, 1, 2 and 130 (Ctrl-C)."""
+    proc = subprocess.run([sys.executable, "-m", "candle_ckpt", "--help"], env=ENV, capture_output=True, text=True,
+                          timeout=SHORT_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "exit status: 0 ok, 1 corruption found, 2 error" in text and "130 interrupted (Ctrl-C)" in text

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cluster import WorkerCluster
+from pace import wait_s
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]  # tf.distribute multi-worker training: real clusters
 
-RUN_TIMEOUT_S = 420  # one cluster run (generous: a loaded 2-core CI box); a hang fails instead of blocking CI
+RUN_TIMEOUT_S = wait_s(140)  # one cluster run, scaled to the machine (pace); a hang fails instead of blocking CI
 SURVIVOR_GRACE_S = 5  # after a kill, how long the survivors may take to exit on their own
 
 

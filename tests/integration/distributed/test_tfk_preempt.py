@@ -63,16 +63,18 @@ class SignalAt(tf_keras.callbacks.Callback):
 
 
 def test_sigterm_saves_the_next_step_stops_fit_and_the_rest_ends_bit_identical(tmp_path: Path) -> None:
-    """SIGTERM after batch 1 of epoch 1: the next step (3 of epoch 1) is saved, fit stops, SIGTERM's default
-    action is back; restart() returns epoch 1 step 3 with that state, and fitting the rest of epoch 1, then
-    epoch 2, ends bit-identical to an uninterrupted run."""
+    """SIGTERM after batch 1 of epoch 1: the next step (3 of epoch 1) is saved, then fit raises SystemExit(143)
+    (the default: 128 + SIGTERM) with SIGTERM's default action back; restart() returns epoch 1 step 3 with
+    that state, and fitting the rest of epoch 1, then epoch 2, ends bit-identical to an uninterrupted run."""
     params = {"ckpt_directory": str(tmp_path / "ckpt"), "epochs": 3, "ckpt_save_best_metric": "loss"}
     ref = _model()
     ref.fit(_dataset(), epochs=3, verbose=0)
 
     model = _model()
     cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
-    model.fit(_dataset(), epochs=3, verbose=0, callbacks=[cb, SignalAt(1, 1)])
+    with pytest.raises(SystemExit) as exit_:
+        model.fit(_dataset(), epochs=3, verbose=0, callbacks=[cb, SignalAt(1, 1)])
+    assert exit_.value.code == 143 and cb.stats()["preempt"]["exit_code"] == 143
     assert cb.preempted == (1, 3)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     stopped = _state(model)
@@ -89,8 +91,10 @@ def test_sigterm_saves_the_next_step_stops_fit_and_the_rest_ends_bit_identical(t
 
 
 def test_a_signal_at_an_epochs_last_step_is_answered_by_that_epochs_checkpoint(tmp_path: Path) -> None:
-    """SIGTERM after the last batch of epoch 0: no step checkpoint; epoch 1's checkpoint is saved, then fit stops."""
+    """SIGTERM after the last batch of epoch 0: no step checkpoint; epoch 1's checkpoint is saved, then fit stops
+    and returns (ckpt_preempt_exit_code=return)."""
     params = {"ckpt_directory": str(tmp_path / "ckpt"), "epochs": 3, "ckpt_save_best_metric": "loss"}
+    params["ckpt_preempt_exit_code"] = "return"
     cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
     _model().fit(_dataset(), epochs=3, verbose=0, callbacks=[cb, SignalAt(0, STEPS - 1)])
     assert cb.preempted == (1, 0)

@@ -35,3 +35,29 @@ def test_install_without_tf_extra_has_no_tensorflow_and_imports_under_jax(tmp_pa
     ran = subprocess.run([python, "-c", CHECK], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.startswith("backend jax from " + str(env_dir)), ran.stdout
+
+
+def test_the_wheel_builds_and_installs_and_its_command_runs(tmp_path: Path) -> None:
+    """The install the README gives without PyPI: `pip wheel --no-deps .` builds one wheel; installed from it
+    (into a fresh target) the package imports from there, holds every subpackage, and `candle-ckpt --version` runs."""
+    import sys
+
+    dist, site = tmp_path / "dist", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = dist.glob("candle_ckpt-*.whl")
+    done = subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "candle_ckpt").rglob("__init__.py")}
+    assert all((site / p / "__init__.py").exists() for p in packages), sorted(packages)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    check = "import candle_ckpt, sys; print(candle_ckpt.__file__)"
+    ran = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.strip() == str(site / "candle_ckpt" / "__init__.py"), ran
+    version = subprocess.run([sys.executable, str(site / "bin" / "candle-ckpt"), "--version"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert version.returncode == 0 and version.stdout.startswith("candle-ckpt "), version

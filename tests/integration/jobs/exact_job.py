@@ -27,9 +27,12 @@ EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
 PYDATASETS = {"pydataset_np": "fresh", "pydataset_inplace": "protocol", "pydataset_shuffle_inplace": "bare"}
 
 
+_JOB: list[str] = []  # in a served job's child: the request id its lines carry
+
+
 def say(message: str) -> None:
-    """One progress line straight to fd 1 (nothing a kill could lose)."""
-    os.write(1, (message + "\n").encode())
+    """One progress line straight to fd 1 (nothing a kill could lose), led by the job's id when served."""
+    os.write(1, (" ".join([*_JOB, message]) + "\n").encode())
 
 
 def data():
@@ -200,10 +203,13 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> No
 
 
 def serve(handle: Callable[[list[str]], None] | None = None) -> None:
-    """Fork one job per stdin line ``SETUP PHASE DIR OUT [words]``; print ``reaped <status>``.
+    """Fork one job per stdin line ``ID SETUP PHASE DIR OUT [words]``; print ``ID started <pid>``, the job's
+    lines (each led by ``ID``) and ``ID reaped <status>``.
 
-    ``handle(words)`` runs one job in the child (default: :func:`run`, ``async`` among the words);
-    a ``SystemExit`` it raises is the child's exit status, any other error status 1.
+    The id lets the test side match every line to its request and drop a late
+    one (a job it gave up on). ``handle(words)`` runs one job in the child
+    (default: :func:`run`, ``async`` among the words); a ``SystemExit`` it
+    raises is the child's exit status, any other error status 1.
     """
     import keras  # noqa: F401  (imported once, inherited by every child)
 
@@ -217,11 +223,12 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
     say("serving")
     for line in sys.stdin:
-        words = line.split()
+        job_id, *words = line.split() or [""]
         if len(words) < 4:
             break
         pid = os.fork()
         if pid == 0:
+            _JOB.append(job_id)
             code = 0
             try:
                 handle(words)
@@ -233,8 +240,9 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
             finally:
                 sys.stderr.flush()
                 os._exit(code)
+        say(f"{job_id} started {pid}")
         _, status = os.waitpid(pid, 0)
-        say(f"reaped {status}")
+        say(f"{job_id} reaped {status}")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,46 @@
-"""The test side of a forking job server (``exact_job.py``, ``preempt_job.py``): one child per job, waits bounded."""
+"""The test side of a forking job server (``exact_job.py``, ``preempt_job.py``): one child per job, waits bounded.
+
+Every request carries an id, and every line the server or the job prints
+starts with it: :meth:`JobServer.run` reads only its own request's lines and
+drops any other (a late line of a job an earlier test gave up on). A job that
+says nothing for too long is killed and its test fails alone: the next
+request gets its own answer. Waits scale with the machine's measured speed
+(:mod:`pace`).
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from locations import REPO, job_script
+from pace import wait_s
+
+QUIET_SILENCE_S = 60.0  # the longest a job is silent on a quiet machine, with margin (scaled by pace)
 
 
 class JobServer:
     """``script`` (a job server in ``jobs/``) in a subprocess; :meth:`run` sends it one job and waits for it."""
 
     def __init__(self, script: str, stderr: Path) -> None:
-        self.script = script
+        self.script, self.stderr_path = script, stderr
         self.err = open(stderr, "w")  # noqa: SIM115
+        self.ids = itertools.count(1)
+        self.proc: subprocess.Popen | None = None
+        self._start()
+
+    def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(job_script(script))],
+            [sys.executable, str(job_script(self.script))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,
@@ -29,31 +48,74 @@ class JobServer:
             text=True,
             bufsize=1,
         )
-        self.stderr_path = stderr
-        assert self.line(120) == "serving"
+        assert self.line(wait_s(QUIET_SILENCE_S) * 3) == "serving"
 
-    def line(self, timeout: float) -> str:
+    def line(self, timeout: float) -> str | None:
+        """The server's next line, or None when it said nothing for ``timeout`` seconds; fails if it exited."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            pytest.fail(f"{self.script} said nothing for {timeout} s; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+            return None
         got = self.proc.stdout.readline()
         if not got:
             pytest.fail(f"{self.script} exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
         return got.strip()
 
-    def run(self, *words: str, on_line: Callable[[str], None] | None = None) -> tuple[list[str], int]:
-        """Run one job; ``on_line`` sees each progress line as it comes. Return the lines and the wait status."""
-        self.proc.stdin.write(" ".join(words) + "\n")
+    def run(
+        self, *words: str, on_line: Callable[[str], None] | None = None, silence_s: float | None = None
+    ) -> tuple[list[str], int]:
+        """Run one job; ``on_line`` sees each progress line as it comes. Return the lines and the wait status.
+
+        A job silent for ``silence_s`` (default: :data:`QUIET_SILENCE_S`, scaled) is killed and the test fails.
+        """
+        if self.proc.poll() is not None:  # an earlier test lost the server: this one gets a new one
+            self._start()
+        job = str(next(self.ids))
+        self.proc.stdin.write(" ".join([job, *words]) + "\n")
         self.proc.stdin.flush()
-        lines = []
-        while not (got := self.line(120)).startswith("reaped "):
-            lines.append(got)
-            if on_line is not None:
-                on_line(got)
-        return lines, int(got.split()[1])
+        lines: list[str] = []
+        pid, silence = None, silence_s if silence_s is not None else wait_s(QUIET_SILENCE_S)
+        while True:
+            got = self.line(silence)
+            if got is None:
+                self._give_up(pid)
+                pytest.fail(
+                    f"{self.script}: job {job} ({' '.join(words)}) said nothing for {silence:.0f} s and was killed; "
+                    f"its lines: {lines}; stderr:\n{self.stderr_path.read_text()[-3000:]}"
+                )
+            said, _, rest = got.partition(" ")
+            if said != job:
+                continue  # another request's line: a job given up on earlier
+            if rest.startswith("started "):
+                pid = int(rest.split()[1])
+            elif rest.startswith("reaped "):
+                return lines, int(rest.split()[1])
+            else:
+                lines.append(rest)
+                if on_line is not None:
+                    on_line(rest)
+
+    def _give_up(self, pid: int | None) -> None:
+        """Kill a job that hangs; if the server does not reap it soon, replace the server."""
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s(10)
+        while time.monotonic() < deadline:
+            got = self.line(max(0.1, deadline - time.monotonic()))
+            if got is not None and got.split()[1:2] == ["reaped"]:
+                return
+        self.proc.kill()
+        self.proc.wait(timeout=60)
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=wait_s(12))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=60)
         self.proc.stdout.close()
         self.err.close()

@@ -12,7 +12,7 @@ optimizer variables to ``OUT`` (each epoch's logged loss to ``OUT.loss.json``).
 first), so the callback sees the signal at exactly that batch end. ``early``
 waits so right after ``restart()``, before the callback exists and ``fit`` begins. ``kill``
 sends itself SIGKILL there. ``deadline`` trains slowly (``sleep=`` seconds per
-batch) towards ``deadline=``. Options: ``async``, ``code=N``
+batch) towards ``deadline=``. Options: ``async``, ``code=N`` or ``code=return``
 (``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``slowfs=S``
 (each of the first two commits sleeps S seconds before its sidecar, so that a
 signal can come during an async write).

@@ -103,12 +103,13 @@ def test_kill9_resume_with_fit_defaults_is_bit_identical(backend: str, tmp_path:
     assert differing(reference(backend), kill_and_resume(backend, tmp_path)) == []
 
 
-def test_kill9_resume_unshuffled_on_jax_is_bit_identical_today(tmp_path: Path) -> None:
-    """Without shuffling, the unseeded Dropout's SeedGenerator state in the checkpoint makes a JAX resume exact."""
-    _need("jax")
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_kill9_resume_unshuffled_is_bit_identical(backend: str, tmp_path: Path) -> None:
+    """Without shuffling, the unseeded Dropout's SeedGenerator state in the checkpoint makes a resume exact."""
+    _need(backend)
     ref = tmp_path / "ref.npz"
-    run_job("jax", "train", str(tmp_path / "ref"), str(EPOCHS), str(ref), "--no-shuffle")
-    assert differing(ref, kill_and_resume("jax", tmp_path, "--no-shuffle")) == []
+    run_job(backend, "train", str(tmp_path / "ref"), str(EPOCHS), str(ref), "--no-shuffle")
+    assert differing(ref, kill_and_resume(backend, tmp_path, "--no-shuffle")) == []
 
 
 @pytest.mark.parametrize(("saver", "loader"), [("jax", "tensorflow"), ("tensorflow", "jax"), ("torch", "jax")])

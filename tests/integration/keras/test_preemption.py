@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jobserver import JobServer  # noqa: E402
 from locations import FIGURES  # noqa: E402
+from pace import wait_s  # noqa: E402
 
 CODE = 42  # the ckpt_preempt_exit_code the jobs use
 
@@ -30,7 +31,7 @@ CODE = 42  # the ckpt_preempt_exit_code the jobs use
 class Server(JobServer):
     """``preempt_job.py``, whose jobs can be sent a signal at their ``at <pid>`` line."""
 
-    def run(self, *words: str, send: int | None = None) -> tuple[list[str], int]:
+    def run(self, *words: str, send: int | None = None, silence_s: float | None = None) -> tuple[list[str], int]:
         """Run one job; at its ``at <pid>`` line send it ``send``, then let it go on. Return its lines and status."""
 
         def on_line(got: str) -> None:
@@ -38,7 +39,7 @@ class Server(JobServer):
                 os.kill(int(got.split()[1]), send)
                 Path(words[2] + ".go").touch()
 
-        return super().run(*words, on_line=on_line)
+        return super().run(*words, on_line=on_line, silence_s=silence_s)
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +153,26 @@ def test_signal_saves_the_step_and_the_rerun_is_bit_identical(
 
 
 @pytest.mark.tf_only
-def test_signal_without_exit_code_stops_fit_and_the_job_goes_on(server, tmp_path, tmp_path_factory):
-    """With ckpt_preempt_exit_code unset, fit returns after the step checkpoint (stop_training); no epoch
-    checkpoint is made of the partial epoch, and stats()["preempt"] records the save."""
+def test_signal_with_the_defaults_commits_then_ends_the_process_with_143(server, tmp_path):
+    """With the defaults, SIGTERM in the middle of an epoch commits a step checkpoint and the process ends with
+    143 (128 + 15, what SIGTERM itself gives): the script does not go on as if training had completed."""
     directory = tmp_path / "job"
     lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.1",
                                send=signal.SIGTERM)  # fmt: skip
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, (lines, status)
+    assert not any(line.startswith("done") for line in lines), lines
+    assert [(s["epoch"], s["step"]) for s in step_sidecars(directory)] == [(1, 2)]
+    log = (directory / "ckpt.log").read_text()
+    assert "SIGTERM: committed " in log and "exiting with status 143" in log
+
+
+@pytest.mark.tf_only
+def test_signal_with_return_stops_fit_and_the_job_goes_on(server, tmp_path, tmp_path_factory):
+    """With ckpt_preempt_exit_code=return, fit returns after the step checkpoint (stop_training); no epoch
+    checkpoint is made of the partial epoch, and stats()["preempt"] records the save."""
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=2.1",
+                               "code=return", send=signal.SIGTERM)  # fmt: skip
     assert status == 0, lines
     assert lines[-1].startswith("done 0 2 {") and "'step': 2" in lines[-1], lines
     assert sorted(p.name for p in (directory / "ckpts" / "epochs").iterdir()) == ["001"]
@@ -224,3 +239,18 @@ def test_deadline_saves_and_exits_in_time(server, tmp_path):
     assert not sides or sides[0]["reason"] == "deadline"
     assert ended <= deadline, f"the job ended {ended - deadline:.2f} s after its deadline"
     figure("deadline", {"ended_before_deadline_s": round(deadline - ended, 3)})
+
+
+@pytest.mark.tf_only
+def test_a_job_that_hangs_fails_alone_and_the_next_job_gets_its_own_reply(server, tmp_path):
+    """A job that never ends (it waits at its batch for a signal that never comes) is killed after its silence
+    and fails; the next job on the same server gets its own lines and status, nothing of the killed one's."""
+    hung = tmp_path / "hung"
+    with pytest.raises(pytest.fail.Exception, match="said nothing for"):
+        server.run("arrays_shuffle", "signal", str(hung), str(hung) + ".npz", "at=1.1", silence_s=wait_s(3))
+    (tmp_path / "hung.go").touch()  # too late: the job was killed, and any line it left is dropped
+    directory = tmp_path / "job"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), str(directory) + ".npz", "at=1.1",
+                               "code=return", send=signal.SIGUSR1)  # fmt: skip
+    assert status == 0, lines
+    assert lines[0] == "start 0 None" and lines[-1].startswith("done 0 1 {"), lines

@@ -43,7 +43,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "layout": "nested",
     "save_steps": 0,
     "preempt_signals": ("SIGTERM",),
-    "preempt_exit_code": None,
+    "preempt_exit_code": "signal",
     "deadline": "auto",
     "deadline_margin": 60.0,
     "preempt_check": 1,
@@ -88,7 +88,6 @@ INT_KEYS = [
     "ckpt_keep_limit",
     "ckpt_restart_epoch",
     "ckpt_save_steps",
-    "ckpt_preempt_exit_code",
     "epochs",
 ]
 CHOICE_KEYS = {

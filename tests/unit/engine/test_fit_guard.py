@@ -134,3 +134,37 @@ def test_no_call_while_the_interpreter_exits():
     proc = subprocess.run([sys.executable, "-c", EXITING], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 143, proc.stderr
     assert "on_exit ran" not in proc.stdout
+
+
+class SlowOwner(Owner):
+    """Its release takes a while (a close that joins a write): long enough for the next fit to begin."""
+
+    def fit_ended(self) -> None:
+        self.ended.append("start")
+        time.sleep(0.3)
+        self.ended.append("end")
+
+
+def test_the_next_fit_waits_for_a_release_under_way_and_no_release_starts_after_it() -> None:
+    """Issue 27's lock lost mid-fit: a fit raised, its release began on the watcher, and the same callback's
+    next fit took the lock meanwhile. Now arming for the next fit returns only after that release has ended,
+    and a guard disarmed before its watcher acts never releases anything."""
+    owner = SlowOwner()
+    try:
+        fit_that_raises(owner, [])
+    except RuntimeError:
+        pass
+    wait_until(lambda: owner.ended == ["start"])
+    assert owner.ended == ["start"]
+    owner.on_train_begin()  # the next fit: arm() disarms the old watcher first
+    assert owner.ended == ["start", "end"]  # the release finished before the next fit went on
+    owner.guard.disarm()
+
+    quiet = Owner(poll_s=0.2)
+    try:
+        fit_that_raises(quiet, [])
+    except RuntimeError:
+        pass
+    quiet.guard.disarm()  # before the watcher's first look: nothing is released afterwards
+    time.sleep(0.5)
+    assert quiet.ended == []

@@ -61,7 +61,8 @@ def test_preemption_defaults_and_none():
     """By default SIGTERM is caught and the deadline is auto; the word none turns each off (not 'the default')."""
     cfg = CkptConfig.from_params({})
     assert (cfg.preempt_signals, cfg.deadline, cfg.deadline_margin, cfg.save_steps) == (("SIGTERM",), "auto", 60, 0)
-    assert cfg.preempt_exit_code is None
+    assert cfg.preempt_exit_code == "signal"
+    assert CkptConfig.from_params({"ckpt_preempt_exit_code": " Return"}).preempt_exit_code == "return"
     off = CkptConfig.from_params({"ckpt_preempt_signals": "None", "ckpt_deadline": "none"})
     assert (off.preempt_signals, off.deadline) == ((), "off")
     assert CkptConfig.from_params({"ckpt_preempt_signals": None}).preempt_signals == ("SIGTERM",)

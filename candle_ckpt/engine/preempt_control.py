@@ -1,0 +1,316 @@
+"""The one preemption controller: notice a stop request, agree on it, save, record, then exit or return.
+
+Every training loop (the Keras 3 callback, the tf_keras callback,
+``JobRunner``, a multi-process JAX job) owns one :class:`PreemptionController`
+for the length of one ``fit`` / ``train()`` and calls it at two points:
+
+- :meth:`PreemptionController.step_end` after every training step: the local
+  request (a signal the :class:`~candle_ckpt.engine.preempt.PreemptionWatcher`
+  caught, or a deadline closer than one step, one save and the margin), then
+  the agreement step, then, when they agree, the step checkpoint; also the
+  periodic step checkpoints of ``ckpt_save_steps`` where the loop asks for them;
+- :meth:`PreemptionController.epoch_end` after the epoch's checkpoint: a
+  request that came at the epoch's last step, or from a loop that never calls
+  ``step_end``, is answered by that epoch's checkpoint (forced if the keep
+  policy skipped it).
+
+Then the same sequence for all of them: the save, ``engine.finish()`` (the
+write is durable, or its error raised), the sidecar of what was committed,
+``stats()["preempt"]``, one log line, and the end: by default the process
+exits with the status the signal's default action gives, 128 + its number
+(143 for SIGTERM; a deadline or a peer's request counts as SIGTERM, the
+scheduler's own stop); ``ckpt_preempt_exit_code=N`` exits with N, and
+``ckpt_preempt_exit_code=return`` stops training and lets ``fit`` return.
+
+The agreement step is pluggable: anything with ``step_end(local) -> bool``,
+``now(local) -> bool`` and ``stats() -> dict`` (all workers must get the same
+answer at the same call). :data:`SOLO` is one process;
+:class:`~candle_ckpt.distributed.agreement.SaveAgreement` is one
+``tf.distribute`` all-reduce; :class:`GroupAgreement` uses any ``Group``
+(``all_agree`` over the JAX coordination service, or threads in a test).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
+from candle_ckpt.config.signals import signal_numbers
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.decision import checkpointing_off
+from candle_ckpt.engine.preempt import (
+    PreemptExit,
+    PreemptionWatcher,
+    Trigger,
+    end_early_catch,
+    preempt_message,
+    preempt_record,
+)
+from candle_ckpt.engine.resume import checkpoint_dir
+
+#: ``ckpt_preempt_exit_code`` words: exit with 128 + the signal's number, or return from ``fit``.
+EXIT_SIGNAL, EXIT_RETURN = "signal", "return"
+
+
+class Agreement(Protocol):
+    """How the processes of one job learn, at the same call, whether any of them must stop."""
+
+    def step_end(self, local: bool) -> bool: ...  # called after every step (may talk only every k-th)
+
+    def now(self, local: bool) -> bool: ...  # agree at once
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class _Solo:
+    """One process: its own flag is the answer."""
+
+    def step_end(self, local: bool) -> bool:
+        return bool(local)
+
+    def now(self, local: bool) -> bool:
+        return bool(local)
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+SOLO: Agreement = _Solo()
+
+
+class GroupAgreement:
+    """An :class:`Agreement` over a ``Group`` (``all_agree(name, ok, timeout_s)``: True iff every rank said ok).
+
+    "Any rank must stop" is "not every rank may go on". Every ``every`` steps
+    one ``all_agree`` runs; the steps between answer False and the flag waits.
+
+    Args:
+        group: The processes (``rank``, ``size``, ``all_agree``).
+        every: Steps between two agreements (``ckpt_preempt_check``).
+        timeout_s: Bound on one agreement; the group raises when it runs out.
+    """
+
+    def __init__(self, group: Any, every: int = 1, timeout_s: float = 300.0) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"ckpt_preempt_check must be an int > 0 (steps); got {every!r}")
+        self.group, self.every, self.timeout_s = group, every, float(timeout_s)
+        self.steps, self.checks, self.check_s = 0, 0, 0.0
+
+    def step_end(self, local: bool) -> bool:
+        self.steps += 1
+        if self.group.size > 1 and self.steps % self.every:
+            return False
+        return self.now(local)
+
+    def now(self, local: bool) -> bool:
+        if self.group.size <= 1:
+            return bool(local)
+        start = time.perf_counter()
+        go_on = self.group.all_agree(f"preempt/{self.checks}", not local, self.timeout_s)
+        self.checks += 1
+        self.check_s += time.perf_counter() - start
+        return not go_on
+
+    def stats(self) -> dict[str, Any]:
+        mean = self.check_s / self.checks if self.checks else 0.0
+        return {"checks": self.checks, "check_s": round(self.check_s, 6), "check_mean_s": round(mean, 9)}
+
+
+def plain_logs(logs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Batch logs as numbers (tf_keras may hand over tensors: converted only when a save needs them)."""
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def exit_status(setting: int | str, trigger: Trigger) -> int | None:
+    """The process's exit status after a preemption save, or None to return from ``fit``.
+
+    ``"signal"``: 128 + the signal's number, what its default action gives
+    (143 for SIGTERM; a deadline or a peer's request: 143). An int: itself.
+    """
+    if setting == EXIT_RETURN:
+        return None
+    if setting == EXIT_SIGNAL:
+        return 128 + (trigger.signum if trigger.signum is not None else int(signal.SIGTERM))
+    return int(setting)
+
+
+class PreemptionController:
+    """Per step and per epoch end: the request, the agreement, the save, then exit or return (module docstring).
+
+    Args:
+        cfg: The job's configuration (``ckpt_preempt_*``, ``ckpt_deadline*``, ``ckpt_save_steps``).
+        engine: The job's (or this worker's) ``CheckpointEngine``: ``records``,
+            ``finish()``, ``store``, ``scratch_dir`` and ``preempt`` are used.
+        ops: The job's log.
+        agreement: The agreement step (:data:`SOLO`: one process). Replace
+            :attr:`agreement` before :meth:`arm` to plug in another.
+        who: How this worker is named in the log line (``"worker worker:1 "``).
+        step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        engine: Any,
+        ops: OpsLog,
+        *,
+        agreement: Agreement = SOLO,
+        who: str = "",
+        step_saves: bool = False,
+    ) -> None:
+        self.cfg, self.engine, self.ops, self.agreement, self.who = cfg, engine, ops, agreement, who
+        on = not checkpointing_off(cfg)  # nothing is saved, nothing is caught
+        deadline, self.deadline_source = resolve_deadline(cfg.deadline, time.time(), os.environ)
+        self.watcher = PreemptionWatcher(
+            signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin
+        )
+        self.every_steps = cfg.save_steps if (on and step_saves) else 0
+        # The same configuration on every worker: all of them skip the agreement, or none does.
+        self.watching = self.watcher.active
+        self.enabled = self.watching or self.every_steps > 0
+        self.saved_at: tuple[int, int] | None = None  # (epoch, steps done) of the preemption save
+        self.mid_epoch = False  # that save was a step checkpoint: the epoch did not end
+        self._last, self._step_s = time.monotonic(), 0.0
+
+    @property
+    def stopped(self) -> bool:
+        """True once a preemption save ended this fit (training must stop)."""
+        return self.saved_at is not None
+
+    def arm(self) -> None:
+        """At the start of a fit: forget the last one's save and install the signal handlers."""
+        self.saved_at, self.mid_epoch = None, False
+        self._last, self._step_s = time.monotonic(), 0.0
+        warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
+        if warning:
+            self.ops.warning(warning)
+        if not self.watching:
+            end_early_catch()  # restart() caught the signals for this fit, which watches none
+            return
+        caught = self.watcher.arm()
+        if self.watcher.deadline is not None:
+            left = self.watcher.time_left() or 0.0
+            self.ops.info(
+                f"deadline in {left:.0f} s ({self.deadline_source}): a checkpoint is saved and training stops "
+                f"when less than one step, one save and {self.cfg.deadline_margin:g} s are left"
+            )
+        if caught:  # every run says it: ckpt.log only, not the console
+            self.ops.note(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+        held = self.watcher.pending
+        if held is not None:
+            self.ops.warning(
+                f"{held.reason} came {time.monotonic() - held.at:.1f} s ago, after restart() and before fit began: "
+                "a checkpoint is saved after the first step"
+            )
+        if self.watcher.kept:
+            self.ops.warning(
+                f"preemption: {', '.join(self.watcher.kept)} already has a handler this program installed; it is "
+                "left alone, so that signal saves nothing (remove the handler, or leave it out of ckpt_preempt_signals)"
+            )
+
+    def close(self) -> None:
+        """At the end of a fit (on the main thread): put the previous signal handlers back."""
+        self.watcher.disarm()
+
+    def need_s(self) -> float:
+        """The time one more step and one save take, as measured in this run (0 before any)."""
+        saves = [r["snapshot_s"] + r["save_s"] for r in self.engine.records[-3:]]
+        return self._step_s + max(saves, default=0.0)
+
+    def _local(self) -> bool:
+        return self.watching and self.watcher.due(self.need_s()) is not None
+
+    def step_end(self, epoch: int, step: int, save: Callable[[str], Any], *, last: bool = False) -> bool:
+        """After step ``step`` (1-based) of epoch index ``epoch``: save and stop if due; True once training must stop.
+
+        Call it on every worker after every step. With ``last`` (the epoch's
+        last step) a request waits for :meth:`epoch_end`: a step checkpoint with
+        no step left would be an epoch without metrics.
+
+        Args:
+            epoch: Completed epochs before this one.
+            step: Steps done in this epoch.
+            save: ``save(reason)`` commits the step checkpoint of this step; returns its sidecar (or None).
+            last: This was the epoch's last step.
+
+        Raises:
+            PreemptExit: after the save, unless ``ckpt_preempt_exit_code=return``.
+        """
+        now = time.monotonic()
+        self._step_s, self._last = now - self._last, now
+        if self.saved_at is not None:
+            return True
+        if not self.enabled or last:
+            return False
+        if self.watching and self.agreement.step_end(self._local()):
+            self._finish(epoch, step, save)
+            return True
+        if self.every_steps and step % self.every_steps == 0:
+            save("steps")
+        return False
+
+    def epoch_end(self, epoch: int, saved: bool, force: Callable[[str], Any], *, last_epoch: bool = False) -> bool:
+        """After the checkpoint of ``epoch`` completed epochs: True once training must stop.
+
+        The workers agree at once (whatever ``ckpt_preempt_check`` says).
+
+        Args:
+            epoch: Completed epochs.
+            saved: Whether the keep policy saved this epoch.
+            force: ``force(reason)`` saves this epoch anyway (called only if not ``saved``).
+            last_epoch: The job is done: a request is only logged (every worker knows this alike).
+
+        Raises:
+            PreemptExit: after the save, unless ``ckpt_preempt_exit_code=return``.
+        """
+        if self.saved_at is not None:
+            return True
+        if not self.watching:
+            return False
+        if last_epoch:
+            if self.watcher.pending is not None:
+                self.ops.info(f"{self.watcher.pending.reason} came at the end of the last epoch: training is complete")
+            return False
+        if not self.agreement.now(self._local()):
+            return False
+        self._finish(epoch, None, lambda reason: None if saved else force(reason))
+        return True
+
+    def _finish(self, epoch: int, step: int | None, save: Callable[[str], Any]) -> None:
+        """Save, make it durable, record and log it; then raise :class:`PreemptExit` unless told to return."""
+        trigger = self.watcher.pending or self.watcher.trigger("peer")  # "peer": another worker was asked
+        self.saved_at, self.mid_epoch = (epoch, step or 0), step is not None
+        start = time.monotonic()
+        side = save(trigger.reason if step is not None else f"preempt:{trigger.reason}")
+        self.engine.finish()  # durable (or its error raised per ckpt_on_error) before we stop
+        if not isinstance(side, Sidecar):
+            side = self._epoch_sidecar(epoch) if step is None else None
+        path = checkpoint_dir(self.engine.store.layout, side) if side is not None else None
+        code = exit_status(self.cfg.preempt_exit_code, trigger)
+        record = preempt_record(trigger, epoch, step, path, code)
+        record.update(save_s=round(time.monotonic() - start, 6), agreement=self.agreement.stats())
+        self.engine.preempt = record
+        what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else ""
+        what = what or "no checkpoint could be committed"
+        self.ops.warning(preempt_message(trigger, self.who + what, epoch, step, code))
+        if code is not None:
+            raise PreemptExit(code)
+
+    def _epoch_sidecar(self, epoch: int) -> Sidecar | None:
+        """The committed checkpoint of ``epoch`` that serves the request, if this worker committed one."""
+        records = self.engine.records
+        if self.engine.scratch_dir is None and records and records[-1]["epoch"] == epoch:
+            if "step" not in records[-1]:
+                return self.engine.store.read_sidecar(epoch)
+        return None

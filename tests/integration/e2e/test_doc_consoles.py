@@ -1,0 +1,120 @@
+"""docs/cli.rst's ``list``, ``verify`` and ``info`` examples are what the commands print (issue 27, item 5).
+
+The README's Quickstart runs with ``--epochs 6`` into ``./save``, as the examples'
+job did; every ``$ candle-ckpt list|verify|info ./save`` line of docs/cli.rst's console
+blocks then runs there, in the order of the page (a ``# ... flipped`` or
+``# ... damaged`` comment flips one byte of epoch 4's ``model.keras`` first, once;
+``# ckpt-info.json edited by hand`` changes a value of its sidecar),
+and its output must match the lines under it: the same words and layout, where
+numbers, CRCs and times (which change from run to run) only have to be numbers,
+CRCs and times. A line ``...`` stands for any lines; ``$ echo $?`` checks the status.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from test_readme import README, blocks, run
+
+CLI_RST = README.parent / "docs" / "cli.rst"
+CHECKED = ("list", "verify", "info")
+DOC_JOB = "/home/me/job"
+
+
+def examples() -> list[tuple[str, list[str]]]:
+    """``(command line, expected lines)`` of every ``$`` line in docs/cli.rst's console blocks, in page order."""
+    found: list[tuple[str, list[str]]] = []
+    for block in blocks(CLI_RST, "console"):
+        for line in block.astext().splitlines():
+            if line.startswith("$ "):
+                found.append((line[2:], []))
+            elif found and line.strip():
+                found[-1][1].append(line)
+    return found
+
+
+def shape(line: str) -> str:
+    """A line with what changes between runs masked: dates, times, CRCs, numbers; runs of blanks as one."""
+    line = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\+\d{4})?", "<time>", line)
+    line = re.sub(r"\b[0-9a-f]{8}\b", "<crc>", line)
+    line = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "<n>", line)
+    return " ".join(line.split())
+
+
+def matches(expected: list[str], got: list[str]) -> bool:
+    """Whether ``got`` has the shape of ``expected``, where a line ``...`` is any number of lines."""
+    if not expected:
+        return not got
+    if expected[0].strip() == "...":
+        return any(matches(expected[1:], got[i:]) for i in range(len(got) + 1))
+    return bool(got) and shape(expected[0]) == shape(got[0]) and matches(expected[1:], got[1:])
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    """The Quickstart trained to epoch 6 in a fresh folder (the folder the examples' ``./save`` is in)."""
+    folder = tmp_path_factory.mktemp("job")
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (folder / "quickstart.py").write_text(code)
+    proc = run([sys.executable, "quickstart.py", "--epochs", "6"], folder, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+def test_cli_rst_list_verify_and_info_examples_are_real_output(job: Path) -> None:
+    """Each list/verify/info example of docs/cli.rst, run on the Quickstart's checkpoints, prints lines of the
+    shape shown (paths, words, columns, rows), and exits with the status shown."""
+    status, damaged, checked = None, False, 0
+    for command, expected in examples():
+        words = command.split("#")[0].split()
+        if words == ["echo", "$?"]:
+            if status is not None:
+                assert expected == [str(status)], (command, status)
+            continue
+        status = None
+        if words[:1] != ["candle-ckpt"] or words[1] not in CHECKED or words[2:3] != ["./save"]:
+            continue
+        if not damaged and re.search(r"#.*(flipped|damaged)", command):
+            target = job / "save" / "ckpts" / "epochs" / "004" / "model.keras"
+            data = bytearray(target.read_bytes())
+            data[len(data) // 2] ^= 1
+            target.write_bytes(bytes(data))
+            damaged = True
+        if re.search(r"#.*ckpt-info.json edited by hand", command):
+            sidecar = job / "save" / "ckpts" / "epochs" / "004" / "ckpt-info.json"
+            doc = json.loads(sidecar.read_text())
+            doc["time_elapsed"] += 1.0  # its sidecar_crc32 left as it was
+            sidecar.write_text(json.dumps(doc))
+        proc = run([sys.executable, "-m", "candle_ckpt", *words[1:]], job)
+        got = (proc.stdout + proc.stderr).replace(str(job), DOC_JOB).splitlines()
+        assert matches(expected, got), (
+            f"$ {command}\n--- docs/cli.rst:\n" + "\n".join(expected) + ("\n--- real output:\n" + "\n".join(got))
+        )
+        status, checked = proc.returncode, checked + 1
+    assert checked >= 5 and damaged
+
+
+def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> None:
+    """docs/api.rst's stats() dict has exactly the keys stats() returns, and its preempt record the keys a
+    preemption save records."""
+    import signal
+
+    from candle_ckpt.config.params import CkptConfig
+    from candle_ckpt.core.log import OpsLog
+    from candle_ckpt.engine.engine import CheckpointEngine
+    from candle_ckpt.engine.preempt_control import PreemptionController
+
+    text = " ".join((README.parent / "docs" / "api.rst").read_text().split())
+    stats_doc, preempt_doc = re.findall(r'``(\{"saves".*?\}|\{"reason".*?\})``', text)
+    cfg = CkptConfig.from_params({"ckpt_directory": str(tmp_path), "ckpt_preempt_exit_code": "return"})
+    engine = CheckpointEngine(cfg, OpsLog(None))
+    assert set(re.findall(r'"(\w+)":', stats_doc)) == set(engine.stats())
+    pre = PreemptionController(cfg, engine, OpsLog(None))
+    pre.watcher.trigger("SIGTERM", signal.SIGTERM)
+    pre.step_end(0, 1, lambda reason: None)
+    engine.close()
+    assert set(re.findall(r'"(\w+)":', preempt_doc)) == set(engine.stats()["preempt"])

@@ -1,0 +1,57 @@
+"""Typos and bad flags are caught the way a user meets them (issue 27, item 2)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from test_readme import README, blocks, run
+
+import candle_ckpt as candle
+from candle_ckpt.config import params as params_module
+
+
+def test_a_typo_in_a_ckpt_key_gets_one_warning_naming_the_closest_key(tmp_path: Path, caplog) -> None:
+    """The dict of the report (ckpt_save_intervall, ckpt_keep_limt) through restart(), the callback and fit:
+    one warning per unknown key, each naming the key meant; the known keys work as before."""
+    import keras
+    import numpy as np
+
+    params_module._warn_unknown.cache_clear()
+    g = {"epochs": 2, "ckpt_directory": str(tmp_path), "ckpt_save_best_metric": "loss"}
+    g.update(ckpt_save_intervall=2, ckpt_keep_limt=1)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with caplog.at_level(logging.WARNING, logger="candle_ckpt"):
+        candle.restart(g, model, verbose=False)
+        ckpt = candle.CandleCheckpointCallback(g, verbose=False)
+        model.fit(np.zeros((8, 2)), np.zeros((8, 1)), epochs=2, verbose=0, callbacks=[ckpt])
+    unknown = [r.getMessage() for r in caplog.records if "unknown parameter" in r.getMessage()]
+    assert unknown == [
+        "unknown parameter ckpt_save_intervall is ignored; did you mean ckpt_save_interval?",
+        "unknown parameter ckpt_keep_limt is ignored; did you mean ckpt_keep_limit?",
+    ]
+    assert sorted(p.name for p in (tmp_path / "ckpts" / "epochs").iterdir()) == ["001", "002"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--ckpt_keep_limit", "0"], "argument --ckpt_keep_limit: ckpt_keep_limit must be > 0; got 0"),
+        (
+            ["--ckpt_preempt_signals", "SIGFOO"],
+            "argument --ckpt_preempt_signals: ckpt_preempt_signals: 'SIGFOO' is not a signal name on this platform",
+        ),
+    ],
+)
+def test_an_out_of_range_flag_is_a_one_line_argparse_error_with_status_2(tmp_path: Path, flags, error) -> None:
+    """The README's Quickstart with a bad --ckpt_* flag: exit status 2 and argparse's one error line naming the
+    flag and what is allowed, no traceback, nothing trained."""
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    proc = run(["python3", "quickstart.py", *flags], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1].startswith(f"quickstart.py: error: {error}"), proc.stderr[-2000:]
+    assert not (tmp_path / "save").exists()

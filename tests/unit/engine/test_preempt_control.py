@@ -1,0 +1,249 @@
+"""The one preemption controller (engine.preempt_control) and its agreements, without a framework."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.layout import Layout
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.distributed.agreement import SaveAgreement, make_controller
+from candle_ckpt.distributed.worker_state import WorkerInfo
+from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, exit_status
+
+
+class CountingAgreement(SaveAgreement):
+    """A multi-worker agreement whose collective is a list: the other workers' flags, one per check."""
+
+    def __init__(self, every: int, others: list[bool]) -> None:
+        super().__init__(None, 2, every=every)
+        self.others = others
+        self.sent: list[float] = []
+
+    def _sum(self, value: float) -> float:
+        self.sent.append(value)
+        return value + (1.0 if self.others.pop(0) else 0.0)
+
+
+class Store:
+    layout = Layout.at("/nowhere")
+
+
+class Engine:
+    """What the controller uses of a CheckpointEngine: finish, records, store, scratch_dir, preempt."""
+
+    def __init__(self, scratch_dir: str | None = None) -> None:
+        self.saved: list[tuple[int, int, dict, str]] = []
+        self.finished = 0
+        self.records: list[dict] = []
+        self.store, self.scratch_dir, self.preempt = Store(), scratch_dir, None
+
+    def save(self, epoch: int, step: int | None, logs: dict | None = None):
+        """The ``save(reason)`` a training loop hands to the controller for this step."""
+
+        def save(reason: str) -> None:
+            self.saved.append((epoch, step, logs or {}, reason))
+
+        return save
+
+    def finish(self) -> None:
+        self.finished += 1
+
+
+def controller(engine: Engine, agreement=None, **params) -> PreemptionController:
+    """A controller catching SIGUSR1 (never armed here: requests come through ``watcher.trigger``)."""
+    cfg = CkptConfig.from_params({"ckpt_preempt_signals": "SIGUSR1", "ckpt_deadline": "none", **params})
+    if agreement is None:
+        return PreemptionController(cfg, engine, OpsLog(None))
+    return PreemptionController(cfg, engine, OpsLog(None), agreement=agreement)
+
+
+def test_one_process_answers_with_its_own_flag_at_every_step_without_a_collective() -> None:
+    """With one worker (MirroredStrategy, or none) the local flag is the answer at every step, every=1 or not."""
+    agreement = SaveAgreement(None, 1, every=5)
+    assert [agreement.step_end(flag) for flag in (False, True, False)] == [False, True, False]
+    assert agreement.stats()["checks"] == 0
+
+
+def test_workers_check_every_k_steps_and_a_flag_waits_for_the_next_check() -> None:
+    """Only every k-th step runs the collective; another worker's flag counts as ours."""
+    agreement = CountingAgreement(every=3, others=[False, True])
+    answers = [agreement.step_end(step == 4) for step in range(1, 7)]
+    assert answers == [False, False, False, False, False, True]  # checks at steps 3 and 6 only
+    assert agreement.sent == [0.0, 0.0]
+    assert agreement.stats()["checks"] == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_check_interval_must_be_a_positive_int(bad) -> None:
+    """ckpt_preempt_check is named when it is not an int > 0."""
+    with pytest.raises(ValueError, match="ckpt_preempt_check"):
+        SaveAgreement(None, 2, every=bad)
+
+
+def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143() -> None:
+    """When the workers agree on another worker's request, this one saves that step once (reason 'peer'),
+    joins the write, records it in engine.preempt, and exits with 143 (a peer's request counts as SIGTERM)."""
+    engine = Engine(scratch_dir="/tmp/scratch")
+    agreement = CountingAgreement(1, [False, True])
+    pre = controller(engine, agreement)
+    assert pre.step_end(0, 1, engine.save(0, 1)) is False
+    with pytest.raises(SystemExit) as exc:
+        pre.step_end(0, 2, engine.save(0, 2, {"loss": 0.5}))
+    assert exc.value.code == 143
+    assert engine.saved == [(0, 2, {"loss": 0.5}, "peer")] and engine.finished == 1
+    assert pre.saved_at == (0, 2) and pre.mid_epoch and agreement.stats()["checks"] == 2
+    assert engine.preempt["reason"] == "peer" and engine.preempt["step"] == 2 and engine.preempt["exit_code"] == 143
+    assert pre.step_end(0, 3, engine.save(0, 3)) is True and engine.saved[1:] == []
+
+
+def test_with_return_training_stops_and_fit_returns() -> None:
+    """ckpt_preempt_exit_code=return: no exit; step_end answers True from the save on, without another save."""
+    engine = Engine()
+    pre = controller(engine, ckpt_preempt_exit_code="return")
+    pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
+    assert pre.step_end(3, 7, engine.save(3, 7)) is True
+    assert pre.step_end(3, 8, engine.save(3, 8)) is True
+    assert engine.saved == [(3, 7, {}, "SIGUSR1")] and engine.finished == 1
+    assert engine.preempt["exit_code"] is None and engine.preempt["signal_to_commit_s"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "reason", "signum", "code"),
+    [
+        ("signal", "SIGTERM", signal.SIGTERM, 143),
+        ("signal", "SIGUSR1", signal.SIGUSR1, 128 + signal.SIGUSR1),
+        ("signal", "deadline", None, 143),
+        (42, "SIGTERM", signal.SIGTERM, 42),
+        (0, "SIGTERM", signal.SIGTERM, 0),
+    ],
+)
+def test_the_exit_status_is_128_plus_the_signal_unless_one_is_given(setting, reason, signum, code) -> None:
+    """By default the process ends as the signal's default action would end it; ckpt_preempt_exit_code=N wins."""
+    engine = Engine()
+    pre = controller(engine, ckpt_preempt_exit_code=setting)
+    pre.watcher.trigger(reason, signum)
+    with pytest.raises(SystemExit) as exc:
+        pre.step_end(0, 1, engine.save(0, 1))
+    assert exc.value.code == code == engine.preempt["exit_code"]
+    assert exit_status("return", pre.watcher.pending) is None
+
+
+def test_an_epoch_end_request_saves_that_epoch_with_the_given_save() -> None:
+    """epoch_end: the workers agree at once (whatever ckpt_preempt_check says) and the epoch's save runs."""
+    engine, reasons = Engine(), []
+    agreement = CountingAgreement(every=100, others=[False, True])
+    pre = controller(engine, agreement, ckpt_preempt_exit_code="return")
+    assert pre.epoch_end(1, False, reasons.append) is False
+    assert pre.epoch_end(2, False, reasons.append) is True
+    assert reasons == ["preempt:peer"] and pre.saved_at == (2, 0) and not pre.mid_epoch and engine.saved == []
+
+
+def test_an_epoch_the_policy_saved_is_not_saved_twice_and_the_last_epoch_only_logs() -> None:
+    """A saved epoch is not forced again; at the last epoch a request is logged, nothing is saved, nothing exits."""
+    engine, reasons = Engine(), []
+    pre = controller(engine, ckpt_preempt_exit_code="return")
+    pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
+    assert pre.epoch_end(5, True, reasons.append, last_epoch=True) is False
+    assert pre.epoch_end(4, True, reasons.append) is True and reasons == []
+
+
+def test_tensor_like_logs_become_numbers_only_for_the_save() -> None:
+    """plain_logs: values converted with float(); values that are no number are dropped."""
+    from candle_ckpt.engine.preempt_control import plain_logs
+
+    class Scalar:
+        def __float__(self) -> float:
+            return 2.5
+
+    assert plain_logs({"loss": Scalar(), "name": "x"}) == {"loss": 2.5}
+
+
+def test_nothing_watched_means_no_agreement_at_all() -> None:
+    """ckpt_preempt_signals=none and no deadline (the same on every worker): no collective ever runs."""
+    agreement = CountingAgreement(every=1, others=[])
+    engine = Engine()
+    pre = controller(engine, agreement, ckpt_preempt_signals="none")
+    assert not any(pre.step_end(0, s, engine.save(0, s)) for s in range(1, 5)) and agreement.sent == []
+    assert pre.epoch_end(1, False, engine.save(1, None)) is False and agreement.sent == []
+
+
+def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
+    """ckpt_save_steps=2: the fit callback's controller (step_saves) saves steps 2 and 4, not the last one."""
+    engine = Engine()
+    cfg = CkptConfig.from_params({"ckpt_save_steps": 2, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"})
+    pre = PreemptionController(cfg, engine, OpsLog(None), step_saves=True)
+    for step in range(1, 7):
+        pre.step_end(0, step, engine.save(0, step), last=step == 6)
+    assert [(s, r) for _, s, _, r in engine.saved] == [(2, "steps"), (4, "steps")]
+    assert not PreemptionController(cfg, Engine(), OpsLog(None)).enabled
+
+
+class ThreadGroup:
+    """A Group of ``size`` threads in one process: ``all_agree`` is a barrier over the ranks' flags."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._flags, self._barrier = size, {}, threading.Barrier(size)
+        self._lock = threading.Lock()
+
+    def rank_view(self, rank: int) -> ThreadGroup:
+        view = object.__new__(ThreadGroup)
+        view.__dict__.update(self.__dict__, rank=rank)
+        return view
+
+    def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
+        with self._lock:
+            self._flags.setdefault(name, []).append(ok)
+        self._barrier.wait(timeout_s)
+        answer = all(self._flags[name])
+        self._barrier.wait(timeout_s)
+        return answer
+
+
+def test_a_group_agreement_stops_every_rank_at_the_same_step() -> None:
+    """GroupAgreement (the JAX coordination service's all_agree, here threads): one rank's signal at step 3,
+    checks every 2 steps: every rank saves step 4 and exits 143, the others with reason 'peer'."""
+    group, results = ThreadGroup(3), {}
+
+    def rank(r: int) -> None:
+        engine = Engine()
+        pre = controller(engine, GroupAgreement(group.rank_view(r), every=2, timeout_s=30), ckpt_preempt_check=2)
+        try:
+            for step in range(1, 9):
+                if r == 1 and step == 3:
+                    pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
+                pre.step_end(0, step, engine.save(0, step))
+        except SystemExit as exc:
+            results[r] = (exc.code, engine.saved)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results[1] == (128 + signal.SIGUSR1, [(0, 4, {}, "SIGUSR1")])
+    assert results[0] == results[2] == (143, [(0, 4, {}, "peer")])
+
+
+def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> None:
+    """make_controller: ckpt_preempt_check, the signals, the deadline and the exit code; checkpointing off
+    catches nothing."""
+    params = {
+        "ckpt_preempt_check": 4,
+        "ckpt_preempt_exit_code": 3,
+        "ckpt_preempt_signals": "SIGUSR1,SIGTERM",
+        "ckpt_deadline": "+3600",
+    }
+    info = WorkerInfo("worker", 1, 2, False)
+    pre = make_controller(CkptConfig.from_params(params), Engine(), None, info, OpsLog(None))
+    assert pre.agreement.every == 4 and pre.agreement.multi
+    assert pre.cfg.preempt_exit_code == 3 and pre.who == "worker worker:1 "
+    assert sorted(pre.watcher.signals) == sorted([signal.SIGUSR1, signal.SIGTERM])
+    assert 3500 < pre.watcher.time_left() <= 3600
+    off = make_controller(CkptConfig.from_params({**params, "ckpt_save_interval": 0}), Engine(), None, info,
+                          OpsLog(None))  # fmt: skip
+    assert not off.enabled
