@@ -14,6 +14,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
+from candle_ckpt.core.group import Group
 from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.policy import BestState, resolve_mode
@@ -27,6 +28,7 @@ from candle_ckpt.engine.aftercommit import (
 )
 from candle_ckpt.engine.capture import Capture, _SaveFailure, sidecar_template
 from candle_ckpt.engine.decision import beats_durable_best_only, decide, resumed_best
+from candle_ckpt.engine.group_commit import commit_epoch, failed_capture
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -39,8 +41,14 @@ class CheckpointEngine:
     at creation and not at epoch 50.
     """
 
-    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None) -> None:
+    def __init__(
+        self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
+    ) -> None:
         self.cfg = cfg
+        # group: the processes of a multi-process job that write each checkpoint together (see
+        # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
+        # opens the store (the writer lock), commits, prunes and uploads.
+        self.group = group if group is not None and group.size > 1 else None
         # Checkpointing off (ckpt_save_interval=0) writes nothing at all: not even ckpt.log.
         self.ops = ops if cfg.save_interval != 0 or scratch_dir is not None else OpsLog(None, ops.logger)
         self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
@@ -49,7 +57,7 @@ class CheckpointEngine:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and
         # removes it; it never opens, commits to, prunes or uploads the store.
         self.scratch_dir = scratch_dir
-        if scratch_dir is None and cfg.save_interval != 0:  # 0: checkpointing off, nothing is written at all
+        if self._writes_store() and cfg.save_interval != 0:  # 0: checkpointing off, nothing is written at all
             self.store.open_for_write()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
         self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
@@ -69,11 +77,15 @@ class CheckpointEngine:
         # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
-        if cfg.upload_url and scratch_dir is None:
+        if cfg.upload_url and self._writes_store():
             from candle_ckpt.storage.remote import RemoteMirror
 
             self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
             self.after_commit.append(self.remote.committed)
+
+    def _writes_store(self) -> bool:
+        """True for the process that holds the lock and commits: not a non-chief, not a non-primary rank."""
+        return self.scratch_dir is None and (self.group is None or self.group.rank == 0)
 
     def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
         """Continue from the checkpoint a restart loaded: best-tracking, elapsed
@@ -122,7 +134,7 @@ class CheckpointEngine:
             return False
         reason = reason or decided
         try:
-            cap = capture()
+            cap = self._capture(capture)
             template = self.template(epoch, cap, logs, reason, best)
             self.best = best
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
@@ -136,6 +148,15 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         return True
+
+    def _capture(self, capture: Callable[[], Capture]) -> Capture:
+        """``capture()``; in a group a failure goes into the commit, so that every rank raises it, none waits."""
+        try:
+            return capture()
+        except Exception as err:
+            if self.group is None:
+                raise
+            return failed_capture(err)
 
     def _decide_for(self, epoch: int, logs: Mapping[str, Any], forced: bool) -> tuple[str | None, BestState]:
         # A forced save without the metric (the runner's epoch 0 after init) leaves best-tracking as it is.
@@ -204,7 +225,14 @@ class CheckpointEngine:
             self._write_scratch(epoch, cap)
             self._durable_best = best
             return
-        side = self.store.commit(epoch, cap.files, template, best_epoch=best.epoch if self.cfg.save_best else None)
+        best_epoch = best.epoch if self.cfg.save_best else None
+        if self.group is not None:
+            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
+            self._durable_best = best
+            if side is None:  # not the primary: its part is in, the primary did the rest
+                return
+        else:
+            side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self._durable_best = best
         supersede_steps(self.store, self.ops, epoch)
@@ -264,7 +292,7 @@ class CheckpointEngine:
         A non-chief worker (``scratch_dir``) never writes the store, and with
         checkpointing off (``ckpt_save_interval=0``) nothing is written at all.
         """
-        if self.scratch_dir is None and self.cfg.save_interval != 0:
+        if self._writes_store() and self.cfg.save_interval != 0:
             self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:

@@ -17,6 +17,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.aftercommit import save_record
+from candle_ckpt.engine.group_commit import commit_step
 
 
 def save_step(
@@ -48,14 +49,19 @@ def save_step(
         return None
     engine._check_writer()
     try:
-        cap = capture()
+        cap = engine._capture(capture)
         template = replace(engine.template(epoch, cap, logs, reason, engine.best), step=step)
         if engine.scratch_dir is not None:
             engine._write_scratch(epoch, cap)
             return None
-        side = engine.store.steps.commit(cap.files, template)
+        if engine.group is not None:  # every rank writes its part; the primary commits
+            side = commit_step(engine.store, engine.group, cap, template)
+        else:
+            side = engine.store.steps.commit(cap.files, template)
     except Exception as err:
         engine._failed(epoch, err)
+        return None
+    if side is None:
         return None
     engine.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
     engine.ops.info(

@@ -16,6 +16,8 @@ from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
+from candle_ckpt.distributed.group_preempt import GroupPreemptAgreement
+from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine import pending as resume_apply
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
@@ -26,8 +28,10 @@ from candle_ckpt.keras import fit_hooks
 from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
+from candle_ckpt.keras.plan import warm_skipsets
 from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
+from candle_ckpt.keras.sharded import capture_sharded
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
 from candle_ckpt.storage.store import FileSpec
@@ -79,11 +83,15 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
-        self.ops = OpsLog(Layout.at(self.cfg.directory).log, get_logger(logger, verbose))
+        # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
+        self.group = jax_group()
+        primary = self.group is None or self.group.rank == 0
+        self.ops = OpsLog(Layout.at(self.cfg.directory).log if primary else None, get_logger(logger, verbose))
         if kwargs.keys() - {"fs"}:
             raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
+        warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
-        self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None))
+        self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None), group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
@@ -97,6 +105,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epochs_run = 0
         self._epoch = 0  # Keras's index of the epoch running now
         self._pre = FitPreemption(self.cfg, self.ops, self.engine)  # signals, deadline, step checkpoints
+        if self.group is not None and self._pre.enabled:  # every process saves the same step, or none does
+            self._pre.agree = GroupPreemptAgreement(self.group, self.cfg.preempt_check)
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
         if not self._pre.enabled:
@@ -222,10 +232,12 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         sync = getattr(self.model, "jax_state_sync", None)
         if step is not None and callable(sync):
             sync()  # JAX keeps the state outside the variables between epoch ends: put it back first
+        data = self._train.capture(step) if self._train is not None else None
+        if self.group is not None:  # this process's part: its shards and its training state
+            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self.group, data)
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
-        if self._train is not None:
-            data = self._train.capture(step)
+        if data is not None:
             cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
             cap.nbytes += len(data)
         return cap

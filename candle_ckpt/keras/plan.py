@@ -136,6 +136,33 @@ def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True
     return plan
 
 
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def warm_skipsets() -> None:
+    """Compute Keras's per-type attribute skip sets now, outside any ``keras.distribution``.
+
+    ``saving_lib._save_state`` (our plan walk) builds each skip set once, from a
+    reference object: for optimizers ``Optimizer(1.0)``, which creates Keras
+    variables. Under a distribution spanning several processes creating a
+    variable is a cross-process collective, so a first walk on one process
+    only (a save, a restore) would fail or hang. Built here with no
+    distribution set, the reference objects are plain local values, and every
+    later walk only reads the cached sets.
+    """
+    from keras.src.backend.common import global_state  # noqa: PLC0415
+
+    if all(global_state.get_global_attribute(f"saving_attr_skiplist_{t}", None) is not None for t in _SKIPSET_TYPES):
+        return
+    current = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        for obj_type in _SKIPSET_TYPES:
+            saving_lib.get_attr_skipset(obj_type)
+    finally:
+        keras.distribution.set_distribution(current)
+
+
 def build_optimizer(model: keras.Model) -> None:
     """Create the optimizer's variables so that its state can be loaded."""
     if not model.built:

@@ -19,6 +19,7 @@ from candle_ckpt.adapters import WorkerTrainingState, is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
 from candle_ckpt.engine.pending import guard_optimizer
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
@@ -77,6 +78,11 @@ def restart(
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
         return _restart_through_worker(gParameters, model, logger, verbose)
+    group = jax_group()
+    if group is not None:  # several JAX processes: the primary chooses, all load the same one or none
+        from candle_ckpt.keras.group_restart import restart_group
+
+        return restart_group(cfg, model, group, logger, verbose)
     return _restart_keras(cfg, model, logger, verbose)
 
 
