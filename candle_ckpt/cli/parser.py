@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 from candle_ckpt import __version__
-from candle_ckpt.cli import commands, prune
+from candle_ckpt.cli import commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
@@ -92,6 +92,13 @@ def _prune_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and remove nothing")
 
 
+def _consolidate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("output", metavar="OUT.keras", help="the model file to write (its name must end in .keras)")
+    p.add_argument(
+        "--epoch", type=epoch_or_link, default="last", metavar="N", help="epoch number, 'best' or 'last' (default)"
+    )
+
+
 def _plot_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
@@ -162,6 +169,17 @@ COMMANDS = (
         _prune_options,
     ),
     Command(
+        "consolidate",
+        "Write one stock-Keras model.keras from a sharded checkpoint",
+        "A checkpoint written by several processes holds one part per process. This verifies\n"
+        "every file, builds the model from its config.json on this machine (CPU, no distribution),\n"
+        "sets every model and optimizer variable by its path and writes OUT.keras, which\n"
+        "keras.models.load_model reads anywhere. Needs Keras.",
+        f"{PROG} consolidate ./save model.keras --epoch best",
+        consolidate.cmd_consolidate,
+        _consolidate_options,
+    ),
+    Command(
         "plot",
         "Plot the metric history recorded in the sidecars",
         "One panel per metric (train and val_ together) over the retained checkpoints, the best\n"
@@ -185,6 +203,17 @@ COMMANDS = (
 )
 
 
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Leaves room for the longest command name beside its summary (argparse sizes the column
+    without the extra indent of the commands, so "consolidate" would wrap)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max(len(name) for name in action.choices) + self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, longest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``candle-ckpt`` argument parser with all its subcommands."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -193,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, verify, roll back, prune and plot the checkpoints that candle_ckpt writes "
         "into a ckpt_directory (DIR holds ckpt.log and ckpts/).",
         epilog=EXIT_HELP,
-        formatter_class=fmt,
+        formatter_class=_CommandsFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}", help="show the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)

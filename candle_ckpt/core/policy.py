@@ -1,7 +1,8 @@
-"""Pure checkpoint policy: metric direction, best tracking and the save rule.
+"""The monitored metric: its direction, "is this an improvement", and the best so far.
 
 Everything in this module is a pure function of its arguments: there is no
-I/O, no clock and no Keras/TensorFlow import. The keep rules are in
+I/O, no clock and no Keras/TensorFlow import. The save rule that uses it is
+:class:`candle_ckpt.engine.decision.SaveDecisionPolicy`; the keep rules are in
 :mod:`candle_ckpt.core.keep`.
 """
 
@@ -16,7 +17,6 @@ __all__ = [
     "BestState",
     "is_improvement",
     "resolve_mode",
-    "save_reason",
 ]
 
 #: Metric names (after stripping a leading ``val_``) where higher is better.
@@ -166,62 +166,3 @@ class BestState:
         if is_improvement(value, self.value, self.mode, min_delta):
             return replace(self, value=float(value), epoch=epoch), True
         return self, False
-
-
-# ---------------------------------------------------------------------------
-# Save decision
-# ---------------------------------------------------------------------------
-
-
-def save_reason(
-    epoch: int,
-    *,
-    epochs: int,
-    skip_epochs: int,
-    save_interval: int,
-    improved_best: bool,
-    save_best: bool,
-) -> str | None:
-    """Decide whether (and why) to save after an epoch, in CANDLE's order.
-
-    The checks run in this order, first match wins:
-
-    1. ``save_interval == 0``: ``None`` (saving disabled, even the final one).
-    2. ``epoch < skip_epochs``: ``None``.
-    3. ``save_best and improved_best``: ``"best"``.
-    4. ``epoch == epochs``: ``"final"``.
-    5. ``epoch % save_interval == 0``: ``"interval"``.
-    6. Otherwise ``None``.
-
-    Args:
-        epoch: Number of completed epochs (1-based: the epoch just finished).
-        epochs: Total number of epochs of the run.
-        skip_epochs: Epochs before which nothing is saved.
-        save_interval: Save every this many epochs; 0 disables saving.
-        improved_best: Whether the monitored metric improved this epoch.
-        save_best: Whether saving on best improvement is enabled.
-
-    Returns:
-        ``"best"``, ``"final"``, ``"interval"`` or ``None`` (do not save).
-
-    Raises:
-        ValueError: If ``save_interval`` is negative.
-    """
-    if save_interval < 0:
-        raise ValueError(f"ckpt_save_interval must be >= 0; got {save_interval!r}")
-    if save_interval == 0:
-        return None
-    if epoch < skip_epochs:
-        return None
-    if save_best and improved_best:
-        return "best"
-    if epoch == epochs:
-        return "final"
-    if epoch % save_interval == 0:
-        return "interval"
-    return None
-
-
-# ---------------------------------------------------------------------------
-# Keep policies
-# ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from candle_ckpt.config.deadline import resolve_deadline
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.distributed.agreement import SaveAgreement
+from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
 from candle_ckpt.engine.resume import checkpoint_dir
 
@@ -157,7 +158,7 @@ def make_sync(cfg: Any, engine: Any, capture: Callable[[], Any], strategy: Any, 
 
     Checkpointing off (``ckpt_save_interval=0``) catches nothing, as in the fit callback.
     """
-    on = cfg.save_interval != 0
+    on = not checkpointing_off(cfg)
     deadline, _ = resolve_deadline(cfg.deadline, time.time(), os.environ)
     watcher = PreemptionWatcher(
         signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin

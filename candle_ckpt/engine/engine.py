@@ -17,7 +17,7 @@ from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
-from candle_ckpt.core.policy import BestState, resolve_mode
+from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.aftercommit import (
     prune_after_commit,
@@ -27,7 +27,7 @@ from candle_ckpt.engine.aftercommit import (
     write_scratch,
 )
 from candle_ckpt.engine.capture import Capture, _SaveFailure, sidecar_template
-from candle_ckpt.engine.decision import beats_durable_best_only, decide, resumed_best
+from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
 from candle_ckpt.engine.group_commit import commit_epoch, failed_capture
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
@@ -38,7 +38,8 @@ class CheckpointEngine:
 
     Creating it validates the directory (writable, not locked by another
     process) and removes a crashed writer's leftovers, so problems surface
-    at creation and not at epoch 50.
+    at creation and not at epoch 50. Whether an epoch is saved is asked of
+    its :class:`~candle_ckpt.engine.decision.SaveDecisionPolicy` (``policy``).
     """
 
     def __init__(
@@ -49,18 +50,17 @@ class CheckpointEngine:
         # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
         # opens the store (the writer lock), commits, prunes and uploads.
         self.group = group if group is not None and group.size > 1 else None
-        # Checkpointing off (ckpt_save_interval=0) writes nothing at all: not even ckpt.log.
-        self.ops = ops if cfg.save_interval != 0 or scratch_dir is not None else OpsLog(None, ops.logger)
+        self.policy = SaveDecisionPolicy(cfg)
+        # Checkpointing off writes nothing at all: not even ckpt.log.
+        self.ops = ops if not self.policy.off or scratch_dir is not None else OpsLog(None, ops.logger)
         self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.layout == "flat")
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and
         # removes it; it never opens, commits to, prunes or uploads the store.
         self.scratch_dir = scratch_dir
-        if self._writes_store() and cfg.save_interval != 0:  # 0: checkpointing off, nothing is written at all
-            self.store.open_for_write()
+        self.open()
         self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
-        self.mode = resolve_mode(cfg.save_best_metric, cfg.save_best_mode)
         # What a restart restored reaches this engine through its adapter
         # (adopt_resumed), never through process-global state.
         self.adopt_resumed(None)
@@ -90,23 +90,15 @@ class CheckpointEngine:
     def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
         """Continue from the checkpoint a restart loaded: best-tracking, elapsed
         time, load statistics, and protection of that checkpoint from pruning."""
-        cfg = self.cfg
         self.resumed = resumed
         self.load = load
-        self.best = resumed_best(cfg, self.mode, resumed)
+        self.policy.resume(resumed)
         self.time_base = float(resumed.time_elapsed or 0.0) if resumed is not None else 0.0
-        self._durable_best = self.best  # the best as of the last commit that succeeded
 
-    # -- decisions ---------------------------------------------------------------
-    def decide(self, epoch: int, logs: Mapping[str, Any]) -> tuple[str | None, BestState]:
-        """Return (reason to save or None, best state if this epoch is saved)."""
-        return decide(self.cfg, self.best, epoch, logs)
-
-    # -- saving --------------------------------------------------------------------
     def save(
         self, epoch: int, logs: Mapping[str, Any], capture: Callable[[], Capture], *, reason: str | None = None
     ) -> bool:
-        """Save ``epoch`` if the policy says so (or ``reason`` forces it).
+        """Save ``epoch`` if the policy says so (``reason`` forces it, unless checkpointing is off).
 
         In async mode the order is: surface the previous write's error, wait
         for the write in flight (the wait is recorded in ``stats()``), take
@@ -120,23 +112,23 @@ class CheckpointEngine:
         logs = dict(logs or {})
         self._check_writer()  # a finished async job's failure surfaces at the next epoch end
         self._check_remote()
-        decided, best = self._decide_for(epoch, logs, forced=reason is not None)
-        if (reason or decided) is None and not self._beats_durable_best_only(logs):
+        decision = self._ask(epoch, logs, reason)
+        if decision.reason is None and not decision.ask_again:
             return False
         try:
             self._wait_for_writer(epoch)
         except TimeoutError as err:  # the previous write hangs: skip this save, memory stays bounded
             self._failed(epoch, err)
             return False
-        if self._check_writer():  # it failed and best tracking went back: decide again
-            decided, best = self._decide_for(epoch, logs, forced=reason is not None)
-        if (reason or decided) is None:
+        if self._check_writer() or decision.ask_again:  # a failed write sets best tracking back: ask again
+            decision = self._ask(epoch, logs, reason)
+        if decision.reason is None:
             return False
-        reason = reason or decided
+        reason, best = decision.reason, decision.best
         try:
             cap = self._capture(capture)
             template = self.template(epoch, cap, logs, reason, best)
-            self.best = best
+            self.policy.submitted(best)
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
             self.writer.submit(
                 lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
@@ -158,18 +150,17 @@ class CheckpointEngine:
                 raise
             return failed_capture(err)
 
-    def _decide_for(self, epoch: int, logs: Mapping[str, Any], forced: bool) -> tuple[str | None, BestState]:
-        # A forced save without the metric (the runner's epoch 0 after init) leaves best-tracking as it is.
-        if forced and self.cfg.save_best_metric not in logs:
-            return None, self.best
-        return self.decide(epoch, logs)
+    def _ask(self, epoch: int, logs: Mapping[str, Any], forced: str | None) -> Decision:
+        """The policy's decision for ``epoch``, in the writer's present state."""
+        context = DecisionContext(forced=forced, saving_in_progress=self.writer.in_flight())
+        return self.policy.should_save(epoch, logs, context)
 
     def template(self, epoch: int, cap: Capture, logs: Mapping[str, Any], reason: str, best: BestState) -> Sidecar:
         """The sidecar of a save, before the store fills in its files, generation and timings."""
         elapsed = self.time_base + time.time() - self.start_time
         resumed_from = self.resumed.epoch if self.resumed else None
         return sidecar_template(
-            self.cfg, self.mode, epoch, cap, logs, reason, best, elapsed, resumed_from, self._io_stats()
+            self.cfg, self.policy.mode, epoch, cap, logs, reason, best, elapsed, resumed_from, self._io_stats()
         )
 
     def save_step(
@@ -191,12 +182,6 @@ class CheckpointEngine:
         if busy and not self._slow_said and self._submitted is not None:
             self._slow_said = True
             self.ops.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
-
-    def _beats_durable_best_only(self, logs: Mapping[str, Any]) -> bool:
-        """True if this epoch is no new best only because of a best still being written (see decision)."""
-        return self.writer.in_flight() and beats_durable_best_only(
-            self.cfg, self.mode, self.best, self._durable_best, logs
-        )
 
     def _check_writer(self) -> bool:
         """Surface a finished async job's failure; True if one was reported (warn mode)."""
@@ -223,18 +208,18 @@ class CheckpointEngine:
     def _commit_now(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         if self.scratch_dir is not None:
             self._write_scratch(epoch, cap)
-            self._durable_best = best
+            self.policy.committed(best)
             return
         best_epoch = best.epoch if self.cfg.save_best else None
         if self.group is not None:
             side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
-            self._durable_best = best
-            if side is None:  # not the primary: its part is in, the primary did the rest
+            if side is None:
+                self.policy.committed(best)  # not the primary: its part is in, the primary did the rest
                 return
         else:
             side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
-        self._durable_best = best
+        self.policy.committed(best)
         supersede_steps(self.store, self.ops, epoch)
         self.ops.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
@@ -269,8 +254,7 @@ class CheckpointEngine:
             self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
 
     def _failed(self, epoch: int, err: BaseException) -> None:
-        if self.best.epoch == epoch:  # that best was never written: track against the durable one
-            self.best = self._durable_best
+        self.policy.failed(epoch)  # that best was never written: track against the durable one
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
         self.errors.append(msg)
         if self.cfg.on_error == "raise":
@@ -292,7 +276,7 @@ class CheckpointEngine:
         A non-chief worker (``scratch_dir``) never writes the store, and with
         checkpointing off (``ckpt_save_interval=0``) nothing is written at all.
         """
-        if self._writes_store() and self.cfg.save_interval != 0:
+        if self._writes_store() and not self.policy.off:
             self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:
@@ -324,4 +308,4 @@ class CheckpointEngine:
     def report(self) -> None:
         """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
         self.finish()
-        self.ops.info(report_summary(self.records, self.best, self.errors))
+        self.ops.info(report_summary(self.records, self.policy.best, self.errors))

@@ -6,8 +6,11 @@ hook runs again, and a callback that holds the directory's writer lock would
 keep it until the process exits: the CLI, a new callback or a notebook's next
 cell would be refused. :class:`FitGuard` watches the frame of the running
 ``fit`` from a daemon thread and calls ``on_exit`` once that frame has left
-the training thread's stack. It knows nothing about Keras: "the fit" is the
-first frame above the callback hook that is not the framework's callback list.
+the training thread's stack. It knows nothing about Keras: the adapter hands
+it the hook's frame and the file names of the framework's callback dispatcher
+(from its gateway, :mod:`candle_ckpt.keras.internals` or
+:mod:`candle_ckpt.tf_keras.internals`), and "the fit" is the first frame above
+the hook that is not the dispatcher's nor a callback's.
 
 The watching thread holds no strong reference to the fit's frame nor to the
 callback (only the frame's id and code, and a weak reference to ``on_exit``).
@@ -28,21 +31,19 @@ import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-_CALLBACK_LIST_FILES = ("callback_list.py", "callbacks.py")
-
 
 def _is_callback(obj: object) -> bool:
     """Duck-typed: a callback or a callback list (it has the hooks and ``set_model``); a model has not."""
     return callable(getattr(obj, "on_train_begin", None)) and callable(getattr(obj, "set_model", None))
 
 
-def _fit_frame(start: FrameType | None, owner: object = None) -> FrameType | None:
+def _fit_frame(start: FrameType | None, dispatch_files: tuple[str, ...], owner: object = None) -> FrameType | None:
     """The first frame at or above ``start`` that is not part of the callback machinery: a framework's
     callback dispatcher, a method of ``owner`` (a subclass's hook calling ``super()``), or any other
     callback's method (a user's callback that forwards its hooks to ours)."""
     frame = start
     while frame is not None and (
-        os.path.basename(frame.f_code.co_filename) in _CALLBACK_LIST_FILES
+        os.path.basename(frame.f_code.co_filename) in dispatch_files
         or (owner is not None and frame.f_locals.get("self") is owner)
         or _is_callback(frame.f_locals.get("self"))
     ):
@@ -86,21 +87,22 @@ class FitGuard:
 
     Args:
         on_exit: What to do when ``fit`` ended without :meth:`disarm` (it raised).
+        dispatch_files: File names (no folder) of the framework's callback dispatcher.
         poll_s: How often the thread looks at the training thread's stack.
     """
 
-    def __init__(self, on_exit: Callable[[], None], poll_s: float = 0.05) -> None:
+    def __init__(self, on_exit: Callable[[], None], dispatch_files: tuple[str, ...], poll_s: float = 0.05) -> None:
         self.on_exit = on_exit
+        self.dispatch_files = tuple(dispatch_files)
         self.poll_s = poll_s
         # The callback whose hooks arm this guard (on_exit's object): its own frames are not the fit.
         self._owner = getattr(on_exit, "__self__", None)
         self._stop: threading.Event | None = None
 
-    def arm(self, hook_frame: FrameType | None = None) -> None:
-        """Start watching the ``fit`` that called the hook running now (called from the hook)."""
+    def arm(self, hook_frame: FrameType) -> None:
+        """Start watching the ``fit`` that called the hook whose frame is ``hook_frame`` (running now)."""
         self.disarm()
-        hook = hook_frame or sys._getframe(1)
-        target = _fit_frame(hook.f_back, self._owner)
+        target = _fit_frame(hook_frame.f_back, self.dispatch_files, self._owner)
         if target is None:
             return
         stop = self._stop = threading.Event()

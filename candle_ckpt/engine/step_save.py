@@ -50,7 +50,7 @@ def save_step(
     engine._check_writer()
     try:
         cap = engine._capture(capture)
-        template = replace(engine.template(epoch, cap, logs, reason, engine.best), step=step)
+        template = replace(engine.template(epoch, cap, logs, reason, engine.policy.best), step=step)
         if engine.scratch_dir is not None:
             engine._write_scratch(epoch, cap)
             return None

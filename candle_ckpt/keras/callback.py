@@ -24,11 +24,10 @@ from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
-from candle_ckpt.keras import fit_hooks
+from candle_ckpt.keras import fit_hooks, internals
 from candle_ckpt.keras.candle_h5 import apply_pending
 from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
-from candle_ckpt.keras.plan import warm_skipsets
 from candle_ckpt.keras.preemption import FitPreemption, resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.sharded import capture_sharded
@@ -89,13 +88,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.ops = OpsLog(Layout.at(self.cfg.directory).log if primary else None, get_logger(logger, verbose))
         if kwargs.keys() - {"fs"}:
             raise TypeError(f"unexpected arguments: {sorted(kwargs.keys() - {'fs'})}")
-        warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
+        internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
         self.engine = CheckpointEngine(self.cfg, self.ops, fs=kwargs.pop("fs", None), group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
-        self._guard = FitGuard(self._fit_ended)
+        self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
         self._stdout: LineTracker | None = None
         self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
@@ -132,7 +131,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         self.engine.open()  # the writer lock, for as long as this fit runs
-        self._guard.arm()
+        self._guard.arm(internals.hook_frame())
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
         apply_pending(self.model, self.ops)  # optimizer state of a CANDLE model.h5 restored before compile()
@@ -229,9 +228,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _capture(self, step: int | None = None):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
-        sync = getattr(self.model, "jax_state_sync", None)
-        if step is not None and callable(sync):
-            sync()  # JAX keeps the state outside the variables between epoch ends: put it back first
+        if step is not None:
+            internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
         data = self._train.capture(step) if self._train is not None else None
         if self.group is not None:  # this process's part: its shards and its training state
             return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self.group, data)

@@ -11,8 +11,9 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
-from candle_ckpt.core.errors import NoValidCheckpoint
+from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import keep_pending, restore_candle_h5
@@ -105,7 +106,10 @@ class KerasModelAdapter:
         plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
         extra_vars = self.state.extra_variables(plan)
         self.pending = {}
-        with weights_view(kept[side.model_file], side.model_file, where) as weights:
+        with (
+            format_changed(side.keras_version, where),
+            weights_view(kept[side.model_file], side.model_file, where) as weights,
+        ):
             # All or nothing: every shape, dtype and count is checked before the first assignment.
             check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan)
             if getattr(model, "optimizer", None) is None:
@@ -124,6 +128,27 @@ class KerasModelAdapter:
             )
         if TRAIN_STATE_FILE in kept:
             self.pending["train_state"] = bytes(kept[TRAIN_STATE_FILE])
+
+
+@contextlib.contextmanager
+def format_changed(saved: str | None, where: str) -> Iterator[None]:
+    """Say so when a checkpoint written before a change of Keras's saving format does not load.
+
+    Raises:
+        ModelMismatch: the checkpoint does not fit the model, and Keras's saving format changed
+            between the release that wrote it and this one (the message names both and the change).
+    """
+    change = internals.format_change(saved)
+    try:
+        yield
+    except ValueError as err:
+        if change is None:
+            raise
+        raise ModelMismatch(
+            f"checkpoint {where} was written by Keras {saved} and this is Keras {internals.KERAS_VERSION}: "
+            f"{change}. Restore it with Keras {saved} (pip install keras=={saved}), or load its weights "
+            f"there and save them again with this Keras. What failed: {err}"
+        ) from err
 
 
 @contextlib.contextmanager

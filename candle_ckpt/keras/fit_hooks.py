@@ -4,9 +4,8 @@ Keras gives a callback its model, not the ``CallbackList`` it sits in nor
 the epoch iterator that feeds the model. Both are found here, once, when
 ``fit`` calls ``on_train_begin``: the ``CallbackList`` is the ``self`` of
 the calling frame, and Keras 3's TensorFlow ``fit`` keeps the iterator in
-its local ``epoch_iterator``. These are Keras internals;
-``tests/integration/keras/test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``
-fails loudly if a Keras release moves them. When they cannot be found the
+its local ``epoch_iterator``. These are Keras internals, reached through
+:mod:`candle_ckpt.keras.internals` (which names the tripwire test of each). When they cannot be found the
 callback falls back to saving in its own ``on_epoch_end`` and says what that
 costs (see :mod:`candle_ckpt.keras.callback`).
 
@@ -14,9 +13,8 @@ A resumed ``fit`` that starts in the middle of an epoch (a step checkpoint)
 has the epoch iterator's ``_enumerate_iterator`` wrapped for that one epoch
 (:func:`skip_steps`): the steps already done are taken from it as ``fit``
 would have taken them (their batches drawn, so the input and its RNGs move
-exactly as in the uninterrupted run), and the step numbers, ``_steps_seen``
-and everything after continue unchanged. The same tripwire test covers the
-attributes it relies on.
+exactly as in the uninterrupted run), and the step numbers, the steps seen
+and everything after continue unchanged.
 
 The ``CallbackList`` gets two instance attributes that wrap its
 ``on_epoch_begin`` and ``on_epoch_end`` (the list's order and every other
@@ -28,40 +26,17 @@ and the saved state of a resumed run is put back after every callback's
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from candle_ckpt.keras import internals
+
 _MARK = "_candle_ckpt_hooked"
-_DEPTH = 8  # frames searched above on_train_begin
 
-
-def find_callback_list(callback: Any) -> Any:
-    """The ``CallbackList`` that is calling ``callback.on_train_begin`` now, or None."""
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        members = getattr(owner, "callbacks", None)
-        if isinstance(members, list) and any(c is callback for c in members) and hasattr(owner, "on_epoch_end"):
-            return owner
-    return None
-
-
-def find_epoch_iterator(model: Any) -> Any:
-    """The epoch iterator of the ``fit`` of ``model`` that is running now, or None."""
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH + 2):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            it = frame.f_locals.get("epoch_iterator")
-            return it if hasattr(it, "data_adapter") else None
-    return None
+# Found in the frames of the running fit, by the gateway (re-exported here for the callback).
+find_callback_list = internals.find_callback_list
+find_epoch_iterator = internals.find_epoch_iterator
 
 
 def wrap_epoch_hooks(
@@ -102,14 +77,11 @@ def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[i
         then: Called with ``(steps skipped, seconds it took)`` once they are
             skipped, before the first batch that ``fit`` trains on.
     """
-    original = epoch_iterator._enumerate_iterator
     per = max(int(getattr(epoch_iterator, "steps_per_execution", 1) or 1), 1)
 
-    def enumerate_skipping() -> Any:
-        del epoch_iterator._enumerate_iterator  # later epochs run as Keras wrote them
+    def enumerate_skipping(steps_gen: Any) -> Any:
         start, done = time.perf_counter(), 0
-        seen = epoch_iterator._steps_seen
-        steps_gen = original()
+        seen = internals.steps_seen(epoch_iterator)
         try:
             while done < steps:
                 _, end, iterator = next(steps_gen)
@@ -117,18 +89,12 @@ def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[i
                     for _ in range(per):
                         next(iterator)
                 done = end + 1
-        except (StopIteration, OutOfRange()):  # fewer steps than saved: the epoch ends here
+        except (StopIteration, internals.tf_out_of_range()):  # fewer steps than saved: the epoch ends here
             then(done, time.perf_counter() - start)
             return
         if not consume:
-            epoch_iterator._steps_seen = seen
+            internals.set_steps_seen(epoch_iterator, seen)
         then(done, time.perf_counter() - start)
         yield from steps_gen
 
-    epoch_iterator._enumerate_iterator = enumerate_skipping
-
-
-def OutOfRange() -> type[BaseException]:  # noqa: N802 -- used as an exception class in except clauses
-    """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration."""
-    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
-    return getattr(tf_errors, "OutOfRangeError", StopIteration)
+    internals.replace_steps_once(epoch_iterator, enumerate_skipping)

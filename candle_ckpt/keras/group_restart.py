@@ -39,8 +39,8 @@ from candle_ckpt.engine.resume import (
     select_checkpoint,
     verify_exact,
 )
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.capture import KerasModelAdapter
-from candle_ckpt.keras.plan import warm_skipsets
 from candle_ckpt.keras.sharded import load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
@@ -91,7 +91,7 @@ def restart_group(
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
     ops = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
-    warm_skipsets()  # no Keras variable is created later on only some processes
+    internals.warm_skipsets()  # no Keras variable is created later on only some processes
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
     keep = adapter.keep_files

@@ -1,8 +1,7 @@
 """Reading a ``.weights.h5`` held in memory with Keras's own loader.
 
-It relies on ``keras.src.saving.saving_lib._load_state``, ``H5IOStore`` and
-``safe_get_h5_dataset`` (pinned in ``setup.cfg``;
-``tests/integration/keras/test_keras_format.py`` fails loudly if they change). We
+It relies on Keras's private ``_load_state``, ``H5IOStore`` and dataset
+checks (through :mod:`candle_ckpt.keras.internals`). We
 feed it the bytes that were just CRC-verified (an mmap of the file), so a
 restart reads each file once.
 """
@@ -14,7 +13,8 @@ from typing import Any
 
 import keras
 import numpy as np
-from keras.src.saving import saving_lib
+
+from candle_ckpt.keras import internals
 
 
 class _BufferFile(io.BytesIO):
@@ -82,14 +82,14 @@ def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
         source.close()
 
 
-class _ReadStore(saving_lib.H5IOStore):
+class _ReadStore(internals.H5IOStore):
     """Keras's reading store, minus the copies h5py makes.
 
     ``H5IOStore.__getitem__`` returns ``np.array(dataset)``: h5py copies the
     bytes out of the file object into a zero-filled array and numpy copies that
     again. A contiguous, unfiltered dataset (what ``save_weights`` writes) is
     instead returned as a read-only view of the buffer at the dataset's offset,
-    after the same safety checks (``safe_get_h5_dataset``: no external or
+    after the same safety checks (Keras's: no external or
     virtual datasets, no shape bombs). The backend's ``assign`` makes the one
     copy; where a backend may keep the array itself instead (JAX on CPU
     aliases aligned host arrays), the view is copied once first, so that no
@@ -102,7 +102,7 @@ class _ReadStore(saving_lib.H5IOStore):
         self._share = keras.backend.backend() in _COPYING_BACKENDS
 
     def __getitem__(self, key):
-        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
+        dataset = internals.h5_dataset(self, key)
         if not dataset.shape or dataset.size == 0 or "dtype" in dataset.attrs:  # scalars, bfloat16: Keras's way
             return super().__getitem__(key)
         view = stored_view(dataset, self._buffer)
@@ -136,23 +136,7 @@ def stored_view(dataset, buffer: memoryview) -> np.ndarray | None:
 
 def _load_weights_from(obj: Any, source: io.BytesIO, objects_to_skip) -> None:
     store = _ReadStore(source)
-    failed: set[int] = set()
-    errors: dict[int, Any] = {}
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="Skipping variable loading")
-            saving_lib._load_state(
-                obj,
-                weights_store=store,
-                assets_store=None,
-                inner_path="",
-                visited_saveables={id(o) for o in objects_to_skip},
-                failed_saveables=failed,
-                error_msgs=errors,
-            )
+        internals.load_state(obj, store, {id(o) for o in objects_to_skip})
     finally:
         store.close()
-    if failed:
-        saving_lib._raise_loading_failure(errors)

@@ -27,6 +27,7 @@ import numpy as np
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.stats import transfer_record
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.capture import weights_view
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.storage.store import CheckpointStore
@@ -136,7 +137,7 @@ def _select_layers(
 ) -> list[str]:
     """The names of the layers to load, in order, once each; ValueError for an unknown name or none."""
     if callable(layers):
-        wanted = [layer.name for layer in model._flatten_layers(include_self=False) if layers(layer)]
+        wanted = [layer.name for layer in internals.flatten_layers(model) if layers(layer)]
         wanted = [n for n in dict.fromkeys(wanted) if n in available]
     else:
         if isinstance(layers, str):

@@ -20,7 +20,12 @@ run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
   run: exact when ``on_epoch_end`` draws a fresh order from a global RNG
   (``self.index = np.random.permutation(n)``), which a warning says once.
 * **A Python generator**: its position cannot be saved; one warning says so.
-* **NumPy arrays**: Keras's own shuffle resumes exactly; nothing to save.
+* **NumPy arrays**: Keras's own shuffle resumes exactly; nothing to save
+  before Keras 3.16.
+
+From Keras 3.16 on, the array and PyDataset adapters seed their shuffle from
+their own count of epochs, which starts at 0 in every ``fit``: it is saved
+and set again before the first epoch of a resumed ``fit``, whatever the input.
 """
 
 from __future__ import annotations
@@ -33,20 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from candle_ckpt.keras import rng_state
+from candle_ckpt.keras import internals, rng_state
 from candle_ckpt.keras.callback_state import has_protocol
 
 _ITER_PREFIX = "pipe.iterator."
-
-
-def _kind(adapter: Any) -> str:
-    name = type(adapter).__name__
-    return {
-        "TFDatasetAdapter": "tf.data",
-        "PyDatasetAdapter": "pydataset",
-        "GeneratorDataAdapter": "generator",
-        "ArrayDataAdapter": "arrays",
-    }.get(name, name)
 
 
 def _iterator_bytes(iterator: Any) -> dict[str, np.ndarray]:
@@ -82,19 +77,13 @@ class Pipeline:
     def __init__(self, epoch_iterator: Any, warn: Callable[[str], None]) -> None:
         self.it = epoch_iterator
         self.adapter = epoch_iterator.data_adapter
-        self.kind = _kind(self.adapter)
+        self.kind = internals.adapter_kind(self.adapter)
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
         self.rng_before: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
         if self.kind == "tf.data":
-            make = epoch_iterator._get_iterator
-
-            def counted() -> Any:
-                self.iterators += 1
-                return make()
-
-            epoch_iterator._get_iterator = counted
+            internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
             end = self.adapter.on_epoch_end
 
@@ -116,6 +105,9 @@ class Pipeline:
                 "if it keeps state) for an exact resume"
             )
 
+    def _count_iterator(self) -> None:
+        self.iterators += 1
+
     @property
     def dataset(self) -> Any:
         return getattr(self.adapter, "py_dataset", None)
@@ -124,13 +116,16 @@ class Pipeline:
         """Return (document, arrays) with what a resumed run needs to continue this input."""
         doc: dict[str, Any] = {"kind": self.kind}
         arrays: dict[str, np.ndarray] = {}
+        epoch = internals.adapter_epoch(self.adapter)
+        if epoch is not None:  # Keras 3.16 seeds the shuffle of arrays and PyDatasets from it
+            doc["adapter_epoch"] = epoch
         if self.kind == "tf.data":
             doc["iterators"] = self.iterators
-            current = getattr(self.it, "_current_iterator", None)
+            current = internals.kept_iterator(self.it)
             if self.it.steps_per_epoch and current is not None:
                 try:
                     arrays.update(_iterator_bytes(current))
-                    doc["steps_seen"] = int(self.it._steps_seen)
+                    doc["steps_seen"] = internals.steps_seen(self.it)
                 except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
                     self.warn(
                         f"the position of the tf.data iterator cannot be saved ({type(err).__name__}: "
@@ -152,13 +147,15 @@ class Pipeline:
         if doc.get("kind") != self.kind:
             self.warn(f"restart: the checkpoint was saved with a {doc.get('kind')} input, this fit has {self.kind}")
             return
+        if "adapter_epoch" in doc:
+            internals.set_adapter_epoch(self.adapter, doc["adapter_epoch"])
         if self.kind == "tf.data":
             self._restore_tf_data(doc, arrays)
         elif self.kind == "pydataset":
             self._restore_pydataset(doc, arrays)
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        dataset = self.it._get_iterator()
+        dataset = internals.new_dataset(self.it)
         if "steps_seen" in doc:
             current = iter(dataset)
             try:
@@ -169,8 +166,7 @@ class Pipeline:
                     "it starts from its beginning and the run will not be bit-identical"
                 )
                 return
-            self.it._current_iterator = current
-            self.it._steps_seen = doc["steps_seen"]
+            internals.keep_iterator(self.it, current, doc["steps_seen"])
             self.iterators = int(doc["iterators"])
             self.positioned = True
             return

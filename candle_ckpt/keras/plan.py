@@ -1,8 +1,7 @@
 """The save plan: which variable goes to which H5 path, found the way ``save_weights`` walks a model.
 
-It relies on ``keras.src.saving.saving_lib._save_state`` (pinned in
-``setup.cfg``; ``tests/integration/keras/test_keras_format.py`` fails loudly if it
-changes): we hand it a recording store, so we learn which variables go to
+It relies on Keras's private ``_save_state`` walk (through
+:mod:`candle_ckpt.keras.internals`): we hand it a recording store, so we learn which variables go to
 which H5 path without writing anything. That plan lets
 :class:`~candle_ckpt.keras.state.ModelState` take a host snapshot (one copy of
 each variable) and later write a standard ``.weights.h5`` from it on any
@@ -22,7 +21,8 @@ from typing import Any
 
 import keras
 import numpy as np
-from keras.src.saving import saving_lib
+
+from candle_ckpt.keras import internals
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Entry:
     volatile: bool = False
 
 
-class _PlanStore(saving_lib.H5IOStore):
+class _PlanStore(internals.H5IOStore):
     """A weights store that records instead of writing (see module docstring)."""
 
     def __init__(self) -> None:  # deliberately no super().__init__: no file
@@ -83,13 +83,8 @@ def _variables_not_copies(optimizers: list[Any]):
     for the plan to map them back to the variables by position. Optimizers that
     override the method keep it (their entries are mapped back or marked volatile).
     """
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    patched = [
-        o
-        for o in optimizers
-        if type(o).save_own_variables is BaseOptimizer.save_own_variables and "save_own_variables" not in vars(o)
-    ]
+    stock = internals.stock_save_own_variables()
+    patched = [o for o in optimizers if type(o).save_own_variables is stock and "save_own_variables" not in vars(o)]
     for opt in patched:
         object.__setattr__(opt, "save_own_variables", functools.partial(_hand_over_variables, opt))
     try:
@@ -115,7 +110,7 @@ def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True
     known = _optimizers(obj) + list(extra_optimizers)
     skip = set() if optimizers else {id(o) for o in _optimizers(obj)}
     with _variables_not_copies(known if optimizers else []):
-        saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=skip)
+        internals.save_state(obj, store, skip)
     plan = []
     for entry in store.entries:
         if not (entry.metadata or entry.items):
@@ -136,33 +131,6 @@ def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True
     return plan
 
 
-_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
-
-
-def warm_skipsets() -> None:
-    """Compute Keras's per-type attribute skip sets now, outside any ``keras.distribution``.
-
-    ``saving_lib._save_state`` (our plan walk) builds each skip set once, from a
-    reference object: for optimizers ``Optimizer(1.0)``, which creates Keras
-    variables. Under a distribution spanning several processes creating a
-    variable is a cross-process collective, so a first walk on one process
-    only (a save, a restore) would fail or hang. Built here with no
-    distribution set, the reference objects are plain local values, and every
-    later walk only reads the cached sets.
-    """
-    from keras.src.backend.common import global_state  # noqa: PLC0415
-
-    if all(global_state.get_global_attribute(f"saving_attr_skiplist_{t}", None) is not None for t in _SKIPSET_TYPES):
-        return
-    current = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        for obj_type in _SKIPSET_TYPES:
-            saving_lib.get_attr_skipset(obj_type)
-    finally:
-        keras.distribution.set_distribution(current)
-
-
 def build_optimizer(model: keras.Model) -> None:
     """Create the optimizer's variables so that its state can be loaded."""
     if not model.built:
@@ -181,6 +149,6 @@ def build_in_scope(opt: Any, variables: list[Any]) -> None:
     scope (mirrored, one per replica); restart() and the runner usually run
     outside it.
     """
-    strategy = getattr(opt, "_distribution_strategy", None)
+    strategy = internals.optimizer_strategy(opt)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         opt.build(variables)

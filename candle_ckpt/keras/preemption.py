@@ -25,6 +25,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
 from candle_ckpt.engine.resume import checkpoint_dir
@@ -42,7 +43,7 @@ class FitPreemption:
 
     def __init__(self, cfg: CkptConfig, ops: OpsLog, engine: CheckpointEngine) -> None:
         self.cfg, self.ops, self.engine = cfg, ops, engine
-        on = cfg.save_interval != 0  # checkpointing off: nothing is saved, nothing is caught
+        on = not checkpointing_off(cfg)  # nothing is saved, nothing is caught
         deadline, self.deadline_source = resolve_deadline(cfg.deadline, time.time(), os.environ)
         self.watcher = PreemptionWatcher(
             signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin

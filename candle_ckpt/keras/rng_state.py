@@ -6,11 +6,10 @@ counter of its eager context, and Keras's global ``SeedGenerator``. With them
 in the checkpoint, a ``PyDataset`` or generator that reshuffles with any of
 these continues with the numbers the uninterrupted run would have drawn.
 
-Two of them are private TensorFlow state (``tests/integration/keras/test_exact_resume.py``
-has a tripwire for each): the global generator lives in
-``stateful_random_ops.global_generator`` (asking the public
+Two of them are private TensorFlow state, reached through
+:mod:`candle_ckpt.keras.internals`: the global generator (asking the public
 ``tf.random.get_global_generator()`` would create one and change nothing else),
-and the op-seed counter is the ``random.Random`` that the eager context draws
+and the op-seed counter, the ``random.Random`` that the eager context draws
 op seeds from after ``tf.random.set_seed``.
 """
 
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from candle_ckpt.keras import backend_rng
+from candle_ckpt.keras import backend_rng, internals
 
 # The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
 # arrays go in the npz under these names.
@@ -36,25 +35,6 @@ def _tf_loaded() -> bool:
     return "tensorflow" in sys.modules
 
 
-def _tf_context() -> Any:
-    from tensorflow.python.eager import context
-
-    return context.context()
-
-
-def _tf_global_generator() -> Any:
-    from tensorflow.python.ops import stateful_random_ops
-
-    return getattr(stateful_random_ops, "global_generator", None)
-
-
-def _keras_global_generator() -> Any:
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
-    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
-
-
 def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Return (JSON-able document, arrays) of every global RNG state that exists now."""
     version, internal, gauss = random.getstate()
@@ -64,16 +44,15 @@ def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     doc["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
     arrays[_NP_KEY] = np.array(keys, copy=True)
     if _tf_loaded():  # TensorFlow's states exist only once it is imported (never on a JAX/torch job without it)
-        ctx = _tf_context()
-        rng = getattr(ctx, "_rng", None)
+        rng = internals.tf_op_seed_rng()
         if isinstance(rng, random.Random):
             v, s, g = rng.getstate()
             doc["tf_op_seed"] = [v, list(s), g]
-        gen = _tf_global_generator()
+        gen = internals.tf_global_generator()
         if gen is not None:
             doc["tf_global"] = {"algorithm": int(gen.algorithm)}
             arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
-    kgen = _keras_global_generator()
+    kgen = internals.keras_global_seed_generator(create=False)
     if kgen is not None:
         doc["keras"] = True
         arrays[_KERAS_KEY] = np.array(kgen.state.numpy(), copy=True)
@@ -86,9 +65,7 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
     done = []
     if doc.get("keras") and _KERAS_KEY in arrays:
         # Creating Keras's global generator draws from Python's random: do it first.
-        from keras.src.random import seed_generator
-
-        seed_generator.global_seed_generator().state.assign(arrays[_KERAS_KEY])
+        internals.keras_global_seed_generator(create=True).state.assign(arrays[_KERAS_KEY])
         done.append("keras")
     if "tf_global" in doc and _TF_KEY in arrays and _tf_loaded():
         import tensorflow as tf
@@ -98,7 +75,7 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
             gen.reset(arrays[_TF_KEY])
             done.append("tf_global")
     if "tf_op_seed" in doc and _tf_loaded():
-        rng = getattr(_tf_context(), "_rng", None)
+        rng = internals.tf_op_seed_rng()
         if isinstance(rng, random.Random):
             v, s, g = doc["tf_op_seed"]
             rng.setstate((v, tuple(s), g))

@@ -31,6 +31,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.plan import build_optimizer
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.commit import FileSpec
@@ -93,8 +94,6 @@ def capture_chunks(model: Any, rank: int, copy: bool) -> tuple[list[Chunk], dict
 
 def capture_sharded(model: Any, cfg: CkptConfig, group: Group, train_state: bytes | None) -> Capture:
     """The capture of a multi-process save: this process's part (and, on the primary, the model's config)."""
-    from keras.src.saving import saving_lib  # noqa: PLC0415 (the .keras archive's config, as ModelState does)
-
     start = time.perf_counter()
     chunks, sharding = capture_chunks(model, group.rank, copy=cfg.async_save)
     own: list[FileSpec] = []
@@ -102,7 +101,7 @@ def capture_sharded(model: Any, cfg: CkptConfig, group: Group, train_state: byte
         own.append(FileSpec(train_state_part(group.rank), lambda f: f.write(train_state)))
     files: list[FileSpec] = []
     if group.rank == 0 and not cfg.save_weights_only:
-        config_json, metadata_json = saving_lib._serialize_model_as_json(model)
+        config_json, metadata_json = internals.serialize_model_as_json(model)
         files = [
             FileSpec(CONFIG_FILE, lambda f: f.write(config_json.encode())),
             FileSpec(METADATA_FILE, lambda f: f.write(metadata_json.encode())),

@@ -4,8 +4,8 @@
 a host snapshot of every variable (a view where the backend allows, a copy
 into reused buffers for async saves) and writes a standard ``.weights.h5``
 from it; restore goes through :mod:`candle_ckpt.keras.h5read`. The ``.keras``
-archive's config comes from ``saving_lib._serialize_model_as_json`` (a tripwire
-in ``tests/integration/keras/test_keras_format.py``).
+archive's config comes from Keras's private ``_serialize_model_as_json``
+(through :mod:`candle_ckpt.keras.internals`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import h5py
 import keras
 import numpy as np
-from keras.src.saving import saving_lib
 
 from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import load_weights_bytes
 from candle_ckpt.keras.plan import Entry, build_optimizer, make_plan
 
-KERAS_VERSION = keras.__version__
+KERAS_VERSION = internals.KERAS_VERSION
 
 
 def _host_view(value: Any) -> tuple[np.ndarray, Any]:
@@ -218,7 +218,7 @@ class ModelState:
 
     def full_model_parts(self) -> tuple[str, str]:
         """Return (config.json, metadata.json) of the ``.keras`` archive."""
-        return saving_lib._serialize_model_as_json(self.model)
+        return internals.serialize_model_as_json(self.model)
 
     def restore(self, weights: bytes) -> None:
         """Load a ``.weights.h5`` held in memory into the model, optimizer included.

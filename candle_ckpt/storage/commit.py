@@ -28,12 +28,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.sidecar import FileEntry, Sidecar
 from candle_ckpt.core.stats import mb_per_s, seconds
+
+if TYPE_CHECKING:
+    from candle_ckpt.storage.multipart import SharedSave
 
 logger = logging.getLogger("candle_ckpt.storage.commit")
 
@@ -54,9 +58,20 @@ def fresh_work(fs: LocalFS, lay: L.Layout) -> None:
 
 
 def write_work(
-    fs: LocalFS, lay: L.Layout, files: Iterable[FileSpec], checksum: bool, sidecar: Sidecar, generation: int
+    fs: LocalFS,
+    lay: L.Layout,
+    files: Iterable[FileSpec],
+    checksum: bool,
+    sidecar: Sidecar,
+    generation: int,
+    shared: SharedSave | None = None,
 ) -> Sidecar:
     """Step 1 of a commit: every file, then the sidecar, into a fresh ``work/``, fsynced; ``work/`` fsynced.
+
+    With ``shared`` (a job of several processes, see
+    :mod:`candle_ckpt.storage.multipart`), the other ranks write their parts
+    into the same ``work/`` meanwhile; the primary checks them all and adds
+    them and ``manifest.json`` to the sidecar before writing it.
 
     Returns the sidecar as written (``sidecar`` with its files, generation and
     save timings). On any failure ``work/`` is removed and the error raised.
@@ -64,7 +79,11 @@ def write_work(
     start = time.perf_counter()
     fresh_work(fs, lay)
     try:
+        if shared is not None:
+            shared.work_ready()
         entries = write_files(fs, lay, files, checksum)
+        if shared is not None:
+            entries.update(shared.gather(fs, lay.work))
         elapsed = max(time.perf_counter() - start, 1e-9)
         total = sum(e.size for e in entries.values())
         final = replace(

@@ -122,26 +122,35 @@ class StepCheckpoints:
             return side, kept
         return None
 
-    def commit(self, files: Iterable[Any], sidecar: Sidecar) -> Sidecar:
+    def commit(self, files: Iterable[Any], sidecar: Sidecar, *, shared: Any = None) -> Sidecar:
         """Write a step checkpoint atomically, then remove the older ones.
 
         Args:
             files: :class:`~candle_ckpt.storage.store.FileSpec` objects.
             sidecar: Template; ``epoch`` and ``step`` must be set, the rest is filled in here.
+            shared: The primary's side of a multi-part commit
+                (:class:`~candle_ckpt.storage.multipart.SharedSave`), as for an epoch commit.
         """
         store, lay, fs = self.store, self.layout, self.store.fs
-        if sidecar.step is None:
-            raise ValueError("a step checkpoint's sidecar needs its step")
-        generation = store.take_generation("a step commit")
-        final = write_work(fs, lay, files, store.checksum, sidecar, generation)
         try:
-            if not os.path.isdir(lay.steps):
-                fs.makedirs(lay.steps, durable=True)
-            fs.rename(lay.work, lay.step_dir(generation))
-            fs.fsync_dir(lay.steps)
-        except BaseException:
-            discard_work(fs, lay)
+            if sidecar.step is None:
+                raise ValueError("a step checkpoint's sidecar needs its step")
+            generation = store.take_generation("a step commit")
+            final = write_work(fs, lay, files, store.checksum, sidecar, generation, shared)
+            try:
+                if not os.path.isdir(lay.steps):
+                    fs.makedirs(lay.steps, durable=True)
+                fs.rename(lay.work, lay.step_dir(generation))
+                fs.fsync_dir(lay.steps)
+            except BaseException:
+                discard_work(fs, lay)
+                raise
+        except BaseException as err:
+            if shared is not None:
+                shared.failed(err)
             raise
+        if shared is not None:
+            shared.committed(f"steps/{L.epoch_name(generation)}")
         self._remove([g for g in self.generations() if g != generation])
         return final
 

@@ -33,6 +33,7 @@ from candle_ckpt.storage.commit import (
     write_work,
 )
 from candle_ckpt.storage.lock import WriterLock
+from candle_ckpt.storage.multipart import SharedSave
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.steps import StepCheckpoints, list_steps
 
@@ -167,7 +168,13 @@ class CheckpointStore(CheckpointReader):
         return generation
 
     def commit(
-        self, epoch: int, files: Iterable[FileSpec], sidecar: Sidecar, *, best_epoch: int | None = None
+        self,
+        epoch: int,
+        files: Iterable[FileSpec],
+        sidecar: Sidecar,
+        *,
+        best_epoch: int | None = None,
+        shared: SharedSave | None = None,
     ) -> Sidecar:
         """Write a checkpoint for ``epoch`` atomically and move the links.
 
@@ -177,23 +184,34 @@ class CheckpointStore(CheckpointReader):
             sidecar: Template sidecar; ``files``, ``generation`` and the save
                 statistics are filled in here.
             best_epoch: Where ``best`` must point after this commit (None: leave it).
+            shared: In a job of several processes, the primary's side of the
+                multi-part commit (:mod:`candle_ckpt.storage.multipart`): the
+                other ranks' parts are checked and listed, and every rank hears
+                the outcome, success or failure.
 
         Returns:
             The sidecar as written.
         """
-        generation = self.take_generation("commit()")
         lay, fs = self.layout, self.fs
-        final = write_work(fs, lay, files, self.checksum, replace(sidecar, epoch=epoch), generation)
-        # From here on a failure (an fsync error above all) withdraws the new
-        # checkpoint and puts the links back: a failed save changes nothing that
-        # restart() would pick, and an fsync that failed is never trusted later.
-        old_links = {name: raw_link(lay, name) for name in L.LINK_NAMES}
-        replaced = publish(fs, lay, epoch)
         try:
-            self._move_links(epoch, best_epoch)
-        except BaseException:
-            unpublish(fs, lay, epoch, replaced, old_links)
+            generation = self.take_generation("commit()")
+            final = write_work(fs, lay, files, self.checksum, replace(sidecar, epoch=epoch), generation, shared)
+            # From here on a failure (an fsync error above all) withdraws the new
+            # checkpoint and puts the links back: a failed save changes nothing that
+            # restart() would pick, and an fsync that failed is never trusted later.
+            old_links = {name: raw_link(lay, name) for name in L.LINK_NAMES}
+            replaced = publish(fs, lay, epoch)
+            try:
+                self._move_links(epoch, best_epoch)
+            except BaseException:
+                unpublish(fs, lay, epoch, replaced, old_links)
+                raise
+        except BaseException as err:
+            if shared is not None:
+                shared.failed(err)
             raise
+        if shared is not None:
+            shared.committed(L.link_target(epoch))
         if replaced is not None:
             remove_trash(fs, replaced)
         return final

@@ -13,6 +13,7 @@ entries. A file's data is tracked per inode, so a rename carries it along.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -49,6 +50,17 @@ class CrashPoint:
     op: str
     variant: str
     marks: tuple[str, ...]
+
+
+def serial(method):
+    """Run a recorder's ``method`` under its ``_serial_lock``: an operation and its replay are one step."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._serial_lock:
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 def clear(node: Node) -> None:

@@ -22,6 +22,10 @@ store routes every durable step of a save through it (``ckpt.log``, the
 lock file and the writability probe do not matter for recovery and are taken
 from the real directory as they were when recording started).
 
+Several writers (the ranks of a multi-part commit, as threads) may share one
+recorder: each operation and its replay run under one lock, and a power cut
+hits every writer at the same instant, as on one machine.
+
 Typical use::
 
     fs = RecordingFS(directory)
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.fs import LocalFS
@@ -48,6 +53,7 @@ from candle_ckpt.testing.crashmodel import (
     durable_state,
     load_tree,
     materialize,
+    serial,
     state_digest,
 )
 from candle_ckpt.testing.faultfs import NoSymlinkFS
@@ -63,8 +69,10 @@ class _RecordingFile(CrcFile):
     def __init__(self, path: str, recorder: RecordingFS, node: Node) -> None:
         super().__init__(path, fsync=lambda fd: recorder.fsync(fd, path), on_write=recorder.hook)
         self._recorder = recorder
+        self._serial_lock = recorder._serial_lock
         self._node = node
 
+    @serial
     def write(self, data) -> int:
         offset = self._pos
         n = super().write(data)
@@ -72,11 +80,13 @@ class _RecordingFile(CrcFile):
             self._recorder._write(self._node, offset, bytes(memoryview(data).cast("B")))
         return n
 
+    @serial
     def truncate(self, size: int | None = None) -> int:
         size = super().truncate(size)
         self._recorder._truncate(self._node, size)
         return size
 
+    @serial
     def close(self) -> None:
         was_closed = self.closed
         super().close()
@@ -101,8 +111,10 @@ class RecordingFS(LocalFS):
         self.marks: list[tuple[int, str]] = []
         self._states: list[tuple[CrashPoint, dict[str, tuple]]] = []
         self._tree: Node | None = None
+        self._serial_lock = threading.RLock()
 
     # -- control -----------------------------------------------------------------
+    @serial
     def start(self) -> None:
         """Take the directory as it is now as the durable starting state and record from here."""
         self._tree = load_tree(self.root)
@@ -113,10 +125,12 @@ class RecordingFS(LocalFS):
     def stop(self) -> None:
         self.recording = False
 
+    @serial
     def mark(self, label: str) -> None:
         """Note that something happened (e.g. a commit returned) after the ops so far."""
         self.marks.append((len(self.ops), label))
 
+    @serial
     def crash_states(self) -> list[tuple[CrashPoint, dict[str, tuple]]]:
         """Every crash point recorded so far with the state it leaves (one per variant)."""
         out = []
@@ -126,6 +140,7 @@ class RecordingFS(LocalFS):
         return out
 
     # -- the recorded operations ---------------------------------------------------
+    @serial
     def create(self, path: str) -> CrcFile:
         self.hook("create", path)
         if not self.recording:
@@ -141,6 +156,7 @@ class RecordingFS(LocalFS):
         self._log("create", path)
         return f
 
+    @serial
     def fsync(self, fd: int, path: str) -> None:
         super().fsync(fd, path)
         if self.recording:
@@ -149,6 +165,7 @@ class RecordingFS(LocalFS):
             node.pending.clear()
             self._log("fsync", path)
 
+    @serial
     def mkdir(self, path: str) -> None:
         # Record each mkdir right after it happened, before any fsync of its parent.
         super().mkdir(path)
@@ -157,6 +174,7 @@ class RecordingFS(LocalFS):
             parent.entries[name] = Node("dir")
             self._log("mkdir", path)
 
+    @serial
     def fsync_dir(self, path: str) -> None:
         super().fsync_dir(path)
         if self.recording:
@@ -164,14 +182,17 @@ class RecordingFS(LocalFS):
             node.durable_entries = dict(node.entries)
             self._log("fsync_dir", path)
 
+    @serial
     def rename(self, src: str, dst: str) -> None:
         super().rename(src, dst)
         self._move(src, dst, "rename")
 
+    @serial
     def replace(self, src: str, dst: str) -> None:
         super().replace(src, dst)
         self._move(src, dst, "replace")
 
+    @serial
     def unlink(self, path: str) -> None:
         super().unlink(path)
         if self.recording:
@@ -179,6 +200,7 @@ class RecordingFS(LocalFS):
             parent.entries.pop(name, None)
             self._log("unlink", path)
 
+    @serial
     def rmtree(self, path: str) -> None:
         super().rmtree(path)
         if self.recording:
@@ -188,6 +210,7 @@ class RecordingFS(LocalFS):
                 clear(node)
             self._log("rmtree", path)
 
+    @serial
     def symlink(self, target: str, path: str) -> None:
         super().symlink(target, path)
         if self.recording:

@@ -9,7 +9,7 @@ this adapter for any tf_keras model.
 A checkpoint holds tf_keras's own formats, written through the same commit
 protocol (``work/``, CRC32s, sidecar, links):
 
-* ``model_weights.h5``: ``hdf5_format.save_weights_to_hdf5_group``, the file
+* ``model_weights.h5``: tf_keras's legacy ``save_weights_to_hdf5_group``, the file
   tf_keras's ``model.save_weights("x.h5")`` writes (``model.load_weights`` reads it);
 * ``optimizer.npz``: the optimizer's variables (``iterations``, slots) by
   position, with their names; legacy H5 weights do not hold them;
@@ -31,8 +31,8 @@ from typing import Any
 import h5py
 import numpy as np
 import tf_keras
-from tf_keras.src.saving.legacy import hdf5_format
 
+import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.distributed.preempt_sync import make_sync
@@ -84,7 +84,7 @@ class TfKerasModelAdapter:
         if not model.built:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         start = time.perf_counter()
-        weights = _h5_bytes(lambda h5: hdf5_format.save_weights_to_hdf5_group(h5, model))
+        weights = _h5_bytes(lambda h5: internals.save_weights_to_h5(h5, model))
         opt_vars = optimizer_variables(model)
         arrays = [np.array(v.numpy(), copy=True) for v in opt_vars]
         names = np.array([v.name for v in opt_vars], dtype=str)
@@ -95,7 +95,7 @@ class TfKerasModelAdapter:
         files = [FileSpec(WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
         nbytes = len(weights) + sum(a.nbytes for a in arrays)
         if not cfg.save_weights_only:
-            full = _h5_bytes(lambda h5: hdf5_format.save_model_to_hdf5(model, h5, include_optimizer=False))
+            full = _h5_bytes(lambda h5: internals.save_model_to_h5(h5, model))
             files.append(FileSpec(FULL_MODEL_FILE, _bytes_writer(full)))
             nbytes += len(full)
         return Capture(
@@ -133,14 +133,14 @@ class TfKerasModelAdapter:
             # restart() before compile(): the optimizer does not exist yet; the
             # callback applies its state when fit starts (apply_optimizer_state).
             with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
-                hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
+                internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
             self.pending["optimizer"] = (names, values)
             return
         build_optimizer(model)
         variables = optimizer_variables(model)
         check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
         with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
-            hdf5_format.load_weights_from_hdf5_group(h5, model)  # checks every layer before assigning
+            internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
         for value, var in zip(values, variables, strict=True):  # checked above
             var.assign(value)
 
@@ -175,9 +175,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         self.state: WorkerTrainingState | None = None
         self._sigterm = SigtermExit()
-        self._guard = FitGuard(self._fit_ended)
+        self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
         self._sync = None  # the preemption save (PreemptSync) while fit runs
-        self._supports_tf_logs = True  # batch logs stay tensors: no host sync per step for our hook
+        internals.keep_tensor_logs(self)  # batch logs stay tensors: no host sync per step for our hook
         self._epoch = 0
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
 
@@ -195,7 +195,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         self.state.open()  # the writer lock (chief), held while this fit runs
-        self._guard.arm()  # a fit that raises releases it too
+        self._guard.arm(internals.hook_frame())  # a fit that raises releases it too
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
             self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+import candle_ckpt.tf_keras.internals as internals
+
 
 def optimizer_variables(model) -> list[Any]:
     """The variables of ``model``'s optimizer, in order (none without an optimizer)."""
@@ -29,10 +31,7 @@ def build_optimizer(model) -> None:
         return
     strategy = getattr(model, "distribute_strategy", None)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        if hasattr(opt, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
-            opt._create_all_weights(model.trainable_variables)
-        elif not getattr(opt, "_built", False):
-            opt.build(model.trainable_variables)
+        internals.build_optimizer_variables(opt, model.trainable_variables)
 
 
 def check_optimizer_state(variables: list[Any], names: list[str], values: list[np.ndarray], where: str) -> None:

@@ -172,3 +172,47 @@ def test_exceptions_have_one_home() -> None:
                 if name != "candle_ckpt.core.errors" and qual not in OWN_EXCEPTIONS:
                     elsewhere.append(qual)
     assert not elsewhere, elsewhere
+
+
+# The only modules that reach framework internals (docs/api.rst lists what each relies on).
+GATEWAYS = {"candle_ckpt.keras.internals", "candle_ckpt.tf_keras.internals"}
+PRIVATE_PREFIXES = ("keras.src", "tensorflow.python", "tf_keras.src")
+PRIVATE_CALLS = ("_getframe",)
+
+
+def _private_reaches(tree: ast.Module) -> list[str]:
+    """What a module reaches of the frameworks' private parts: imports, module names in strings, frames."""
+    found = []
+    for node in ast.walk(tree):
+        names = _imported(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            names = [node.value]  # e.g. sys.modules.get("tensorflow.python.framework.errors_impl")
+        found += [n for n in names if n.startswith(PRIVATE_PREFIXES)]
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_CALLS:
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_gateways_reach_framework_internals() -> None:
+    """No module but keras/internals.py and tf_keras/internals.py reaches keras.src, tensorflow.python,
+    tf_keras.src or sys._getframe."""
+    wrong = [
+        f"{name}: {what}" for name, _, tree in _modules() if name not in GATEWAYS for what in _private_reaches(tree)
+    ]
+    assert not wrong, wrong
+    assert all(_private_reaches(tree) for name, _, tree in _modules() if name in GATEWAYS), "a gateway moved"
+
+
+def test_the_gateway_check_finds_a_private_import() -> None:
+    """The check flags each kind of private reach (it can fail)."""
+    source = (
+        "from keras.src.saving import saving_lib\nimport tf_keras.src.callbacks\nimport sys\n"
+        "f = sys._getframe(1)\nm = sys.modules.get('tensorflow.python.eager.context')\n"
+    )
+    assert _private_reaches(ast.parse(source)) == [
+        "keras.src.saving",
+        "keras.src.saving.saving_lib",
+        "tf_keras.src.callbacks",
+        "sys._getframe",
+        "tensorflow.python.eager.context",
+    ]

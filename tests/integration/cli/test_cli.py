@@ -570,6 +570,7 @@ HELP_MENTIONS = {
     "rollback": ["DIR", "EPOCH"],
     "prune": ["DIR", "--keep-limit", "--keep-mode", "linear", "exponential", "--dry-run"],
     "plot": ["DIR", "-o", "--output", "--dpi"],
+    "consolidate": ["DIR", "OUT.keras", "--epoch"],
 }
 
 

@@ -14,6 +14,7 @@ run; a failed wait kills every process.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 
@@ -23,7 +24,11 @@ import pytest
 pytest.importorskip("jax")
 from jax_cluster import JaxJob  # noqa: E402
 
-pytestmark = pytest.mark.slow  # real multi-process jobs (seconds each)
+pytestmark = [
+    pytest.mark.slow,  # real multi-process jobs (seconds each)
+    # The jobs are JAX processes whatever this process runs: they run once, in the JAX pass of .ci/run.
+    pytest.mark.skipif(os.environ.get("KERAS_BACKEND") != "jax", reason="runs in the JAX pass (KERAS_BACKEND=jax)"),
+]
 
 EPOCHS = 3
 

@@ -69,7 +69,7 @@ def test_develop_restart_before_compile_resumes_bit_identical(tmp_path: Path) ->
         np.testing.assert_array_equal(a, b)
     for a, b in zip(model.optimizer.variables, reference.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert ckpt.engine.resumed.epoch == 2 and ckpt.engine.best.epoch == 4
+    assert ckpt.engine.resumed.epoch == 2 and ckpt.engine.policy.best.epoch == 4
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,15 @@ def test_epoch_zero_saved_after_init(tmp_path: Path) -> None:
     assert state0["values"] == {"pos": 0, "history": []}
 
 
+def test_checkpointing_off_trains_and_writes_nothing(tmp_path: Path) -> None:
+    """ckpt_save_interval=0: the runner runs init and every epoch and writes nothing, not even the init save."""
+    d = tmp_path / "save"
+    loop, runner, logs = RL.run(str(d), 2, ckpt_save_interval=0)
+    assert loop.init_calls == 1 and runner.epoch == 2 and "g_loss" in logs
+    assert runner.stats()["saves"] == [] and runner.stats()["errors"] == []
+    assert not d.exists()
+
+
 @pytest.mark.parametrize("how", ["argument", "ckpt_restart_epoch"])
 def test_resume_exact_epoch_restores_loop_state(tmp_path: Path, how: str) -> None:
     """resume_from_epoch / ckpt_restart_epoch restore exactly that epoch's models and loop state, in place."""

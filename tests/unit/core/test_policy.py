@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from candle_ckpt.core.keep import KeepExponential, KeepLatest, keep_policy, prune_plan
-from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode, save_reason
+from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode
 
 # ---------------------------------------------------------------------------
 # resolve_mode
@@ -199,74 +199,6 @@ def test_best_state_rejects_bad_mode() -> None:
     """Constructing a BestState with an unresolved mode fails."""
     with pytest.raises(ValueError, match="'min' or 'max'"):
         BestState("val_loss", "auto")
-
-
-# ---------------------------------------------------------------------------
-# save_reason
-# ---------------------------------------------------------------------------
-
-
-def _reason(epoch: int, **overrides: object) -> str | None:
-    """Call save_reason with defaults (10 epochs, interval 2) plus overrides."""
-    kwargs: dict[str, object] = {
-        "epochs": 10,
-        "skip_epochs": 0,
-        "save_interval": 2,
-        "improved_best": False,
-        "save_best": True,
-    }
-    kwargs.update(overrides)
-    return save_reason(epoch, **kwargs)  # type: ignore[arg-type]
-
-
-def test_save_reason_interval_zero_disables_everything() -> None:
-    """save_interval 0 disables saving, even best and final."""
-    assert _reason(10, save_interval=0, improved_best=True) is None
-    assert _reason(10, save_interval=0) is None
-
-
-def test_save_reason_skip_epochs() -> None:
-    """Epochs below skip_epochs never save, even on improvement or final."""
-    assert _reason(2, skip_epochs=3, improved_best=True) is None
-    assert _reason(3, skip_epochs=3, improved_best=True) == "best"
-    assert _reason(10, epochs=10, skip_epochs=11) is None
-
-
-def test_save_reason_best() -> None:
-    """An improvement with save_best saves as best, before final and interval."""
-    assert _reason(3, improved_best=True) == "best"
-    assert _reason(4, improved_best=True) == "best"
-    assert _reason(10, improved_best=True) == "best"
-
-
-def test_save_reason_improvement_ignored_without_save_best() -> None:
-    """An improvement does not trigger a save when save_best is off."""
-    assert _reason(3, improved_best=True, save_best=False) is None
-
-
-def test_save_reason_final() -> None:
-    """The last epoch saves as final even off the interval."""
-    assert _reason(9, epochs=9) == "final"
-    assert _reason(10) == "final"
-
-
-def test_save_reason_interval() -> None:
-    """Epochs on the interval save as interval."""
-    assert _reason(4) == "interval"
-    assert _reason(3, save_interval=3) == "interval"
-    assert _reason(1, save_interval=1) == "interval"
-
-
-def test_save_reason_none_otherwise() -> None:
-    """Epochs off the interval with no improvement and not final do not save."""
-    assert _reason(3) is None
-    assert _reason(5, improved_best=False, save_best=True) is None
-
-
-def test_save_reason_rejects_negative_interval() -> None:
-    """A negative save_interval is rejected."""
-    with pytest.raises(ValueError, match="ckpt_save_interval"):
-        _reason(3, save_interval=-1)
 
 
 # ---------------------------------------------------------------------------

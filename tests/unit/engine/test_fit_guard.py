@@ -8,6 +8,7 @@ interpreter exits: under JAX that aborted the process (exit 134, not 143).
 from __future__ import annotations
 
 import gc
+import inspect
 import subprocess
 import sys
 import threading
@@ -24,13 +25,13 @@ class Owner:
 
     def __init__(self, poll_s: float = 0.01) -> None:
         self.ended: list[str] = []
-        self.guard = FitGuard(self.fit_ended, poll_s=poll_s)
+        self.guard = FitGuard(self.fit_ended, (), poll_s=poll_s)
 
     def fit_ended(self) -> None:
         self.ended.append(threading.current_thread().name)
 
     def on_train_begin(self) -> None:
-        self.guard.arm()
+        self.guard.arm(inspect.currentframe())
 
 
 class Batch:
@@ -108,16 +109,16 @@ def test_disarm_before_the_fit_ends_means_no_call():
 
 
 EXITING = """
-import atexit, sys, time
+import atexit, inspect, sys, time
 from candle_ckpt.engine.fit_guard import FitGuard
 
 def on_exit():
     print("on_exit ran", flush=True)
 
-guard = FitGuard(on_exit, poll_s=0.01)
+guard = FitGuard(on_exit, (), poll_s=0.01)
 
 def hook():
-    guard.arm()
+    guard.arm(inspect.currentframe())
 
 def fit():
     hook()

@@ -1,0 +1,437 @@
+"""Every private piece of Keras 3 that candle_ckpt touches, and nothing else.
+
+No other module reaches ``keras.src``, ``tensorflow.python`` or a stack frame
+(``tests/unit/test_architecture.py`` fails if one does); the tf_keras adapter
+has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow pieces
+that the Keras 3 path needs (its RNG states, its end-of-input error) live here
+too, as Keras's TensorFlow backend is where they come from.
+
+Each accessor's docstring ends with one line: what it relies on, and the
+tripwire test that fails when a Keras release moves it. The tripwires run on
+every Keras version we support (``.ci/run``: the oldest, the installed one
+and keras-nightly). Where a piece moved between versions, the accessor holds
+both. docs/api.rst lists the same dependencies.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import keras
+from keras.src.saving import saving_lib
+
+KERAS_VERSION: str = keras.__version__
+
+# The Keras releases CI runs the suite on (see .ci/run); setup.cfg's range is the same.
+SUPPORTED = ((3, 13), (3, 16))
+
+# Saving formats that changed: (first release of the new format, what changed). A file written
+# by an older Keras and read by one at or past the change may be read wrongly.
+FORMAT_CHANGES = (
+    (
+        (3, 15),
+        "Keras 3.15 stores layers held in lists or dicts inside a layer under 'container*' groups; "
+        "a file written before it has them elsewhere, and Keras skips them",
+    ),
+)
+
+# The file names of the framework's callback dispatcher, whose frames are not the fit's.
+CALLBACK_DISPATCH_FILES = ("callback_list.py",)
+
+_DEPTH = 8  # frames searched above on_train_begin
+
+# -- saving_lib ---------------------------------------------------------------------------
+
+H5IOStore = saving_lib.H5IOStore
+"""Keras's weights store; our plan and read stores subclass it.
+Relies on: ``saving_lib.H5IOStore(path_or_io, mode)``, ``make``, ``__setitem__``, ``close`` -- tripwire
+``tests/integration/keras/test_keras_format.py::test_saving_lib_still_has_what_we_call``."""
+
+
+def save_state(obj: Any, store: Any, skip: set[int]) -> None:
+    """Walk ``obj`` as ``save_weights`` does, handing every variable to ``store``.
+
+    Relies on: ``saving_lib._save_state(saveable, weights_store, assets_store, inner_path, visited_saveables)``
+    -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
+    """
+    saving_lib._save_state(obj, weights_store=store, assets_store=None, inner_path="", visited_saveables=skip)
+
+
+def load_state(obj: Any, store: Any, skip: set[int]) -> None:
+    """Load ``obj`` from ``store`` as ``load_weights`` does; raise on the first object that cannot be loaded.
+
+    Keras's own "Skipping variable loading" and "Skipping nested container"
+    warnings (a file that does not hold what the model has) are raised as
+    :class:`ValueError` instead of passing silently.
+
+    Relies on: ``saving_lib._load_state(..., failed_saveables, error_msgs)`` and ``_raise_loading_failure``
+    -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
+    """
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Skipping variable loading")
+        warnings.filterwarnings("error", message="Skipping nested container")
+        try:
+            saving_lib._load_state(
+                obj,
+                weights_store=store,
+                assets_store=None,
+                inner_path="",
+                visited_saveables=skip,
+                failed_saveables=failed,
+                error_msgs=errors,
+            )
+        except UserWarning as warning:
+            raise ValueError(f"the weights file does not hold what the model has: {warning}") from None
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+
+
+def serialize_model_as_json(model: Any) -> tuple[str, str]:
+    """Return (config.json, metadata.json) of the model's ``.keras`` archive.
+
+    Relies on: ``saving_lib._serialize_model_as_json(model)``
+    -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
+    """
+    return saving_lib._serialize_model_as_json(model)
+
+
+def h5_dataset(store: Any, key: str) -> Any:
+    """The h5py dataset ``key`` of the store's current group, after Keras's safety checks.
+
+    Relies on: ``saving_lib.safe_get_h5_dataset(group, name)`` (Keras 3.14 on) or
+    ``H5IOStore._verify_dataset`` (3.13), and ``H5IOStore._h5_entry_group``
+    -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
+    """
+    group = store._h5_entry_group
+    safe_get = getattr(saving_lib, "safe_get_h5_dataset", None)
+    if safe_get is not None:
+        return safe_get(group, key)
+    # Keras 3.13 follows links and external storage; refuse them as 3.14 does (same messages).
+    import h5py
+
+    if key not in group:
+        raise KeyError(key)
+    link = group.get(key, default=None, getclass=True, getlink=True)
+    if link in (h5py.ExternalLink, h5py.SoftLink):
+        raise ValueError(f"Not allowed: H5 file with {link.__name__}")
+    dataset = store._verify_dataset(group[key])
+    if dataset.external:
+        raise ValueError(f"Not allowed: H5 file with external Dataset: {dataset.external}")
+    if dataset.is_virtual:
+        raise ValueError("Not allowed: H5 file with virtual Dataset")
+    return dataset
+
+
+def stock_save_own_variables() -> Callable[..., Any]:
+    """``BaseOptimizer.save_own_variables``, to tell an optimizer that keeps the stock one.
+
+    Relies on: ``keras.src.optimizers.base_optimizer.BaseOptimizer``
+    -- tripwire ``test_keras_format.py::test_plan_copies_no_optimizer_state``.
+    """
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return BaseOptimizer.save_own_variables
+
+
+def format_change(saved_version: str | None) -> str | None:
+    """What changed in the saving format between the Keras that wrote a file and this one, or None.
+
+    Relies on: :data:`FORMAT_CHANGES` (read from Keras's release notes)
+    -- tripwire ``tests/unit/keras/test_internals.py::test_format_change_names_the_container_groups``.
+    """
+    saved, running = _release(saved_version), _release(KERAS_VERSION)
+    if saved is None or running is None:
+        return None
+    changed = [what for since, what in FORMAT_CHANGES if saved < since <= running]
+    return "; ".join(changed) or None
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """``(major, minor)`` of a Keras version string (``"3.14.1"``, ``"3.16.0.dev2026"``); None if it is not one."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+# -- models and optimizers ------------------------------------------------------------------
+
+
+def flatten_layers(model: Any) -> list[Any]:
+    """Every layer inside ``model``, nested ones included, the model itself left out.
+
+    Relies on: ``Layer._flatten_layers(include_self=False)``
+    -- tripwire ``tests/integration/keras/test_partial_load.py``.
+    """
+    return list(model._flatten_layers(include_self=False))
+
+
+def optimizer_strategy(opt: Any) -> Any:
+    """The ``tf.distribute`` strategy an optimizer was made under (None outside one).
+
+    Relies on: ``Optimizer._distribution_strategy`` (TensorFlow backend)
+    -- tripwire ``tests/integration/distributed/test_mirrored.py``.
+    """
+    return getattr(opt, "_distribution_strategy", None)
+
+
+def sync_jax_state(model: Any) -> None:
+    """JAX keeps the training state outside the variables between epoch ends: put it back.
+
+    Relies on: ``JAXTrainer.state_sync`` (Keras 3.16 on) or ``jax_state_sync`` (before)
+    -- tripwire ``tests/integration/keras/test_mid_epoch.py::test_restart_from_a_step_checkpoint_in_process_is_exact``.
+    """
+    sync = getattr(model, "state_sync", None) or getattr(model, "jax_state_sync", None)
+    if callable(sync):
+        sync()
+
+
+# -- random number generators ---------------------------------------------------------------
+
+
+def keras_global_seed_generator(create: bool) -> Any:
+    """Keras's global ``SeedGenerator``; with ``create=False`` None if it does not exist yet.
+
+    Relies on: ``keras.src.random.seed_generator.global_seed_generator`` / ``GLOBAL_SEED_GENERATOR``
+    -- tripwire ``tests/integration/keras/test_resume_order.py::test_every_global_rng_state_round_trips``.
+    """
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    if create:
+        return seed_generator.global_seed_generator()
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
+def tf_op_seed_rng() -> Any:
+    """The ``random.Random`` TensorFlow's eager context draws op seeds from (None before ``set_seed``).
+
+    Relies on: ``tensorflow.python.eager.context.context()._rng``
+    -- tripwire ``test_resume_order.py::test_every_global_rng_state_round_trips``.
+    """
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_rng", None)
+
+
+def tf_global_generator() -> Any:
+    """TensorFlow's global ``tf.random.Generator`` if one exists (the public getter would create it).
+
+    Relies on: ``tensorflow.python.ops.stateful_random_ops.global_generator``
+    -- tripwire ``test_resume_order.py::test_every_global_rng_state_round_trips``.
+    """
+    from tensorflow.python.ops import stateful_random_ops
+
+    return getattr(stateful_random_ops, "global_generator", None)
+
+
+def tf_out_of_range() -> type[BaseException]:
+    """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration.
+
+    Relies on: ``tensorflow.python.framework.errors_impl.OutOfRangeError``
+    -- tripwire ``tests/integration/keras/test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
+    """
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    return getattr(tf_errors, "OutOfRangeError", StopIteration)
+
+
+# -- the running fit: its frames, its epoch iterator and data adapter -----------------------
+
+
+def hook_frame() -> FrameType:
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
+
+    Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
+    -- tripwire ``tests/integration/engine/test_fit_guard.py``.
+    """
+    return sys._getframe(1)
+
+
+def find_callback_list(callback: Any) -> Any:
+    """The ``CallbackList`` calling ``callback.on_train_begin`` now (the caller's caller), or None.
+
+    Relies on: the list being the ``self`` of a frame above the hook, holding ``callbacks``
+    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
+    """
+    frame = sys._getframe(1)
+    for _ in range(_DEPTH):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        members = getattr(owner, "callbacks", None)
+        if isinstance(members, list) and any(c is callback for c in members) and hasattr(owner, "on_epoch_end"):
+            return owner
+    return None
+
+
+def find_epoch_iterator(model: Any) -> Any:
+    """The epoch iterator of the ``fit`` of ``model`` that is running now, or None.
+
+    Relies on: ``Trainer.fit``'s local ``epoch_iterator`` with a ``data_adapter``
+    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
+    """
+    frame = sys._getframe(1)
+    for _ in range(_DEPTH + 2):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            it = frame.f_locals.get("epoch_iterator")
+            return it if hasattr(it, "data_adapter") else None
+    return None
+
+
+def replace_steps_once(epoch_iterator: Any, make: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
+    """In the next epoch only, ``fit`` takes its ``(begin, end, iterator)`` steps from ``make(Keras's steps)``.
+
+    Relies on: ``EpochIterator._enumerate_iterator`` yielding ``(begin step, end step, iterator)``
+    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
+    """
+    original = epoch_iterator._enumerate_iterator
+
+    def once() -> Iterator[Any]:
+        del epoch_iterator._enumerate_iterator  # later epochs run as Keras wrote them
+        return make(original())
+
+    epoch_iterator._enumerate_iterator = once
+
+
+def steps_seen(epoch_iterator: Any) -> int:
+    """Steps taken from a kept input iterator (``steps_per_epoch`` set).
+
+    Relies on: ``EpochIterator._steps_seen``
+    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
+    """
+    return int(epoch_iterator._steps_seen)
+
+
+def set_steps_seen(epoch_iterator: Any, steps: int) -> None:
+    """Set what :func:`steps_seen` returns.
+
+    Relies on: ``EpochIterator._steps_seen``
+    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
+    """
+    epoch_iterator._steps_seen = steps
+
+
+def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
+    """Call ``on_new()`` each time ``fit`` makes a new iterator over its input.
+
+    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``tests/integration/keras/test_exact_resume.py`` (tfdata_*).
+    """
+    make = epoch_iterator._get_iterator
+
+    def counted() -> Any:
+        on_new()
+        return make()
+
+    epoch_iterator._get_iterator = counted
+
+
+def new_dataset(epoch_iterator: Any) -> Any:
+    """A new iterable over ``fit``'s input, as Keras makes one for an epoch.
+
+    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_*).
+    """
+    return epoch_iterator._get_iterator()
+
+
+def kept_iterator(epoch_iterator: Any) -> Any:
+    """The input iterator Keras keeps across epochs (``steps_per_epoch`` set), or None.
+
+    Relies on: ``EpochIterator._current_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_repeat).
+    """
+    return getattr(epoch_iterator, "_current_iterator", None)
+
+
+def keep_iterator(epoch_iterator: Any, iterator: Any, steps: int) -> None:
+    """Make ``iterator`` the one Keras keeps across epochs, ``steps`` steps into it.
+
+    Relies on: ``EpochIterator._current_iterator`` and ``_steps_seen``
+    -- tripwire ``test_exact_resume.py`` (tfdata_repeat).
+    """
+    epoch_iterator._current_iterator = iterator
+    epoch_iterator._steps_seen = steps
+
+
+_ADAPTER_KINDS = {
+    "TFDatasetAdapter": "tf.data",
+    "PyDatasetAdapter": "pydataset",
+    "GeneratorDataAdapter": "generator",
+    "ArrayDataAdapter": "arrays",
+}
+
+
+def adapter_kind(adapter: Any) -> str:
+    """``tf.data``, ``pydataset``, ``generator``, ``arrays``, or the adapter's class name.
+
+    Relies on: the class names in ``keras.src.trainers.data_adapters``
+    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
+    """
+    name = type(adapter).__name__
+    return _ADAPTER_KINDS.get(name, name)
+
+
+def adapter_epoch(adapter: Any) -> int | None:
+    """The epochs a data adapter has counted in this ``fit`` (None where it keeps no count).
+
+    Keras 3.16 seeds the shuffle of ``ArrayDataAdapter`` and ``PyDatasetAdapter``
+    from this count, which starts at 0 in every ``fit``: a resumed run sets it.
+    Relies on: ``DataAdapter._epoch`` (Keras 3.16 on) -- tripwire
+    ``test_exact_resume.py`` (pydataset_np, arrays_shuffle) and ``tests/unit/keras/test_internals.py``.
+    """
+    epoch = getattr(adapter, "_epoch", None)
+    return epoch if isinstance(epoch, int) else None
+
+
+def set_adapter_epoch(adapter: Any, epoch: int) -> None:
+    """Set the count :func:`adapter_epoch` returns (nothing where the adapter keeps none).
+
+    Relies on: ``DataAdapter._epoch`` -- tripwire ``test_exact_resume.py`` (pydataset_np).
+    """
+    if adapter_epoch(adapter) is not None:
+        adapter._epoch = int(epoch)
+
+
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def warm_skipsets() -> None:
+    """Compute Keras's per-type attribute skip sets once, outside any ``keras.distribution``, and cache them.
+
+    ``saving_lib._save_state`` (the save plan's walk) builds each skip set from a
+    reference object: for optimizers ``Optimizer(1.0)``, which creates Keras
+    variables. Under a distribution spanning several processes creating a
+    variable is a cross-process collective, so a walk on only some processes (a
+    save, a restore) would fail or hang. Keras means to cache the sets, but
+    (3.15) reads ``saving_attr_skiplist_<type>`` and writes
+    ``saving_attr_skipset_<type>``, so every walk builds them again. Here they
+    are built with no distribution set (plain local values) and stored under
+    the key Keras reads: later walks create nothing. Relies on
+    ``saving_lib.get_attr_skipset`` and that key -- tripwire
+    ``tests/integration/keras/test_warm_skipsets.py``.
+    """
+    from keras.src.backend.common import global_state  # noqa: PLC0415
+
+    missing = [t for t in _SKIPSET_TYPES if global_state.get_global_attribute(_skip_key(t), None) is None]
+    if not missing:
+        return
+    current = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        for obj_type in missing:
+            global_state.set_global_attribute(_skip_key(obj_type), saving_lib.get_attr_skipset(obj_type))
+    finally:
+        keras.distribution.set_distribution(current)
+
+
+def _skip_key(obj_type: str) -> str:
+    return f"saving_attr_skiplist_{obj_type}"

@@ -1,0 +1,155 @@
+"""The multi-part commit: ranks (threads of a ThreadGroup) write parts, the primary alone publishes.
+
+Asserted on disk: the published directory, its sidecar listing every file, the
+arrays read back, and, when a rank fails or never comes, that nothing was
+published and the previous checkpoint is still the one ``last`` names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from shardkit import rank_part, run_ranks, save_sharded, sidecar_template, state_for
+
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointError, CheckpointSaveError, GroupTimeout
+from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.core.group import ThreadGroup
+from candle_ckpt.storage.multipart import SharedSave, write_rank_part
+from candle_ckpt.storage.reader import CheckpointReader
+from candle_ckpt.storage.sharded import MANIFEST
+from candle_ckpt.storage.shardread import ShardedReader
+from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.testing.faultfs import FaultFS
+
+
+def assert_holds(directory: Path, epoch: int) -> None:
+    """``epochs/NNN`` verifies (every file's size and CRC) and holds exactly state_for(epoch)."""
+    reader = CheckpointReader(directory)
+    reader.verify(epoch)
+    with ShardedReader(reader.layout.epoch_dir(epoch)) as shards:
+        for path, array in state_for(epoch).items():
+            assert shards.read(path).tobytes() == array.tobytes(), path
+
+
+def test_two_ranks_commit_one_checkpoint_listing_every_file(tmp_path: Path) -> None:
+    """Both ranks return the published name; the sidecar lists both parts, both train states, config and manifest."""
+    hub = ThreadGroup(2)
+    for epoch in (1, 2):
+        results = save_sharded(str(tmp_path), hub, epoch)
+        assert results[1] == f"epochs/{epoch:03d}", results
+        assert results[0].epoch == epoch
+    reader = CheckpointReader(tmp_path)
+    assert reader.epochs() == [1, 2] and reader.link_epoch("last") == 2 and reader.link_epoch("best") == 2
+    side = reader.read_sidecar(2)
+    assert side.model_file == MANIFEST
+    expected = {"config.json", MANIFEST, "part-00000.bin", "part-00000.json", "part-00001.bin", "part-00001.json"}
+    expected |= {"train.state.p00000.npz", "train.state.p00001.npz"}
+    assert set(side.files) == expected
+    assert set(os.listdir(reader.layout.epoch_dir(2))) == expected | {L.SIDECAR}
+    assert_holds(tmp_path, 1)
+    assert_holds(tmp_path, 2)
+    assert not os.path.exists(reader.layout.work)
+
+
+def test_three_ranks_and_a_step_checkpoint(tmp_path: Path) -> None:
+    """Three ranks commit an epoch, then a step checkpoint into steps/GGG; each reads back exactly."""
+    hub = ThreadGroup(3)
+    assert save_sharded(str(tmp_path), hub, 1)[2] == "epochs/001"
+    results = save_sharded(str(tmp_path), ThreadGroup(3), 1, step=5)
+    assert results[1] == results[2] and results[1].startswith("steps/")
+    store = CheckpointStore(tmp_path)
+    (generation,) = store.steps.generations()
+    side, _ = store.steps.verify(generation)
+    assert side.step == 5 and "part-00002.bin" in side.files
+    with ShardedReader(store.layout.step_dir(generation)) as shards:
+        assert shards.read("dense/kernel").tobytes() == state_for(1)["dense/kernel"].tobytes()
+
+
+@pytest.mark.parametrize("op", ["create", "write", "fsync"])
+def test_a_rank_that_fails_its_part_publishes_nothing(tmp_path: Path, op: str) -> None:
+    """An EIO on rank 1 (at its first create, write or fsync) fails the save on both ranks; epoch 1 stays last."""
+    hub = ThreadGroup(2)
+    save_sharded(str(tmp_path), hub, 1)
+    faulty = FaultFS(fail_at=1, kinds=[op])
+    results = save_sharded(str(tmp_path), ThreadGroup(2), 2, fs_for=lambda rank: faulty if rank == 1 else LocalFS())
+    assert faulty.failed is not None
+    assert isinstance(results[0], CheckpointSaveError) and "could not write its part" in str(results[0])
+    assert isinstance(results[1], CheckpointSaveError) and "rank 1 could not write its part" in str(results[1])
+    reader = CheckpointReader(tmp_path)
+    assert reader.epochs() == [1] and reader.link_epoch("last") == 1
+    assert not os.path.exists(reader.layout.work)
+    assert_holds(tmp_path, 1)
+
+
+def test_a_part_damaged_before_the_manifest_is_caught_naming_it(tmp_path: Path) -> None:
+    """A bit flipped in rank 1's .bin after its fsync: the primary's check names part-00001.bin; nothing published."""
+
+    class Flip(LocalFS):
+        def fsync(self, fd: int, path: str) -> None:
+            super().fsync(fd, path)
+            if path.endswith("part-00001.bin"):
+                os.pwrite(fd, bytes([os.pread(fd, 1, 0)[0] ^ 1]), 0)
+
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    results = save_sharded(str(tmp_path), ThreadGroup(2), 2, fs_for=lambda rank: Flip())
+    assert isinstance(results[0], Exception) and "part-00001.bin: CRC32 is" in str(results[0])
+    assert isinstance(results[1], CheckpointSaveError) and "part-00001.bin" in str(results[1])
+    assert CheckpointReader(tmp_path).epochs() == [1]
+
+
+def test_a_rank_that_never_comes_times_out_and_nothing_is_published(tmp_path: Path) -> None:
+    """Rank 1 dead before the save: the primary raises GroupTimeout naming the meeting point and rank 1."""
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    store = CheckpointStore(tmp_path)
+    store.open_for_write()
+
+    hub = ThreadGroup(2)
+    shared = SharedSave(hub.members[0], "save/2", rank_part(state_for(2), 0, 2), timeout_s=0.3)
+    with pytest.raises(GroupTimeout, match=r"'save/2/parts-written' within 0.3 s \(rank\(s\) 1 never came\)"):
+        store.commit(2, [], sidecar_template(), shared=shared)
+    store.close()
+    reader = CheckpointReader(tmp_path)
+    assert reader.epochs() == [1] and reader.link_epoch("last") == 1
+    assert not os.path.exists(reader.layout.work)
+
+
+def test_when_the_primary_cannot_start_the_others_hear_it(tmp_path: Path) -> None:
+    """A primary whose store is not open for writing fails the save, and rank 1 is told, not left waiting."""
+    store = CheckpointStore(tmp_path)
+
+    def work(g):
+        part = rank_part(state_for(1), g.rank, 2)
+        if g.rank == 0:
+            return store.commit(1, [], sidecar_template(), shared=SharedSave(g, "k", part, timeout_s=30))
+        return write_rank_part(store.layout, g, "k", part, timeout_s=30)
+
+    results = run_ranks(ThreadGroup(2), work)
+    assert isinstance(results[0], CheckpointError) and "open_for_write() must be called" in str(results[0])
+    assert isinstance(results[1], CheckpointSaveError) and "the primary could not start the save" in str(results[1])
+    assert not os.path.exists(CheckpointReader(tmp_path).layout.work)
+
+
+def test_a_part_given_as_a_callable_that_raises_fails_the_save_everywhere(tmp_path: Path) -> None:
+    """Rank 1's part is a callable (its snapshot failed): both ranks raise, naming it; epoch 1 stays last."""
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    store = CheckpointStore(tmp_path)
+    store.open_for_write()
+
+    def broken(work: str) -> None:
+        raise RuntimeError("snapshot of rank 1 failed")
+
+    def work(g):
+        if g.rank == 0:
+            shared = SharedSave(g, "s2", rank_part(state_for(2), 0, 2), timeout_s=30)
+            return store.commit(2, [], sidecar_template(), shared=shared)
+        return write_rank_part(store.layout, g, "s2", broken, timeout_s=30)
+
+    results = run_ranks(ThreadGroup(2), work)
+    store.close()
+    assert isinstance(results[0], CheckpointSaveError) and "could not write its part" in str(results[0])
+    assert isinstance(results[1], CheckpointSaveError) and "snapshot of rank 1 failed" in str(results[1])
+    reader = CheckpointReader(tmp_path)
+    assert reader.epochs() == [1] and reader.link_epoch("last") == 1
