@@ -12,7 +12,7 @@ state in all. Per contender it reports, from process 0:
   first epoch, which compiles, is left out);
 - ``bytes_per_ckpt`` and ``bytes_ratio``: what one checkpoint holds on disk, against the state;
 - ``restart_s``: the time to restore the last checkpoint into a fresh model (candle_ckpt:
-  ``restart()``; Orbax: ``model.load_weights`` of its directory where Keras can, else None).
+  ``restart()``; Orbax: ``model.load_weights`` of its directory, or the error Keras raised).
 
 The machine's load average is recorded with the result: the machine is shared.
 """
@@ -85,7 +85,9 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
-    keras.distribution.set_distribution(_distribution())
+    dist = _distribution()
+    dist.auto_shard_dataset = False  # the batch axis has one device: every process feeds the same batches
+    keras.distribution.set_distribution(dist)
     model = _model(mib)
     x = np.random.default_rng(0).standard_normal((STEPS * BATCH, FEATURES)).astype("float32")
     times: list[float] = []
@@ -101,7 +103,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
         callbacks.append(candle_ckpt.CandleCheckpointCallback(params, verbose=False))
     elif contender == "orbax":
         callbacks.append(keras.callbacks.OrbaxCheckpoint(directory, save_freq="epoch", max_to_keep=2))
-    model.fit(x, x, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    model.fit(x, x, batch_size=BATCH, epochs=epochs, validation_data=(x, x), verbose=0, callbacks=callbacks)
     end = time.perf_counter()
     state = sum(int(np.prod(v.shape)) * 4 for v in list(model.weights) + list(model.optimizer.variables))
     restart_s = None
@@ -112,8 +114,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
         restart_s = time.perf_counter() - start
     elif contender == "orbax":
         try:
-            steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
-            fresh.load_weights(os.path.join(directory, str(steps[-1])))
+            fresh.load_weights(directory)  # Keras reads its Orbax directory's newest step
             restart_s = time.perf_counter() - start
         except Exception as err:  # Keras's own restore of its Orbax directory; recorded, not hidden
             restart_s = f"error: {type(err).__name__}: {err}"[:300]

@@ -42,6 +42,7 @@ class Capture:
     # A multi-process save: parts(work_dir) writes this process's part; ``files`` are the primary's own.
     parts: Callable[[str], Any] | None = None
     sharding: dict[str, str] = field(default_factory=dict)
+    manifest_extra: dict[str, Any] = field(default_factory=dict)  # kept in a sharded checkpoint's manifest
 
 
 def sidecar_template(

@@ -74,7 +74,7 @@ def commit_epoch(
     if group.rank != 0:
         write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
         return None
-    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), timeout_s=timeout_s)
+    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
     return store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
 
 
@@ -84,5 +84,5 @@ def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Si
     if group.rank != 0:
         write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
         return None
-    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), timeout_s=timeout_s)
+    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
     return store.steps.commit(cap.files, template, shared=shared)

@@ -39,6 +39,7 @@ from candle_ckpt.storage.sharded import MANIFEST, Chunk, write_part
 from candle_ckpt.storage.shardread import ShardedReader
 
 CONFIG_FILE, METADATA_FILE = "config.json", "metadata.json"
+ORDER = "keras_variable_order"  # the manifest's extra: the paths in model-then-optimizer variable order
 
 
 def train_state_part(rank: int) -> str:
@@ -119,7 +120,26 @@ def capture_sharded(model: Any, cfg: CkptConfig, group: Group, train_state: byte
         backend=backend_name(),
         parts=parts,
         sharding=sharding,
+        manifest_extra={ORDER: list(sharding)},
     )
+
+
+def _by_position(variables: dict[str, Any], reader: ShardedReader) -> dict[str, Any] | None:
+    """The model's variables keyed by the saved paths, matched by position, when only their names differ.
+
+    Keras numbers the names of a second model or optimizer in one process (``adam_1/...``,
+    ``dense_1/...``): the same model's variables then have other paths than when it was saved.
+    """
+    order = reader.extra.get(ORDER)
+    if not isinstance(order, list) or len(order) != len(variables) or set(order) != set(reader.variables):
+        return None
+    matched = {}
+    for saved, v in zip(order, variables.values(), strict=True):
+        info = reader.variables[saved]
+        if tuple(info.global_shape) != tuple(int(n) for n in v.shape):
+            return None
+        matched[saved] = v
+    return matched
 
 
 def _check(variables: dict[str, Any], reader: ShardedReader, where: str) -> None:
@@ -147,8 +167,8 @@ def _np_dtype(name: str) -> Any:
     return name
 
 
-def read_sharded(model: Any, where: str) -> dict[str, Any]:
-    """Every variable's slices of this process, as arrays in the variable's current sharding (nothing assigned).
+def read_sharded(model: Any, where: str) -> dict[str, tuple[Any, Any]]:
+    """Every variable's slices of this process, as ``(variable, array in its current sharding)``; nothing assigned.
 
     Raises:
         ModelMismatch: the checkpoint's variables, shapes or dtypes differ from the model's.
@@ -158,6 +178,8 @@ def read_sharded(model: Any, where: str) -> dict[str, Any]:
     variables = state_variables(model)
     arrays = {}
     with ShardedReader(where) as reader:
+        if not set(variables) <= set(reader.variables):
+            variables = _by_position(variables, reader) or variables
         _check(variables, reader, where)
         for path, v in variables.items():
             sharding = getattr(v.value, "sharding", None)
@@ -166,17 +188,15 @@ def read_sharded(model: Any, where: str) -> dict[str, Any]:
             def read(index: Any, path: str = path) -> np.ndarray:
                 return reader.read(path, index)
 
-            if sharding is None:
-                arrays[path] = read(None)
-            else:
-                arrays[path] = jax.make_array_from_callback(shape, sharding, read)
+            value = read(None) if sharding is None else jax.make_array_from_callback(shape, sharding, read)
+            arrays[path] = (v, value)
     return arrays
 
 
-def assign_all(model: Any, arrays: dict[str, Any]) -> None:
+def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
     """Assign what :func:`read_sharded` read."""
-    for path, v in state_variables(model).items():
-        v.assign(arrays[path])
+    for v, value in arrays.values():
+        v.assign(value)
 
 
 def load_sharded(
@@ -207,7 +227,7 @@ def load_sharded(
         raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
     if failure is not None:
         raise failure
-    assign_all(model, arrays)
+    assign_all(arrays)
     data = kept.get(train_state_part(rank))
     if data is None:
         ops.warning(

@@ -8,22 +8,20 @@ SIGKILLs every process before failing, so one failure never leaves processes beh
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
-from cluster import free_ports
+from cluster import WorkerCluster, free_ports
 from locations import REPO, job_script
 
 
-class JaxJob:
+class JaxJob(WorkerCluster):
     """``n`` processes of ``jax_mp_job.py DIST DIR EPOCHS OUT PORT RANK N [flags]``; ``extra[i]``: rank ``i``'s flags.
 
-    Logs go to ``<name>-p<i>.log`` in ``tmp``, final arrays to ``<name>-p<i>.npz``.
+    Logs go to ``<name>-p<i>.log`` in ``tmp``, final arrays to ``<name>-p<i>.npz``. Waiting, killing, exit
+    codes and the saved arrays are :class:`~cluster.WorkerCluster`'s; only the launch differs.
     """
 
     def __init__(
@@ -46,39 +44,10 @@ class JaxJob:
             with open(self.logs[i], "wb") as log:
                 self.procs.append(subprocess.Popen(args, env=base, stdout=log, stderr=subprocess.STDOUT))
 
-    def output(self, i: int) -> str:
-        return self.logs[i].read_text(errors="replace")
-
-    def wait_for(self, i: int, marker: str) -> None:
-        """Wait until process ``i`` prints ``marker``; kill the job and fail otherwise."""
-        deadline = time.monotonic() + self.timeout_s
-        while marker not in self.output(i):
-            if self.procs[i].poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"process {i} never printed {marker!r}:\n{self.output(i)[-4000:]}")
-            time.sleep(0.1)
-
     def signal(self, i: int, sig: int) -> None:
+        """Send ``sig`` to process ``i`` (if it still runs)."""
         if self.procs[i].poll() is None:
             os.kill(self.procs[i].pid, sig)
-
-    def kill(self, i: int | None = None) -> None:
-        """SIGKILL process ``i`` (None: every process still running) and reap it."""
-        for j, p in enumerate(self.procs):
-            if (i is None or i == j) and p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
-
-    def exit_codes(self, timeout_s: float | None = None) -> list[int]:
-        """Wait for every process (bounded: kill the job and fail on timeout); return their exit codes."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        for i, p in enumerate(self.procs):
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"the job timed out; process {i}:\n{self.output(i)[-4000:]}")
-        return [p.returncode for p in self.procs]
 
     def succeed(self) -> float:
         """Wait for a clean exit of every process (assert it); return the job's wall time in seconds."""
@@ -92,9 +61,3 @@ class JaxJob:
             if line.startswith("RESTORED epoch="):
                 return int(line.split("=")[1])
         raise AssertionError(f"process {i} printed no RESTORED line:\n{self.output(i)[-4000:]}")
-
-    def final(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(self.outs[i]))
-
-    def restored(self, i: int) -> dict[str, np.ndarray]:
-        return dict(np.load(str(self.outs[i]) + ".restored.npz"))

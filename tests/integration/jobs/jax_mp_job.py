@@ -2,7 +2,7 @@
 
 Usage::
 
-    python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]]
+    python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
 
 DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
 ``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
@@ -11,6 +11,7 @@ one process). Each process has 2 CPU devices (``JAX_NUM_CPU_DEVICES``), gloo col
 Every process runs the same code: ``restart(params, model)`` before ``fit``, the callback in
 ``fit`` (``shuffle=True``, validation data). It prints ``RESTORED epoch=N``, saves the restored
 weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
+``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
 ``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
 """
 
@@ -112,6 +113,8 @@ def main() -> None:
     if d is not None:
         d.auto_shard_dataset = False  # each process feeds its own part of the data (below)
         keras.distribution.set_distribution(d)
+    if "--second-model" in flags:  # a model built before: Keras numbers this one's names (adam_1, ...)
+        build_model()
     model = build_model()
     params = {
         "ckpt_directory": directory,
