@@ -6,7 +6,8 @@ never come. :class:`GroupPreemptAgreement` is the ``agree`` hook of
 :class:`~candle_ckpt.keras.preemption.FitPreemption`: every
 ``ckpt_preempt_check`` steps each process posts its request (a reason, or
 nothing) to the group's key-value store and reads every other's; the first
-rank's reason wins, so every process saves the same step with the same reason.
+rank's reason is what the processes that did not ask record (a group without
+``exchange`` records ``peer`` there), and every process saves the same step.
 No device collective runs: one small exchange through the coordination service
 (about a millisecond on one machine).
 
@@ -32,10 +33,13 @@ class GroupPreemptAgreement:
         group: The job's processes (JAX: :class:`~candle_ckpt.distributed.jax_group.JaxGroup`).
         every: Decisions between two exchanges (``ckpt_preempt_check``); the ones between return None.
         timeout_s: Bound on one exchange (None: :func:`~candle_ckpt.engine.group_commit.group_timeout`).
+        prefix: Names this agreement's exchanges (``prefix/N``); by default the next ``preempt/K`` of this
+            process, the same on every process since each makes its agreements in the same order.
     """
 
-    def __init__(self, group: Group, every: int = 1, timeout_s: float | None = None) -> None:
+    def __init__(self, group: Group, every: int = 1, timeout_s: float | None = None, prefix: str | None = None) -> None:
         self.group = group
+        self.prefix = meeting("preempt") if prefix is None else prefix
         self.every = max(1, int(every))
         self.timeout_s = group_timeout() if timeout_s is None else timeout_s
         self.calls = 0
@@ -46,16 +50,16 @@ class GroupPreemptAgreement:
         if self.calls % self.every:
             return None
         start = time.perf_counter()
-        name = meeting("preempt")
+        name = f"{self.prefix}/{self.calls}"
         mine = trigger.reason if trigger is not None else ""
         reasons = self._exchange(name, mine)
         self.seconds += time.perf_counter() - start
         first = next((r for r in reasons if r), None)
         if first is None:
             return None
-        if trigger is not None and trigger.reason == first:
+        if trigger is not None:  # this process asked: its own request (all save now either way)
             return trigger
-        return Trigger(first, trigger.signum if trigger is not None else None, time.monotonic(), time.time())
+        return Trigger(first, None, time.monotonic(), time.time())
 
     def _exchange(self, name: str, mine: str) -> list[str]:
         """Every rank's request at ``name``, in rank order (a group without ``exchange``: the first one only)."""

@@ -78,11 +78,11 @@ def commit_epoch(
     return store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
 
 
-def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar | None:
-    """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it. None on the other ranks."""
+def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar:
+    """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar."""
     key, timeout_s = meeting("save"), group_timeout()
     if group.rank != 0:
-        write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
-        return None
+        where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
+        return store.steps.read_sidecar(int(where.rsplit("/", 1)[-1]))
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
     return store.steps.commit(cap.files, template, shared=shared)

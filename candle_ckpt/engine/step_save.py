@@ -34,9 +34,9 @@ def save_step(
         reason: Recorded in the sidecar: ``"SIGTERM"``, ``"deadline"``, ``"steps"``...
 
     Returns:
-        The committed sidecar, or None when nothing was committed: a
-        non-chief worker (it writes its scratch copy only) or a failure under
-        ``ckpt_on_error=warn``.
+        The committed sidecar (on every process of a multi-process JAX
+        job), or None when nothing was committed: a non-chief worker (it
+        writes its scratch copy only) or a failure under ``ckpt_on_error=warn``.
 
     Raises:
         CheckpointSaveError: the save (or the previous async one) failed and ``ckpt_on_error=raise``.
@@ -60,8 +60,6 @@ def save_step(
             side = engine.store.steps.commit(cap.files, template)
     except Exception as err:
         engine._failed(epoch, err)
-        return None
-    if side is None:
         return None
     engine.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
     engine.ops.info(

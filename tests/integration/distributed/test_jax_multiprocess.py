@@ -157,7 +157,7 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere(reference, tmp_pa
     assert side["epoch"] == 1 and side["step"] >= 2 and side["reason"] == "SIGTERM"
     assert {"part-00000.bin", "part-00001.bin", "train.state.p00001.npz"} <= set(side["files"])
     for i in (0, 1):
-        assert "SIGTERM:" in job.output(i) and "training stops" in job.output(i)
+        assert f"SIGTERM: committed {steps[0]}" in job.output(i) and "training stops" in job.output(i)
     rerun = JaxJob(tmp_path, "u", "dp", ck, EPOCHS, timeout_s=bound)
     rerun.succeed()
     for i in (0, 1):
