@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -37,11 +38,11 @@ from candle_ckpt.engine.resume import (
     checkpoint_dir,
     load_chosen,
     select_checkpoint,
-    verify_exact,
 )
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.capture import KerasModelAdapter
-from candle_ckpt.keras.sharded import load_sharded, train_state_part
+from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -76,13 +77,26 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
-def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...]) -> Chosen:
-    """The checkpoint the primary chose, verified on this process."""
+def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any, rank: int) -> Chosen:
+    """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
     if kind == "step":
-        return Chosen(int(epoch), *store.steps.verify(int(generation), keep=keep, mapped=True))
-    return verify_exact(store, int(epoch), int(generation), keep)
+        where, side = store.layout.step_dir(int(generation)), store.steps.read_sidecar(int(generation))
+    else:
+        where, side = store.layout.epoch_dir(int(epoch)), store.read_sidecar(int(epoch))
+        if side.generation != int(generation):
+            raise NoValidCheckpoint(
+                f"{where}: generation {side.generation} on disk, but the primary chose generation {generation} "
+                "(is ckpt_directory on a file system shared by every process?)"
+            )
+    if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
+        needed = files_to_read(model, where, rank)
+        kept = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
+                                  keep=keep, mapped=True)  # fmt: skip
+    else:
+        kept = store.verify_files(where, side, keep=keep, mapped=True)
+    return Chosen(int(epoch), side, kept)
 
 
 def restart_group(
@@ -91,7 +105,11 @@ def restart_group(
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
     ops = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
-    internals.warm_skipsets()  # no Keras variable is created later on only some processes
+    # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
+    # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
+    internals.warm_skipsets()
+    if getattr(model, "optimizer", None) is not None:
+        build_optimizer(model)
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
     keep = adapter.keep_files
@@ -114,8 +132,8 @@ def restart_group(
     failure = None
     if chosen is None:
         try:
-            chosen = _verify_choice(cfg, said, keep)
-        except CheckpointError as err:
+            chosen = _verify_choice(cfg, said, keep, model, group.rank)
+        except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
             failure = err
     if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
         detail = f": {failure}" if failure is not None else " (see its log)"

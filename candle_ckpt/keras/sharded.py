@@ -35,7 +35,7 @@ from candle_ckpt.keras import internals
 from candle_ckpt.keras.plan import build_optimizer
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.commit import FileSpec
-from candle_ckpt.storage.sharded import MANIFEST, Chunk, write_part
+from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_part
 from candle_ckpt.storage.shardread import ShardedReader
 
 CONFIG_FILE, METADATA_FILE = "config.json", "metadata.json"
@@ -236,3 +236,25 @@ def load_sharded(
         )
         return {}
     return {"train_state": bytes(data)}
+
+
+def files_to_read(model: Any, where: str, rank: int) -> set[str]:
+    """The files of the sharded checkpoint ``where`` that process ``rank`` reads: the manifest, its training
+    state, and the parts holding a chunk of one of its slices (their ``.bin`` and ``.json``).
+
+    Raises:
+        CheckpointError: the manifest cannot be read (the verification then fails, naming it).
+    """
+    variables = state_variables(model)
+    needed = {MANIFEST, train_state_part(rank)}
+    with ShardedReader(where) as reader:
+        if not set(variables) <= set(reader.variables):
+            variables = _by_position(variables, reader) or variables
+        ranks: set[int] = set()
+        for path, v in variables.items():
+            if path not in reader.variables:
+                return needed | {p for r in range(reader.process_count) for p in (part_bin(r), part_index(r))}
+            shards = getattr(v.value, "addressable_shards", None)
+            for index in [s.index for s in shards] if shards is not None else [None]:
+                ranks |= reader.parts_for(path, index)
+    return needed | {name for r in ranks for name in (part_bin(r), part_index(r))}
