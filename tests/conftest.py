@@ -28,3 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("tf_only"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _end_early_catch():
+    """One pytest process runs many programs: the signals a test's ``restart()`` caught for a fit that never
+    came (docs/preemption.rst) get their handlers back after that test, as at the end of its program."""
+    yield
+    from candle_ckpt.engine.preempt import end_early_catch
+
+    end_early_catch(deliver=False)

@@ -170,9 +170,10 @@ def _pretty(side: Sidecar, width: int = 18) -> list[str]:
         value = getattr(side, f.name)
         if f.name == "files":
             lines.append("files")
+            column = max([width - 2, *map(len, value)])  # a sharded checkpoint's train.state.pRRRRR.npz is longer
             for name, entry in sorted(value.items()):
                 crc = entry.crc32 or "(no CRC)"
-                lines.append(f"  {name.ljust(width - 2)} {fmt_bytes(entry.size):>10}  crc32 {crc}")
+                lines.append(f"  {name.ljust(column)} {fmt_bytes(entry.size):>10}  crc32 {crc}")
         elif isinstance(value, dict):
             lines.append(f.name if value else f"{f.name.ljust(width)} (empty)")
             for key in sorted(value):

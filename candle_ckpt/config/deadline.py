@@ -3,7 +3,9 @@
 Accepted values:
 
 * ``"auto"`` (the default): the scheduler's end time where one provides it
-  (Slurm's ``SLURM_JOB_END_TIME``, epoch seconds), else no deadline;
+  (Slurm's ``SLURM_JOB_END_TIME``, epoch seconds, set from Slurm 23.02 on;
+  before that, in a Slurm job (``SLURM_JOB_ID``), ``scontrol show job`` or
+  ``squeue`` is asked once), else no deadline;
 * ``"none"`` / ``"off"``: no deadline;
 * ``"+SECONDS"``: that many seconds after the callback is created (``"+3600"``);
 * an absolute time: epoch seconds (``1767225600``) or ISO 8601
@@ -18,10 +20,18 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import numbers
-from collections.abc import Mapping
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping
 
 ALLOWED = "auto, none, +SECONDS (from the start), epoch seconds, or an ISO 8601 time"
 SCHEDULER_ENV = ("SLURM_JOB_END_TIME",)
+#: Where ``auto`` asks Slurm for a job's end time when the environment does not say (Slurm < 23.02).
+SLURM_QUERIES = (("scontrol", "show", "job", "{job}"), ("squeue", "-h", "-j", "{job}", "-o", "%e"))
+QUERY_TIMEOUT_S = 10.0
+_ENDTIME = re.compile(r"(?:^|\s)EndTime=(\S+)")
+_asked: dict[str, tuple[float | None, str]] = {}  # job ID -> the answer (Slurm is asked once per process)
 
 
 def _number(text: str) -> float | None:
@@ -86,8 +96,75 @@ def resolve_deadline(text: str, start: float, env: Mapping[str, str]) -> tuple[f
             value = _number(str(env.get(name, "")).strip())
             if value is not None and value > 0:
                 return value, name
+        job = str(env.get("SLURM_JOB_ID", "")).strip()
+        if job:
+            if job not in _asked:
+                _asked[job] = slurm_end_time(job, env)
+            return _asked[job]
         return None, "off (no scheduler end time in the environment)"
     if text.startswith("+"):
         return start + float(text[1:]), f"{text} s from the start"
     number = _number(text)
     return (number if number is not None else _iso(text)), "ckpt_deadline"
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Epoch seconds of a Slurm time printed in UTC (``2026-11-25T18:57:14``); None for ``Unknown`` and the like."""
+    try:
+        when = _dt.datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=_dt.UTC).timestamp()
+
+
+def _run(argv: list[str], env: Mapping[str, str]) -> str:
+    """A Slurm client's stdout, its times in UTC and ISO form (``TZ=UTC``, ``SLURM_TIME_FORMAT=standard``)."""
+    child = {**os.environ, **env, "TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
+    proc = subprocess.run(argv, env=child, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:200]}")
+    return proc.stdout
+
+
+def slurm_end_time(
+    job: str, env: Mapping[str, str], run: Callable[[list[str], Mapping[str, str]], str] = _run
+) -> tuple[float | None, str]:
+    """``(epoch seconds or None, where it came from)``: job ``job``'s end time from ``scontrol``, else ``squeue``.
+
+    Each command runs once with ``TZ=UTC`` so that the printed time is read in
+    the zone it was printed in. When neither answers, the source says why.
+
+    Args:
+        job: ``SLURM_JOB_ID``.
+        env: The environment (``PATH``, ``SLURM_CONF``).
+        run: ``run(argv, env)`` returns the command's stdout or raises ``OSError``
+            or ``subprocess.SubprocessError`` (tests pass recorded outputs).
+    """
+    why = []
+    for template in SLURM_QUERIES:
+        argv = [part.format(job=job) for part in template]
+        try:
+            out = run(argv, env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            why.append(f"{argv[0]}: {exc}")
+            continue
+        match = _ENDTIME.search(out) if argv[0] == "scontrol" else None
+        value = parse_slurm_time(match.group(1) if match else out.strip().splitlines()[0] if out.strip() else "")
+        if value is not None:
+            return value, f"{' '.join(argv)} (SLURM_JOB_END_TIME is unset before Slurm 23.02)"
+        why.append(f"{argv[0]}: no end time in {out.strip()[:120]!r}")
+    return None, (
+        f"off: SLURM_JOB_END_TIME is unset and Slurm did not tell job {job}'s end time ({'; '.join(why)}); "
+        "no deadline is watched (pass ckpt_deadline as a time, or use sbatch --signal)"
+    )
+
+
+_warned: set[str] = set()
+
+
+def unwatched_warning(text: str, source: str) -> str | None:
+    """The warning to log when ``auto`` found no end time in a Slurm job: the first time only, else None."""
+    if text != "auto" or not source.startswith("off: ") or source in _warned:
+        return None
+    _warned.add(source)
+    return f"ckpt_deadline=auto: {source[5:]}"

@@ -317,7 +317,7 @@ _SPECS: tuple[_Spec, ...] = (
         default="auto",
         help=(
             "Wall-time end: save and stop when the time left is below the measured save time plus "
-            "ckpt_deadline_margin. auto: SLURM_JOB_END_TIME if set; none; +SECONDS from the start; epoch "
+            "ckpt_deadline_margin. auto: the Slurm job's end time; none; +SECONDS from the start; epoch "
             "seconds; or an ISO 8601 time."
         ),
         allowed="auto, none, +SECONDS, epoch seconds, ISO time",

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.deadline import resolve_deadline
+from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.distributed.agreement import SaveAgreement
@@ -159,7 +159,10 @@ def make_sync(cfg: Any, engine: Any, capture: Callable[[], Any], strategy: Any, 
     Checkpointing off (``ckpt_save_interval=0``) catches nothing, as in the fit callback.
     """
     on = not checkpointing_off(cfg)
-    deadline, _ = resolve_deadline(cfg.deadline, time.time(), os.environ)
+    deadline, source = resolve_deadline(cfg.deadline, time.time(), os.environ)
+    warning = unwatched_warning(cfg.deadline, source) if on else None
+    if warning:
+        ops.warning(warning)
     watcher = PreemptionWatcher(
         signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin
     )

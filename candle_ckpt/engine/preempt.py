@@ -11,12 +11,18 @@ For several workers (another module): every worker asks ``due`` locally,
 the workers agree (a collective: any one due means all), and a worker that
 learns from its peers calls :meth:`PreemptionWatcher.trigger` so that its own
 record says why it stopped.
+
+:func:`catch_early` (called by ``restart()``) catches the same signals from
+then until a watcher arms: the first one is held and handed to that watcher,
+which saves at ``fit``'s first step. If no watcher arms within
+:data:`EARLY_GRACE_S`, the signal takes its default action after all.
 """
 
 from __future__ import annotations
 
 import _thread
 import logging
+import os
 import signal
 import threading
 import time
@@ -52,6 +58,105 @@ class Trigger:
     wall: float
 
 
+EARLY_GRACE_S = 60.0
+_DEFAULTS = (signal.SIG_DFL, None, signal.default_int_handler)
+
+
+class _EarlyCatch:
+    """Signals caught between ``restart()`` and the first :meth:`PreemptionWatcher.arm` (one per process)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.trigger: Trigger | None = None
+        self.expired = False
+        self.timer: threading.Timer | None = None
+
+    def install(self, signals: Iterable[int]) -> list[str]:
+        """Catch each of ``signals`` whose handler is the default; the names caught (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        for signum in signals:
+            if signum not in self.previous and signal.getsignal(signum) in _DEFAULTS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return [signal.Signals(s).name for s in self.previous]
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.expired:  # no watcher took it in time: the default action, as without candle_ckpt
+            self.uninstall()
+            signal.raise_signal(self.trigger.signum if self.trigger else signum)
+            return
+        if self.trigger is None:
+            self.trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic(), time.time())
+            self.timer = threading.Timer(EARLY_GRACE_S, self._expire)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _expire(self) -> None:
+        if self.trigger is not None and self.trigger.signum in self.previous:
+            self.expired = True
+            logger.warning(
+                f"{self.trigger.reason} came before training started and no fit began within "
+                f"{EARLY_GRACE_S:g} s: the signal takes its default action now"
+            )
+            os.kill(os.getpid(), self.trigger.signum)  # its handler runs on the main thread
+
+    def take(self, signum: int) -> Any:
+        """The handler from before :meth:`install` if ``signum`` is caught here (a watcher takes it over), else None."""
+        if signum not in self.previous or signal.getsignal(signum) != self._handle:
+            return None
+        return self.previous.pop(signum)
+
+    def adopt(self, signals: Iterable[int]) -> Trigger | None:
+        """The held signal if it is one of ``signals`` (then forgotten here), else None."""
+        held = self.trigger
+        if held is None or held.signum not in tuple(signals):
+            return None
+        if self.timer is not None:
+            self.timer.cancel()
+        self.trigger, self.timer = None, None
+        return held
+
+    def uninstall(self) -> None:
+        """Put the previous handlers back (main thread)."""
+        for signum in list(self.previous):
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, self.previous[signum])
+            del self.previous[signum]
+
+    def finish(self, deliver: bool = True) -> None:
+        """End the early catch (main thread): the previous handlers come back, and a signal still held
+        (no watcher took it) is delivered to them when ``deliver``, as if it came now."""
+        held, self.trigger, self.expired = self.trigger, None, False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.uninstall()
+        if held is not None and held.signum is not None and deliver:
+            signal.raise_signal(held.signum)
+
+
+_EARLY = _EarlyCatch()
+
+
+def end_early_catch(deliver: bool = True) -> None:
+    """End what :func:`catch_early` started (on the main thread; elsewhere nothing happens).
+
+    Every watcher's :meth:`PreemptionWatcher.arm` calls it once it has taken
+    over its own signals, so the catch never outlives the first fit.
+    """
+    if threading.current_thread() is threading.main_thread():
+        _EARLY.finish(deliver)
+
+
+def catch_early(signals: Iterable[int]) -> list[str]:
+    """Catch ``signals`` from now until a :class:`PreemptionWatcher` arms (see the module docstring).
+
+    Returns the names of the signals caught (none off the main thread, none
+    whose handler the program installed itself).
+    """
+    return _EARLY.install(signals)
+
+
 class PreemptionWatcher:
     """Catch ``signals`` and watch ``deadline`` between :meth:`arm` and :meth:`disarm`.
 
@@ -79,6 +184,9 @@ class PreemptionWatcher:
     def arm(self) -> list[str]:
         """Forget an earlier trigger and install the handlers; return the names of the signals caught.
 
+        A signal :func:`catch_early` holds (it came after ``restart()``) becomes
+        this watcher's pending request.
+
         Handlers can be installed on the main thread only; elsewhere nothing
         is caught (the deadline is still watched) and a warning says so. A
         handler the program installed itself is kept (as ``SigtermExit``
@@ -88,6 +196,7 @@ class PreemptionWatcher:
         self._released = False
         self.kept: list[str] = []
         if not self.signals:
+            end_early_catch()
             return []
         if threading.current_thread() is not threading.main_thread():
             logger.warning("preemption signals are caught on the main thread only; this fit runs on another")
@@ -95,11 +204,15 @@ class PreemptionWatcher:
         for signum in self.signals:
             if signum in self._previous:
                 continue
+            early = _EARLY.take(signum)  # caught since restart(): the handler before that comes back at disarm
             current = signal.getsignal(signum)
-            if current in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler):
-                self._previous[signum] = signal.signal(signum, self._handle)
+            if early is not None or current in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler):
+                previous = signal.signal(signum, self._handle)
+                self._previous[signum] = early if early is not None else previous
             else:
                 self.kept.append(signal.Signals(signum).name)
+        self._trigger = _EARLY.adopt(self._previous)
+        end_early_catch()  # signals this watcher does not catch get their handlers back
         return [signal.Signals(s).name for s in self._previous]
 
     def disarm(self) -> None:

@@ -44,6 +44,24 @@ CALLBACK_DISPATCH_FILES = ("callback_list.py",)
 
 _DEPTH = 8  # frames searched above on_train_begin
 
+
+def unsupported(version: str = KERAS_VERSION) -> str | None:
+    """A warning for a Keras release outside :data:`SUPPORTED` (None inside it).
+
+    Relies on: nothing private; the range CI runs
+    -- tripwire ``tests/integration/keras/test_keras_versions.py::test_a_keras_outside_the_range_is_named``.
+    """
+    release = _release(version)
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
+    if release is None or SUPPORTED[0] <= release <= SUPPORTED[1]:
+        return None
+    return (
+        f"candle_ckpt is tested with Keras {lo_major}.{lo_minor} to {hi_major}.{hi_minor}, and this is Keras "
+        f"{version}: checkpoints may fail to save or restore; install a Keras in that range "
+        f"(pip install 'keras>={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}')"
+    )
+
+
 # -- saving_lib ---------------------------------------------------------------------------
 
 H5IOStore = saving_lib.H5IOStore
@@ -143,7 +161,7 @@ def format_change(saved_version: str | None) -> str | None:
     """What changed in the saving format between the Keras that wrote a file and this one, or None.
 
     Relies on: :data:`FORMAT_CHANGES` (read from Keras's release notes)
-    -- tripwire ``tests/unit/keras/test_internals.py::test_format_change_names_the_container_groups``.
+    -- tripwire ``tests/integration/keras/test_keras_versions.py::test_format_change_names_the_container_groups``.
     """
     saved, running = _release(saved_version), _release(KERAS_VERSION)
     if saved is None or running is None:
@@ -177,7 +195,7 @@ def optimizer_strategy(opt: Any) -> Any:
     """The ``tf.distribute`` strategy an optimizer was made under (None outside one).
 
     Relies on: ``Optimizer._distribution_strategy`` (TensorFlow backend)
-    -- tripwire ``tests/integration/distributed/test_mirrored.py``.
+    -- tripwire ``test_distributed.py::test_mirrored_fit_killed_mid_epoch_resumes_bit_identical``.
     """
     return getattr(opt, "_distribution_strategy", None)
 
@@ -249,7 +267,7 @@ def hook_frame() -> FrameType:
     """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
-    -- tripwire ``tests/integration/engine/test_fit_guard.py``.
+    -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raises_in_another_callback_releases_the_lock``.
     """
     return sys._getframe(1)
 
@@ -386,7 +404,8 @@ def adapter_epoch(adapter: Any) -> int | None:
     Keras 3.16 seeds the shuffle of ``ArrayDataAdapter`` and ``PyDatasetAdapter``
     from this count, which starts at 0 in every ``fit``: a resumed run sets it.
     Relies on: ``DataAdapter._epoch`` (Keras 3.16 on) -- tripwire
-    ``test_exact_resume.py`` (pydataset_np, arrays_shuffle) and ``tests/unit/keras/test_internals.py``.
+    ``test_exact_resume.py`` (pydataset_np, pydataset_inplace on keras-nightly) and
+    ``test_mid_epoch.py::test_restart_from_a_step_checkpoint_in_process_is_exact`` (JAX).
     """
     epoch = getattr(adapter, "_epoch", None)
     return epoch if isinstance(epoch, int) else None
@@ -435,3 +454,7 @@ def warm_skipsets() -> None:
 
 def _skip_key(obj_type: str) -> str:
     return f"saving_attr_skiplist_{obj_type}"
+
+
+if unsupported() is not None:  # said once, when the Keras adapter is first imported
+    warnings.warn(unsupported(), stacklevel=2)

@@ -20,14 +20,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from candle_ckpt.config.deadline import resolve_deadline
+from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.preempt import PreemptExit, PreemptionWatcher, Trigger, preempt_message, preempt_record
+from candle_ckpt.engine.preempt import (
+    PreemptExit,
+    PreemptionWatcher,
+    Trigger,
+    end_early_catch,
+    preempt_message,
+    preempt_record,
+)
 from candle_ckpt.engine.resume import checkpoint_dir
 from candle_ckpt.keras import fit_hooks
 
@@ -60,7 +67,11 @@ class FitPreemption:
         """At ``on_train_begin``: install the signal handlers (the previous ones come back at :meth:`end`)."""
         self.stopped = False
         self._last, self._step_s = time.monotonic(), 0.0
+        warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
+        if warning:
+            self.ops.warning(warning)
         if not self.enabled:
+            end_early_catch()  # restart() caught the signals for this fit, which watches none
             return
         caught = self.watcher.arm()
         if self.watcher.deadline is not None:
@@ -71,6 +82,12 @@ class FitPreemption:
             )
         if caught:
             self.ops.info(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+        held = self.watcher.pending
+        if held is not None:
+            self.ops.warning(
+                f"{held.reason} came {time.monotonic() - held.at:.1f} s ago, after restart() and before fit began: "
+                "a checkpoint is saved after the first step"
+            )
         if self.watcher.kept:
             self.ops.warning(
                 f"preemption: {', '.join(self.watcher.kept)} already has a handler this program installed; it is "

@@ -17,11 +17,14 @@ from typing import Any
 
 from candle_ckpt.adapters import WorkerTrainingState, is_tf_keras
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
+from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.pending import guard_optimizer
+from candle_ckpt.engine.preempt import catch_early
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.capture import KerasModelAdapter
 
@@ -74,6 +77,8 @@ def restart(
         is None, or the steps done in the next epoch), or None.
     """
     cfg = CkptConfig.from_params(gParameters)
+    if not checkpointing_off(cfg):  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
+        catch_early(signal_numbers(cfg.preempt_signals))
     if not cfg.restores():
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:

@@ -144,6 +144,7 @@ class CheckpointReader:
         keep: Iterable[str] = (),
         mapped: bool = False,
         progress: Callable[[int], None] | None = None,
+        only: Iterable[str] | None = None,
     ) -> tuple[Sidecar, dict[str, bytes | mmap.mmap]]:
         """Check the sidecar and the size and CRC of every file of ``epoch``.
 
@@ -160,6 +161,9 @@ class CheckpointReader:
                 if the checkpoint is pruned meanwhile.
             progress: Called with the number of bytes just checked, chunk by
                 chunk (the CLI's progress bar); it must not raise.
+            only: Check only these of the sidecar's files (None: all). A process
+                of a multi-process job checks the parts it reads; a name the
+                sidecar does not list is an error.
 
         Returns:
             ``(sidecar, {name: bytes or mmap})`` for the names in ``keep``.
@@ -168,7 +172,8 @@ class CheckpointReader:
             CorruptCheckpoint: naming the file and what is wrong with it.
         """
         side = self.read_sidecar(epoch)
-        return side, self.verify_files(self.layout.epoch_dir(epoch), side, keep=keep, mapped=mapped, progress=progress)
+        where = self.layout.epoch_dir(epoch)
+        return side, self.verify_files(where, side, keep=keep, mapped=mapped, progress=progress, only=only)
 
     def verify_files(
         self,
@@ -178,15 +183,21 @@ class CheckpointReader:
         keep: Iterable[str] = (),
         mapped: bool = False,
         progress: Callable[[int], None] | None = None,
+        only: Iterable[str] | None = None,
     ) -> dict[str, bytes | mmap.mmap]:
-        """Check the size and CRC of every file ``side`` lists in ``directory`` (see :meth:`verify`).
+        """Check the size and CRC of each file ``side`` lists in ``directory`` (or in ``only``; see :meth:`verify`).
 
         Returns:
             ``{name: bytes or mmap}`` for the names in ``keep``.
         """
         wanted = set(keep)
+        chosen = None if only is None else set(only) | wanted
+        if chosen is not None and not chosen <= side.files.keys():
+            raise CorruptCheckpoint(directory, f"has no {', '.join(sorted(chosen - side.files.keys()))}")
         kept: dict[str, bytes | mmap.mmap] = {}
         for name, entry in side.files.items():
+            if chosen is not None and name not in chosen:
+                continue
             check = self.checksum and entry.crc32 is not None
             data = verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
             if data is not None:

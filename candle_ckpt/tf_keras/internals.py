@@ -71,6 +71,6 @@ def hook_frame() -> FrameType:
     """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
-    -- tripwire ``tests/integration/distributed/test_tfk_preempt.py``.
+    -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
     """
     return sys._getframe(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import sys
 from collections.abc import Iterator
 
@@ -216,3 +217,34 @@ def test_the_gateway_check_finds_a_private_import() -> None:
         "sys._getframe",
         "tensorflow.python.eager.context",
     ]
+
+
+def _tripwires(doc: str) -> list[str]:
+    """The tests named after "tripwire" in an accessor's docstring: ``file.py`` or ``file.py::test_name``."""
+    text = " ".join(doc.split())
+    return (
+        re.findall(r"``((?:[\w/]+/)?test_\w+\.py(?:::\w+)?)``", text.split("tripwire", 1)[1])
+        if "tripwire" in text
+        else []
+    )
+
+
+@pytest.mark.parametrize("gateway", sorted(GATEWAYS))
+def test_every_gateway_accessor_names_what_it_relies_on_and_a_tripwire_that_exists(gateway: str) -> None:
+    """Each public function of a gateway says "Relies on:" and names a tripwire test that exists."""
+    tests = PACKAGE.parent / "tests"
+    (tree,) = [tree for name, _, tree in _modules() if name == gateway]
+    wrong = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node) or ""
+        wires = _tripwires(doc)
+        if "Relies on:" not in doc or not wires:
+            wrong.append(f"{node.name}: no 'Relies on:' line with a tripwire")
+        for wire in wires:
+            file, _, test = wire.partition("::")
+            found = [p for p in tests.rglob(pathlib.Path(file).name) if p.as_posix().endswith(file)]
+            if not found or (test and not any(f"def {test}(" in p.read_text() for p in found)):
+                wrong.append(f"{node.name}: tripwire {wire} does not exist")
+    assert not wrong, wrong

@@ -9,6 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is
 import json  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -125,6 +126,34 @@ def test_tf_keras_fit_handles_sigterm_during_fit_only(tmp_path: Path) -> None:
     _tfk_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[sync_cb, Probe()])
     assert seen[0] is not signal.SIG_DFL and callable(seen[0])  # the preemption flag (ckpt_preempt_signals)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock(tmp_path: Path) -> None:
+    """tf_keras's fit raising in another callback skips on_train_end; the fit guard (frames from the tf_keras
+    gateway) releases the directory all the same: a new writer gets it."""
+    x, y = make_data()
+
+    class Boom(tf_keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("boom in another callback")
+
+    params = _params(tmp_path, epochs=4)
+    cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
+    with pytest.raises(RuntimeError, match="boom in another callback"):
+        _tfk_model().fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[cb, Boom()])
+    deadline = time.monotonic() + 10
+    while True:  # the guard's thread notices within its poll interval (0.05 s); allow a busy machine
+        writer = store.CheckpointStore(params["ckpt_directory"])
+        try:
+            writer._lock.acquire(wait_same_process_s=0)
+            break
+        except CheckpointError:
+            writer.close()
+            assert time.monotonic() < deadline, "the lock was not released after the fit raised"
+            time.sleep(0.05)
+    writer.close()
+    assert writer.epochs() == [1, 2]
 
 
 def test_keras3_callback_refuses_a_tf_keras_model(tmp_path: Path) -> None:

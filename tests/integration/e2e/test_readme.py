@@ -210,7 +210,7 @@ def test_sbatch_script_requeues_on_the_preemption_exit_code_and_the_rerun_finish
     stubs.mkdir()
     for name, body in (
         ("srun", 'exec "$@"'),
-        ("scontrol", f'echo "$@" >> {tmp_path / "requeued.txt"}'),
+        ("scontrol", f'[ "$1" = requeue ] && echo "$@" >> {tmp_path / "requeued.txt"}; exit 0'),
         ("python3", f'exec {sys.executable} "$@"'),
     ):
         (stubs / name).write_text(f"#!/bin/sh\n{body}\n")

@@ -9,7 +9,8 @@ Phases: ``full`` and ``resume`` run to the end and write the final weights and
 optimizer variables to ``OUT`` (each epoch's logged loss to ``OUT.loss.json``).
 ``signal`` stops at ``at=EPOCH.BATCH`` (1-based epoch, 0-based batch), prints
 ``at <pid>`` and waits until ``DIR.go`` exists (the test sends the signal
-first), so the callback sees the signal at exactly that batch end. ``kill``
+first), so the callback sees the signal at exactly that batch end. ``early``
+waits so right after ``restart()``, before the callback exists and ``fit`` begins. ``kill``
 sends itself SIGKILL there. ``deadline`` trains slowly (``sleep=`` seconds per
 batch) towards ``deadline=``. Options: ``async``, ``code=N``
 (``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``slowfs=S``
@@ -69,6 +70,15 @@ def slow_fs(seconds: float):
     return SlowFS()
 
 
+def wait_go(directory: str) -> None:
+    """Wait (30 s at most) until the test has sent its signal and created ``DIR.go``."""
+    go = Path(directory + ".go")
+    for _ in range(3000):
+        if go.exists():
+            break
+        time.sleep(0.01)
+
+
 def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) -> None:
     import keras
     import numpy as np
@@ -80,6 +90,9 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
     job.compile_model(model)
     gp = params(directory, opts)
     found = candle_ckpt.restart(gp, model, logger=None)
+    if phase == "early":  # the test's signal comes after restart(), before the callback exists and fit begins
+        say(f"at {os.getpid()} 0")
+        wait_go(directory)
     extra = {"fs": slow_fs(float(opts["slowfs"]))} if "slowfs" in opts else {}
     ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None, **extra)
     start = found["epoch"] if found else 0
@@ -99,11 +112,7 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
                 os.kill(os.getpid(), signal.SIGKILL)
             if phase == "signal":
                 say(f"at {os.getpid()} {int(ckpt.engine.writer.in_flight())}")
-                go = Path(directory + ".go")
-                for _ in range(3000):
-                    if go.exists():
-                        break
-                    time.sleep(0.01)
+                wait_go(directory)
 
     say(f"deadline {ckpt._pre.watcher.deadline}")
     epochs = 40 if phase == "deadline" else job.EPOCHS

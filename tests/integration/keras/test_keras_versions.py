@@ -54,6 +54,16 @@ def test_format_change_names_the_container_groups() -> None:
     assert internals.format_change(None) is None and internals.format_change("tf_keras 2.21") is None
 
 
+def test_a_keras_outside_the_range_is_named() -> None:
+    """A Keras before or past the supported range gets a warning naming the range; those inside it none."""
+    assert internals.unsupported(keras.__version__) is None
+    for inside in ("3.13.0", "3.14.1", "3.15.1", "3.16.0.dev2026102704", "3.16.2"):
+        assert internals.unsupported(inside) is None, inside
+    for outside in ("3.12.4", "3.17.0", "4.0.0"):
+        note = internals.unsupported(outside)
+        assert note is not None and f"this is Keras {outside}" in note and "'keras>=3.13,<3.17'" in note, note
+
+
 NESTED_JOB = JOBS / "nested_container_job.py"
 
 

@@ -165,6 +165,23 @@ def test_signal_without_exit_code_stops_fit_and_the_job_goes_on(server, tmp_path
 
 
 @pytest.mark.tf_only
+def test_signal_between_restart_and_fit_is_saved_after_the_first_step(server, tmp_path, tmp_path_factory):
+    """A SIGTERM after restart() and before fit (no callback yet) does not kill the job: restart() caught it,
+    fit commits a step checkpoint after its first step and exits with the code, and the rerun is bit-identical."""
+    full = full_run(server, "arrays_shuffle", tmp_path_factory)
+    directory = tmp_path / "job"
+    out = str(directory) + ".npz"
+    lines, status = server.run("arrays_shuffle", "early", str(directory), out, f"code={CODE}", send=signal.SIGTERM)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == CODE, (lines, status)
+    assert [(s["epoch"], s["step"], s["reason"]) for s in step_sidecars(directory)] == [(0, 1, "SIGTERM")]
+    log = (directory / "ckpt.log").read_text()
+    assert re.search(r"SIGTERM came [0-9.]+ s ago, after restart\(\) and before fit began", log), log
+    lines, status = server.run("arrays_shuffle", "resume", str(directory), out, f"code={CODE}")
+    assert status == 0 and lines[0] == "start 0 1", lines
+    assert_identical(full, Path(out))
+
+
+@pytest.mark.tf_only
 def test_signal_at_the_last_step_saves_the_epoch(server, tmp_path):
     """A signal after the epoch's last step is answered by that epoch's checkpoint (no step checkpoint)."""
     directory = tmp_path / "job"

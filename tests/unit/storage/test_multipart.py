@@ -14,7 +14,7 @@ import pytest
 from shardkit import rank_part, run_ranks, save_sharded, sidecar_template, state_for
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointError, CheckpointSaveError, GroupTimeout
+from candle_ckpt.core.errors import CheckpointError, CheckpointSaveError, CorruptCheckpoint, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.group import ThreadGroup
 from candle_ckpt.storage.multipart import SharedSave, write_rank_part
@@ -153,3 +153,34 @@ def test_a_part_given_as_a_callable_that_raises_fails_the_save_everywhere(tmp_pa
     assert isinstance(results[1], CheckpointSaveError) and "snapshot of rank 1 failed" in str(results[1])
     reader = CheckpointReader(tmp_path)
     assert reader.epochs() == [1] and reader.link_epoch("last") == 1
+
+
+def test_restart_choice_falls_back_past_a_damaged_part(tmp_path: Path) -> None:
+    """A flipped byte in the newest checkpoint's part-00001.bin: find_valid names it and picks the previous epoch."""
+    for epoch in (1, 2):
+        save_sharded(str(tmp_path), ThreadGroup(2), epoch)
+    reader = CheckpointReader(tmp_path)
+    part = Path(reader.layout.epoch_dir(2)) / "part-00001.bin"
+    raw = bytearray(part.read_bytes())
+    raw[-1] ^= 0x01
+    part.write_bytes(bytes(raw))
+    problems: list[tuple[int, str]] = []
+    epoch, side, _ = reader.find_valid(on_problem=lambda e, why: problems.append((e, why)))
+    assert epoch == 1 and side.model_file == MANIFEST
+    assert problems and problems[0][0] == 2 and "part-00001.bin: CRC32 is" in problems[0][1]
+    assert_holds(tmp_path, 1)
+
+
+def test_a_rank_verifies_only_the_files_it_reads(tmp_path: Path) -> None:
+    """verify(only=) checks just the named files: rank 0's part passes while rank 1's is damaged; a stray name fails."""
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    reader = CheckpointReader(tmp_path)
+    part = Path(reader.layout.epoch_dir(1)) / "part-00001.bin"
+    part.write_bytes(b"\0" + part.read_bytes()[1:])
+    mine = {MANIFEST, "part-00000.bin", "train.state.p00000.npz"}
+    side, kept = reader.verify(1, only=mine, keep=["train.state.p00000.npz"])
+    assert kept["train.state.p00000.npz"] == b"rank 0 state"
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32"):
+        reader.verify(1, only={"part-00001.bin"})
+    with pytest.raises(CorruptCheckpoint, match="has no part-00009.bin"):
+        reader.verify(1, only={"part-00009.bin"})
