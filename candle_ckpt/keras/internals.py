@@ -434,9 +434,10 @@ def warm_skipsets() -> None:
     (3.15) reads ``saving_attr_skiplist_<type>`` and writes
     ``saving_attr_skipset_<type>``, so every walk builds them again. Here they
     are built with no distribution set (plain local values) and stored under
-    the key Keras reads: later walks create nothing. Relies on
-    ``saving_lib.get_attr_skipset`` and that key -- tripwire
-    ``tests/integration/keras/test_warm_skipsets.py``.
+    the key Keras reads: later walks create nothing.
+
+    Relies on: ``saving_lib.get_attr_skipset`` and the global attribute ``saving_attr_skiplist_<type>``
+    -- tripwire ``test_warm_skipsets.py::test_skipsets_are_cached_and_the_distribution_is_put_back``.
     """
     from keras.src.backend.common import global_state  # noqa: PLC0415
 
