@@ -9,7 +9,7 @@ thread learns which epoch failed.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,10 @@ class Capture:
     keras_version: str | None = None
     backend: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # A multi-process save: parts(work_dir) writes this process's part; ``files`` are the primary's own.
+    parts: Callable[[str], Any] | None = None
+    sharding: dict[str, str] = field(default_factory=dict)
+    manifest_extra: dict[str, Any] = field(default_factory=dict)  # kept in a sharded checkpoint's manifest
 
 
 def sidecar_template(

@@ -14,6 +14,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
+from candle_ckpt.core.group import Group
 from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.policy import BestState
@@ -27,6 +28,7 @@ from candle_ckpt.engine.aftercommit import (
 )
 from candle_ckpt.engine.capture import Capture, _SaveFailure, sidecar_template
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
+from candle_ckpt.engine.group_commit import commit_epoch, failed_capture
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -40,8 +42,14 @@ class CheckpointEngine:
     its :class:`~candle_ckpt.engine.decision.SaveDecisionPolicy` (``policy``).
     """
 
-    def __init__(self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None) -> None:
+    def __init__(
+        self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
+    ) -> None:
         self.cfg = cfg
+        # group: the processes of a multi-process job that write each checkpoint together (see
+        # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
+        # opens the store (the writer lock), commits, prunes and uploads.
+        self.group = group if group is not None and group.size > 1 else None
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
         self.ops = ops if not self.policy.off or scratch_dir is not None else OpsLog(None, ops.logger)
@@ -69,11 +77,15 @@ class CheckpointEngine:
         # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
-        if cfg.upload_url and scratch_dir is None:
+        if cfg.upload_url and self._writes_store():
             from candle_ckpt.storage.remote import RemoteMirror
 
             self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
             self.after_commit.append(self.remote.committed)
+
+    def _writes_store(self) -> bool:
+        """True for the process that holds the lock and commits: not a non-chief, not a non-primary rank."""
+        return self.scratch_dir is None and (self.group is None or self.group.rank == 0)
 
     def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
         """Continue from the checkpoint a restart loaded: best-tracking, elapsed
@@ -114,7 +126,7 @@ class CheckpointEngine:
             return False
         reason, best = decision.reason, decision.best
         try:
-            cap = capture()
+            cap = self._capture(capture)
             template = self.template(epoch, cap, logs, reason, best)
             self.policy.submitted(best)
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
@@ -128,6 +140,15 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return False
         return True
+
+    def _capture(self, capture: Callable[[], Capture]) -> Capture:
+        """``capture()``; in a group a failure goes into the commit, so that every rank raises it, none waits."""
+        try:
+            return capture()
+        except Exception as err:
+            if self.group is None:
+                raise
+            return failed_capture(err)
 
     def _ask(self, epoch: int, logs: Mapping[str, Any], forced: str | None) -> Decision:
         """The policy's decision for ``epoch``, in the writer's present state."""
@@ -189,7 +210,14 @@ class CheckpointEngine:
             self._write_scratch(epoch, cap)
             self.policy.committed(best)
             return
-        side = self.store.commit(epoch, cap.files, template, best_epoch=best.epoch if self.cfg.save_best else None)
+        best_epoch = best.epoch if self.cfg.save_best else None
+        if self.group is not None:
+            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
+            if side is None:
+                self.policy.committed(best)  # not the primary: its part is in, the primary did the rest
+                return
+        else:
+            side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self.policy.committed(best)
         supersede_steps(self.store, self.ops, epoch)
@@ -248,7 +276,7 @@ class CheckpointEngine:
         A non-chief worker (``scratch_dir``) never writes the store, and with
         checkpointing off (``ckpt_save_interval=0``) nothing is written at all.
         """
-        if self.scratch_dir is None and not self.policy.off:
+        if self._writes_store() and not self.policy.off:
             self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:

@@ -17,6 +17,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.aftercommit import save_record
+from candle_ckpt.engine.group_commit import commit_step
 
 
 def save_step(
@@ -33,9 +34,9 @@ def save_step(
         reason: Recorded in the sidecar: ``"SIGTERM"``, ``"deadline"``, ``"steps"``...
 
     Returns:
-        The committed sidecar, or None when nothing was committed: a
-        non-chief worker (it writes its scratch copy only) or a failure under
-        ``ckpt_on_error=warn``.
+        The committed sidecar (on every process of a multi-process JAX
+        job), or None when nothing was committed: a non-chief worker (it
+        writes its scratch copy only) or a failure under ``ckpt_on_error=warn``.
 
     Raises:
         CheckpointSaveError: the save (or the previous async one) failed and ``ckpt_on_error=raise``.
@@ -48,12 +49,15 @@ def save_step(
         return None
     engine._check_writer()
     try:
-        cap = capture()
+        cap = engine._capture(capture)
         template = replace(engine.template(epoch, cap, logs, reason, engine.policy.best), step=step)
         if engine.scratch_dir is not None:
             engine._write_scratch(epoch, cap)
             return None
-        side = engine.store.steps.commit(cap.files, template)
+        if engine.group is not None:  # every rank writes its part; the primary commits
+            side = commit_step(engine.store, engine.group, cap, template)
+        else:
+            side = engine.store.steps.commit(cap.files, template)
     except Exception as err:
         engine._failed(epoch, err)
         return None

@@ -17,11 +17,13 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
+from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
-from candle_ckpt.engine.preempt_control import PreemptionController
+from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import finished, fit_hooks, internals
@@ -29,6 +31,7 @@ from candle_ckpt.keras.capture import capture_model
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preemption import resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
+from candle_ckpt.keras.sharded import capture_sharded
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
 from candle_ckpt.storage.store import FileSpec
@@ -84,9 +87,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
-        self.ops = OpsLog(Layout.of(self.cfg).log, get_logger(logger, verbose))
+        # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
+        self.group = jax_group()
+        primary = self.group is None or self.group.rank == 0
+        self.ops = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
+        internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
-        self.engine = CheckpointEngine(self.cfg, self.ops, fs=fs)
+        self.engine = CheckpointEngine(self.cfg, self.ops, fs=fs, group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
@@ -100,8 +107,11 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epochs_run = 0
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
-        # Signals, deadline, step checkpoints; a multi-process job replaces its ``agreement`` before fit.
+        # Signals, deadline, step checkpoints; several processes agree through the group (same step, or none).
         self._pre = PreemptionController(self.cfg, self.engine, self.ops, step_saves=True)
+        if self.group is not None and self._pre.enabled:
+            self._pre.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
+            self._pre.who = f"process {self.group.rank} "
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._list: Any = None  # the fit's CallbackList
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
@@ -231,11 +241,15 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
         if step is not None:
             internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
-        state = self._state or ModelState(self.model)
-        cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
+        data = None
         if self._train is not None:
             by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
+        if self.group is not None:  # this process's part: its shards and its training state
+            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self.group, data)
+        state = self._state or ModelState(self.model)
+        cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
+        if data is not None:
             cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
             cap.nbytes += len(data)
         return cap

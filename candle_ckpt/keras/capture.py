@@ -20,8 +20,10 @@ from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.plan import build_optimizer, make_plan
 from candle_ckpt.keras.preflight import check_model, read_optimizer_state
+from candle_ckpt.keras.sharded import load_sharded, train_state_part
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
+from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import FileSpec
 
 
@@ -65,7 +67,8 @@ class KerasModelAdapter:
     """Capture and restore one Keras 3 model (a :class:`~candle_ckpt.engine.resume.Adapter`):
     used by ``restart()`` and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`."""
 
-    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE)
+    # A sharded checkpoint (written by several processes) restores here too: its manifest and process 0's state.
+    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE, MANIFEST, train_state_part(0))
 
     def __init__(self, model) -> None:
         require_model(model, "model")
@@ -91,6 +94,10 @@ class KerasModelAdapter:
             values = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
             if values is not None:  # not compiled yet: the callback applies it when fit begins
                 self.pending = Pending(optimizer=ParkedOptimizer(values))
+            return
+        if side.model_file == MANIFEST:  # written by several processes: read into this process's variables
+            build_optimizer(self.state.model)
+            self.pending = load_sharded(self.state.model, kept, where, ops)
             return
         if side.model_file not in kept:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")

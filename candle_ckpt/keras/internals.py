@@ -430,5 +430,42 @@ def set_first_epoch(model: Any, epoch: int | None) -> None:
     model._initial_epoch = epoch
 
 
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def warm_skipsets() -> None:
+    """Compute Keras's per-type attribute skip sets once, outside any ``keras.distribution``, and cache them.
+
+    ``saving_lib._save_state`` (the save plan's walk) builds each skip set from a
+    reference object: for optimizers ``Optimizer(1.0)``, which creates Keras
+    variables. Under a distribution spanning several processes creating a
+    variable is a cross-process collective, so a walk on only some processes (a
+    save, a restore) would fail or hang. Keras means to cache the sets, but
+    (3.15) reads ``saving_attr_skiplist_<type>`` and writes
+    ``saving_attr_skipset_<type>``, so every walk builds them again. Here they
+    are built with no distribution set (plain local values) and stored under
+    the key Keras reads: later walks create nothing.
+
+    Relies on: ``saving_lib.get_attr_skipset`` and the global attribute ``saving_attr_skiplist_<type>``
+    -- tripwire ``test_warm_skipsets.py::test_skipsets_are_cached_and_the_distribution_is_put_back``.
+    """
+    from keras.src.backend.common import global_state  # noqa: PLC0415
+
+    missing = [t for t in _SKIPSET_TYPES if global_state.get_global_attribute(_skip_key(t), None) is None]
+    if not missing:
+        return
+    current = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        for obj_type in missing:
+            global_state.set_global_attribute(_skip_key(obj_type), saving_lib.get_attr_skipset(obj_type))
+    finally:
+        keras.distribution.set_distribution(current)
+
+
+def _skip_key(obj_type: str) -> str:
+    return f"saving_attr_skiplist_{obj_type}"
+
+
 if unsupported() is not None:  # said once, when the Keras adapter is first imported
     warnings.warn(unsupported(), stacklevel=2)

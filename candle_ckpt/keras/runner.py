@@ -25,6 +25,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
+from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.preempt_control import PreemptionController, plain_logs
@@ -213,6 +214,11 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
+        if jax_group() is not None:  # not silently wrong: every process would take the lock and write alone
+            raise NotImplementedError(
+                "JobRunner does not yet checkpoint a job of several JAX processes (jax.process_count() > 1); "
+                "use model.fit with CandleCheckpointCallback and restart(), which do (docs/multi-worker.rst)"
+            )
         if self.strategy is not None:
             from candle_ckpt.distributed.worker_state import WorkerTrainingState
 

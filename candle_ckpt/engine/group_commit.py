@@ -1,0 +1,88 @@
+"""One checkpoint written by several processes, as the engine calls it (no framework).
+
+Every rank of a :class:`~candle_ckpt.core.group.Group` saves in lockstep; the
+storage side (:mod:`candle_ckpt.storage.multipart`) runs the commit: the
+primary (the lock holder) starts a fresh ``work/``, every rank writes and
+fsyncs its part, the primary checks them all, writes the manifest and the
+sidecar and publishes exactly as a one-process commit; every rank hears the
+outcome and returns or raises the same. A crash of any process at any moment
+leaves the previous checkpoint or the new one.
+
+The meeting points' names come from a per-process sequence (:func:`meeting`),
+the same on every rank because every rank saves and restores in the same
+order. Each wait is bounded by :func:`group_timeout`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+from candle_ckpt.core.group import Group
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.capture import Capture
+from candle_ckpt.storage.multipart import SharedSave, write_rank_part
+from candle_ckpt.storage.sharded import MANIFEST
+from candle_ckpt.storage.store import CheckpointStore
+
+# Bound on each meeting point of a save or a restore: a peer that died makes the others raise after this
+# (CANDLE_CKPT_GROUP_TIMEOUT_S overrides it).
+GROUP_TIMEOUT_S = 300.0
+_counters: dict[str, Any] = {}
+
+
+def meeting(kind: str) -> str:
+    """The next meeting point prefix of ``kind`` (``save``, ``restore``...), e.g. ``save/3``."""
+    return f"{kind}/{next(_counters.setdefault(kind, itertools.count()))}"
+
+
+def group_timeout() -> float:
+    """The bound on one meeting point, in seconds: ``CANDLE_CKPT_GROUP_TIMEOUT_S`` or :data:`GROUP_TIMEOUT_S`."""
+    raw = os.environ.get("CANDLE_CKPT_GROUP_TIMEOUT_S", "").strip()
+    try:
+        value = float(raw) if raw else GROUP_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"CANDLE_CKPT_GROUP_TIMEOUT_S must be a number of seconds > 0; got {raw!r}")
+    return value
+
+
+def failed_capture(err: BaseException) -> Capture:
+    """The capture of a rank whose snapshot failed: its part raises ``err``, so every rank learns it in the commit."""
+
+    def parts(work: str) -> None:
+        raise err
+
+    return Capture(files=[], model_file=MANIFEST, nbytes=0, parts=parts)
+
+
+def _sharded(cap: Capture) -> Any:
+    if cap.parts is None:
+        from candle_ckpt.core.errors import CheckpointSaveError  # noqa: PLC0415
+
+        raise CheckpointSaveError("a multi-process save needs a sharded capture (parts); this one is a file set")
+    return cap.parts
+
+
+def commit_epoch(
+    store: CheckpointStore, group: Group, epoch: int, cap: Capture, template: Sidecar, best_epoch: int | None
+) -> Sidecar | None:
+    """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks."""
+    key, timeout_s = meeting("save"), group_timeout()
+    if group.rank != 0:
+        write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
+        return None
+    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
+    return store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
+
+
+def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar:
+    """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar."""
+    key, timeout_s = meeting("save"), group_timeout()
+    if group.rank != 0:
+        where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
+        return store.steps.read_sidecar(int(where.rsplit("/", 1)[-1]))
+    shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
+    return store.steps.commit(cap.files, template, shared=shared)

@@ -1,0 +1,147 @@
+"""One process of a multi-process JAX job (keras.distribution), run as a real process.
+
+Usage::
+
+    python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
+
+DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
+``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
+one process). Each process has 2 CPU devices (``JAX_NUM_CPU_DEVICES``), gloo collectives.
+
+Every process runs the same code: ``restart(params, model)`` before ``fit``, the callback in
+``fit`` (``shuffle=True``, validation data). It prints ``RESTORED epoch=N``, saves the restored
+weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
+``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
+``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+N, FEATURES, HIDDEN, BATCH = 64, 8, 16, 8
+
+
+def make_data():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, FEATURES)).astype("float32")
+    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
+    return x, y
+
+
+def distribution(kind: str):
+    """The job's keras.distribution (None for ``none``)."""
+    import keras
+
+    if kind == "none":
+        return None
+    devices = keras.distribution.list_devices()
+    if kind == "dp":
+        return keras.distribution.DataParallel(devices=devices)
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+    layout = keras.distribution.LayoutMap(mesh)
+    layout["dense_a/kernel"] = (None, "model")
+    layout["dense_a/bias"] = ("model",)
+    return keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
+
+
+def build_model():
+    import keras
+
+    inputs = keras.Input((FEATURES,))
+    h = keras.layers.Dense(HIDDEN, activation="relu", name="dense_a")(inputs)
+    h = keras.layers.Dropout(0.2, seed=3)(h)
+    out = keras.layers.Dense(1, name="dense_b")(h)
+    model = keras.Model(inputs, out)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+def dump(model, path: str) -> None:
+    """Every weight and optimizer variable, gathered to this process, into ``path``."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    arrays = {}
+    for i, v in enumerate(list(model.weights) + list(model.optimizer.variables)):
+        value = v.value
+        if hasattr(value, "is_fully_addressable") and not value.is_fully_addressable:
+            value = multihost_utils.process_allgather(value, tiled=True)
+        arrays[f"{i:03d}:{v.path}"] = np.asarray(value)
+    np.savez(path, **arrays)
+
+
+def Pause(epoch: int, batch: int, seconds: int = 600):
+    """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled)."""
+    import keras
+
+    class _Pause(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            self.epoch = e
+
+        def on_train_batch_end(self, b, logs=None):
+            if self.epoch == epoch and b == batch:
+                print("PAUSED", flush=True)
+                time.sleep(seconds)
+
+    return _Pause()
+
+
+def main() -> None:
+    dist, directory, epochs, out, port, rank, nproc = sys.argv[1:8]
+    rank, nproc = int(rank), int(nproc)
+    flags = sys.argv[8:]
+    import jax
+
+    if nproc > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"localhost:{port}", nproc, rank)
+    import keras
+
+    import candle_ckpt
+
+    keras.utils.set_random_seed(1)
+    d = distribution(dist)
+    if d is not None:
+        d.auto_shard_dataset = False  # each process feeds its own part of the data (below)
+        keras.distribution.set_distribution(d)
+    if "--second-model" in flags:  # a model built before: Keras numbers this one's names (adam_1, ...)
+        build_model()
+    model = build_model()
+    params = {
+        "ckpt_directory": directory,
+        "epochs": int(epochs),
+        "ckpt_save_interval": 1,
+        "ckpt_keep_limit": 3,
+        "ckpt_async_save": "--async" in flags,
+    }
+    found = candle_ckpt.restart(params, model, verbose=False)
+    epoch = found["epoch"] if found else 0
+    print(f"RESTORED epoch={epoch}", flush=True)
+    dump(model, out + ".restored.npz")
+    callbacks = [candle_ckpt.CandleCheckpointCallback(params, verbose=False)]
+    pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
+    if pause is not None:
+        callbacks.append(Pause(*(int(s) for s in pause.split(":"))))
+    x, y = make_data()
+    if dist == "dp":  # the batch is split over the processes: each feeds its own part of every global batch
+        x, y = x[rank::nproc], y[rank::nproc]
+    # ModelParallel: the 'batch' axis has one device, so every process feeds the same whole batches
+    model.fit(
+        x, y, batch_size=BATCH, epochs=int(epochs), initial_epoch=epoch, validation_data=(x[:16], y[:16]),
+        callbacks=callbacks, verbose=0,
+    )  # fmt: skip
+    dump(model, out)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""JaxGroup over the JAX coordination service, and its one private JAX access (a tripwire).
+
+The group's meeting points are tested in two real processes (``jax.distributed`` on localhost);
+the tripwire fails loudly when JAX moves the coordination client that
+``candle_ckpt.distributed.jax_group.coordination_client`` reaches for.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("jax")
+
+
+def test_private_jax_gateway_still_finds_the_coordination_client():
+    """Tripwire: jax._src.distributed.global_state.client exists and has the KV calls JaxGroup uses."""
+    from jax._src import distributed
+
+    assert hasattr(distributed.global_state, "client"), "JAX moved its coordination client: fix jax_group"
+    from jax._src.lib import _jax  # the client class
+
+    client_type = getattr(_jax, "DistributedRuntimeClient", None)
+    assert client_type is not None, "JAX renamed DistributedRuntimeClient: fix jax_group"
+    for name in ("key_value_set", "blocking_key_value_get"):
+        assert hasattr(client_type, name), f"JAX's coordination client lost {name}: fix jax_group"
+
+
+def test_outside_jax_distributed_there_is_no_group():
+    """One process (no jax.distributed): no group, so today's one-process format and paths are kept."""
+    from candle_ckpt.distributed.jax_group import jax_group, process_place
+
+    assert jax_group() is None
+    assert process_place() == (0, 1)
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys, jax
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    jax.distributed.initialize(f"localhost:{port}", 2, rank)
+    from candle_ckpt.core.errors import GroupTimeout
+    from candle_ckpt.distributed.jax_group import jax_group
+    g = jax_group()
+    assert (g.rank, g.size) == (rank, 2), g
+    g.barrier("t/ready", 60)
+    print("B", g.broadcast("t/b", "hello" if rank == 0 else None, 60))
+    print("A", g.all_agree("t/a", rank == 0, 60), g.all_agree("t/c", True, 60))
+    print("X", g.exchange("t/x", f"r{rank}", 60))
+    if rank == 1:
+        try:
+            g.barrier("t/alone", 2)
+        except GroupTimeout as err:
+            print("T", err)
+    g.barrier("t/end", 60)
+    """
+)
+
+
+@pytest.mark.slow
+def test_meeting_points_in_two_real_processes(tmp_path):
+    """barrier, broadcast, all_agree and exchange across 2 processes; a lone rank times out naming the missing one."""
+    from cluster import free_ports
+    from locations import REPO
+
+    script = tmp_path / "g.py"
+    script.write_text(_SCRIPT)
+    (port,) = free_ports(1)
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(i), str(port)], env=env, stdout=subprocess.PIPE, text=True)
+        for i in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert "B hello" in out and "A False True" in out and "X ['r0', 'r1']" in out
+    assert "T the processes did not all reach 't/alone' within 2 s (rank(s) 0 never came)" in outs[1]
