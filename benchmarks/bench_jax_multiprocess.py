@@ -99,7 +99,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_keep_limit": 2}
     callbacks: list = [Clock()]
     if contender.startswith("candle"):
-        params["ckpt_async_save"] = contender == "candle_async"
+        params["ckpt_async"] = contender == "candle_async"
         callbacks.append(candle_ckpt.CandleCheckpointCallback(params, verbose=False))
     elif contender == "orbax":
         callbacks.append(keras.callbacks.OrbaxCheckpoint(directory, save_freq="epoch", max_to_keep=2))

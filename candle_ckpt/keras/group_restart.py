@@ -30,7 +30,7 @@ from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout, meeting
-from candle_ckpt.engine.pending import guard_optimizer
+from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import (
     Chosen,
     Resumed,
@@ -53,14 +53,14 @@ class GroupModelAdapter:
     def __init__(self, model: Any, group: Group, name: str) -> None:
         self.model, self.group, self.name = model, group, name
         self.keep_files = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.keep_files)))
-        self.pending: dict[str, Any] = {}
+        self.pending = Pending()
 
     def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
         kept = chosen.kept
         if chosen.sidecar.model_file != MANIFEST:  # a one-process checkpoint: every process loads the same file
             one = KerasModelAdapter(self.model)
             one.restore(chosen, ops, where)
-            self.pending = dict(one.pending)
+            self.pending = one.pending
             self.group.barrier(f"{self.name}/loaded", group_timeout())
             return
 
@@ -142,7 +142,7 @@ def restart_group(
             "nothing was loaded on any process"
         )
     record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
-    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, dict(adapter.pending))
+    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    guard_optimizer(model, resumed, ops, checkpoint_dir(layout, chosen.sidecar))
+    resumed.pending.guard(model, ops, checkpoint_dir(layout, chosen.sidecar))
     return chosen.sidecar.to_dict()

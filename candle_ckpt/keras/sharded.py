@@ -31,6 +31,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.pending import Pending
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.plan import build_optimizer
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
@@ -201,7 +202,7 @@ def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
 
 def load_sharded(
     model: Any, kept: dict[str, Any], where: str, ops: Any, rank: int = 0, agree: Callable[[bool], bool] | None = None
-) -> dict[str, Any]:
+) -> Pending:
     """Load a sharded checkpoint into ``model`` on process ``rank``; return the state to apply when fit starts.
 
     ``agree(ok)`` (a multi-process restore) is called once every slice is read: True iff every
@@ -234,8 +235,8 @@ def load_sharded(
             f"restart: {where} holds no training state for process {rank} (it was written by fewer "
             "processes): this process's RNG and input position start fresh"
         )
-        return {}
-    return {"train_state": bytes(data)}
+        return Pending()
+    return Pending(train_state=bytes(data))
 
 
 def files_to_read(model: Any, where: str, rank: int) -> set[str]:

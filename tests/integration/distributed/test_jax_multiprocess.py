@@ -143,21 +143,23 @@ def test_one_process_checkpoint_restores_under_two(reference, tmp_path):
 
 
 def test_sigterm_to_one_process_saves_the_same_step_everywhere(reference, tmp_path):
-    """SIGTERM to process 1 only: both save the same step checkpoint and stop; the rerun ends bit-identical."""
+    """SIGTERM to process 1 only: both save the same step checkpoint and exit 143 (128 + SIGTERM, the default);
+    the rerun ends bit-identical."""
     _, want, _ = reference["dp"]
     ck, bound = tmp_path / "ck", _bound(reference)
     job = JaxJob(tmp_path, "t", "dp", ck, EPOCHS, extra={1: ["--pause-at=1:1:3"]}, timeout_s=bound)
     job.wait_for(1, "PAUSED")
     job.signal(1, signal.SIGTERM)
     codes = job.exit_codes()
-    assert codes == [0, 0], [job.output(i)[-3000:] for i in (0, 1)]
+    assert codes == [143, 143], [job.output(i)[-3000:] for i in (0, 1)]
     steps = sorted((ck / "ckpts" / "steps").iterdir())
     assert len(steps) == 1
     side = json.loads((steps[0] / "ckpt-info.json").read_text())
-    assert side["epoch"] == 1 and side["step"] >= 2 and side["reason"] == "SIGTERM"
+    assert side["epoch"] == 1 and side["step"] >= 2 and side["reason"] == "peer"  # at process 1's request
     assert {"part-00000.bin", "part-00001.bin", "train.state.p00001.npz"} <= set(side["files"])
     for i in (0, 1):
-        assert f"SIGTERM: committed {steps[0]}" in job.output(i) and "training stops" in job.output(i)
+        said = f"process {i} committed {steps[0]} (epoch 2, step {side['step']})"
+        assert said in job.output(i) and "exiting with status 143" in job.output(i)
     rerun = JaxJob(tmp_path, "u", "dp", ck, EPOCHS, timeout_s=bound)
     rerun.succeed()
     for i in (0, 1):

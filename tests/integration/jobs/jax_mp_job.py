@@ -121,7 +121,7 @@ def main() -> None:
         "epochs": int(epochs),
         "ckpt_save_interval": 1,
         "ckpt_keep_limit": 3,
-        "ckpt_async_save": "--async" in flags,
+        "ckpt_async": "--async" in flags,
     }
     found = candle_ckpt.restart(params, model, verbose=False)
     epoch = found["epoch"] if found else 0
