@@ -298,6 +298,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self._sync.close()
 
     def _fit_ended(self) -> None:
+        """Release what a fit that raised held: the signals (back on the main thread soon) and the lock."""
+        sync = self._sync
+        if sync is not None:
+            sync.watcher.release()
         if self.state is not None:
             self.state.close()
 

@@ -130,7 +130,7 @@ def test_tf_keras_fit_handles_sigterm_during_fit_only(tmp_path: Path) -> None:
 
 def test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock(tmp_path: Path) -> None:
     """tf_keras's fit raising in another callback skips on_train_end; the fit guard (frames from the tf_keras
-    gateway) releases the directory all the same: a new writer gets it."""
+    gateway) releases the directory all the same (a new writer gets it) and gives SIGTERM its handler back."""
     x, y = make_data()
 
     class Boom(tf_keras.callbacks.Callback):
@@ -154,6 +154,9 @@ def test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock(tmp_pa
             time.sleep(0.05)
     writer.close()
     assert writer.epochs() == [1, 2]
+    while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # put back on this (the main) thread
+        assert time.monotonic() < deadline, "the preemption watcher kept SIGTERM after the fit raised"
+        time.sleep(0.05)
 
 
 def test_keras3_callback_refuses_a_tf_keras_model(tmp_path: Path) -> None:
