@@ -14,7 +14,12 @@ protocol (``work/``, CRC32s, sidecar, links):
 * ``optimizer.npz``: the optimizer's variables (``iterations``, slots) by
   position, with their names; legacy H5 weights do not hold them;
 * ``model.h5`` unless ``ckpt_save_weights_only``: the full model
-  (``tf_keras.models.load_model`` reads it; without the optimizer).
+  (``tf_keras.models.load_model`` reads it; without the optimizer);
+* ``random_layers.npz`` when random layers draw from ``tf.random.Generator``
+  states (:mod:`~candle_ckpt.tf_keras.random_state`).
+
+A resumed ``fit`` on arrays reads the batches the uninterrupted one would
+(``internals.fast_forward_input``): tf_keras's default ``shuffle=True`` resumes exactly.
 
 Every worker of a multi-worker job goes through
 :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`.
@@ -34,6 +39,7 @@ import tf_keras
 
 import candle_ckpt.tf_keras.exactness as exactness
 import candle_ckpt.tf_keras.internals as internals
+import candle_ckpt.tf_keras.random_state as random_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
@@ -75,7 +81,8 @@ def _bytes_writer(data: bytes):
 class TfKerasModelAdapter:
     """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
 
-    keep_files = (WEIGHTS_FILE, OPTIMIZER_FILE)
+    keep_files = (WEIGHTS_FILE, OPTIMIZER_FILE, random_state.RANDOM_FILE)
+    required_files = (WEIGHTS_FILE, OPTIMIZER_FILE)
 
     def __init__(self, model) -> None:
         self.model = model
@@ -98,6 +105,10 @@ class TfKerasModelAdapter:
 
         files = [FileSpec(WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
         nbytes = len(weights) + sum(a.nbytes for a in arrays)
+        rng = random_state.capture(model)
+        if rng is not None:
+            files.append(FileSpec(random_state.RANDOM_FILE, _bytes_writer(rng)))
+            nbytes += len(rng)
         if not cfg.save_weights_only:
             full = _h5_bytes(lambda h5: internals.save_model_to_h5(h5, model))
             files.append(FileSpec(FULL_MODEL_FILE, _bytes_writer(full)))
@@ -123,7 +134,7 @@ class TfKerasModelAdapter:
             ValueError: the checkpoint does not match the model.
         """
         kept = chosen.kept
-        missing = [n for n in self.keep_files if n not in kept]
+        missing = [n for n in self.required_files if n not in kept]
         if missing:
             raise NoValidCheckpoint(f"checkpoint {where} has no {', '.join(missing)} (not a tf_keras checkpoint?)")
         model = self.model
@@ -133,20 +144,26 @@ class TfKerasModelAdapter:
             names = [str(n) for n in npz["names"]]
             values = [npz[f"v{i}"] for i in range(len(names))]
         self.pending = Pending()
+        rng = kept.get(random_state.RANDOM_FILE)
+        generators = random_state.check(model, bytes(rng) if rng is not None else None, where)
         if getattr(model, "optimizer", None) is None:
             # restart() before compile(): the optimizer does not exist yet; the
             # callback applies its state when fit starts (apply_optimizer_state).
             with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
                 internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
             self.pending = Pending(optimizer=ParkedOptimizer(values, names))
-            return
-        build_optimizer(model)
-        variables = optimizer_variables(model)
-        check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
-        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
-            internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
-        for value, var in zip(values, variables, strict=True):  # checked above
-            var.assign(value)
+        else:
+            build_optimizer(model)
+            variables = optimizer_variables(model)
+            check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
+            with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+                internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
+            for value, var in zip(values, variables, strict=True):  # checked above
+                var.assign(value)
+        random_state.assign(generators)
+        unsaved = random_state.unsaved(model, rng, where)
+        if unsaved is not None:
+            ops.warning(unsaved)
 
     def apply_optimizer_state(self, parked: ParkedOptimizer, where: str) -> None:
         """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
@@ -225,7 +242,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.ops)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
-        self._inexact = exactness.inexact_causes(self.model, internals.fit_arguments(self.model))  # said at a save
+        fit_args = internals.fit_arguments(self.model)
+        forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
+        self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch

@@ -1,9 +1,11 @@
 """A tf_keras (Keras 2) training job run by ``test_tfk_exactness.py`` in fresh processes, without tf.distribute.
 
-Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR OUT``). ``plain``:
-Dense layers, ``fit(shuffle=False)``; ``defaults``: a ``Dropout`` layer and ``fit``'s default
-``shuffle=True``. PHASE ``kill`` sends itself SIGKILL after the second batch of epoch 3;
-``full`` and ``resume`` run to the end and write the final weights and optimizer variables to OUT.
+Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR OUT``). Every setup calls
+``fit`` with its defaults (``shuffle=True``) and validation data. ``plain``: Dense layers; ``generator``: a
+``Dropout`` layer, after ``tf_keras.backend.experimental.enable_tf_random_generator()``; ``defaults``: a
+``Dropout`` layer as it comes (TF1 stateful kernels). PHASE ``kill`` sends itself SIGKILL after the second
+batch of epoch 3; ``full`` and ``resume`` run to the end and write the final weights and optimizer variables
+to OUT.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ def run(words: list[str]) -> None:
     from candle_ckpt.tf_keras.adapter import CandleCheckpointCallback
 
     setup, phase, directory, out = words[:4]
+    if setup == "generator":
+        tf_keras.backend.experimental.enable_tf_random_generator()
     tf_keras.utils.set_random_seed(1)
     layers = [tf_keras.Input((8,)), tf_keras.layers.Dense(16, activation="relu")]
-    layers += [tf_keras.layers.Dropout(0.2)] if setup == "defaults" else []
+    layers += [tf_keras.layers.Dropout(0.2)] if setup in ("defaults", "generator") else []
     model = tf_keras.Sequential([*layers, tf_keras.layers.Dense(1)])
     model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
     params = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss"}
@@ -46,9 +50,11 @@ def run(words: list[str]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     x, y, _ = data()
-    shuffle = {} if setup == "defaults" else {"shuffle": False}
+    x, y, val = x[:-10], y[:-10], (x[-10:], y[-10:])  # 54 samples: the last batch is a partial one
     callbacks = [KillMidEpoch(), CandleCheckpointCallback(params, logger=None)]
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, **shuffle)
+    model.fit(
+        x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, validation_data=val
+    )
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
     np.savez(out, **arrays)
