@@ -38,11 +38,11 @@ def server(tmp_path_factory):
 def _runs(server, tmp_path: Path, setup: str) -> tuple[np.lib.npyio.NpzFile, np.lib.npyio.NpzFile, list[str]]:
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     lines, status = server.run(setup, "full", str(full), str(full) + ".npz")
-    assert status == 0 and lines[-1] == "done 0", lines
+    assert status == 0 and lines[-1] == "done 0 ran 5", lines
     lines, status = server.run(setup, "kill", str(resumed), str(resumed) + ".npz")
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (lines, status)
     lines, status = server.run(setup, "resume", str(resumed), str(resumed) + ".npz")
-    assert status == 0 and lines[-1] == "done 2", lines
+    assert status == 0 and lines[-1] == "done 2 ran 3", lines
     log = (resumed / "ckpt.log").read_text().splitlines()
     return np.load(str(full) + ".npz"), np.load(str(resumed) + ".npz"), log
 
@@ -66,3 +66,38 @@ def test_tf_keras_with_a_tf1_dropout_says_why_once_per_run(server, tmp_path):
     assert [k for k in a.files if a[k].tobytes() != b[k].tobytes()] != []
     assert [line for line in log if "bit-identical" in line] == [line for line in log if line.endswith(WARNING)]
     assert len([line for line in log if line.endswith(WARNING)]) == 2  # the killed run's and the resumed run's
+
+
+def _files(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``directory`` but ckpt.log and the writer's lock file, with its bytes and mtime."""
+    return {
+        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name not in ("ckpt.log", "lock")
+    }
+
+
+@pytest.mark.parametrize(("setup", "stopped"), [("early_stopping", 3), ("plain", 5)])
+def test_a_finished_tf_keras_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
+    """A tf_keras run that EarlyStopping (after the checkpoint callback in the list) ended after epoch 3 of 5,
+    or that reached its epochs, rerun unchanged in a fresh process: fit begins no epoch, the weights stay
+    bit-identical, no checkpoint file changes and ckpt.log says so in one line naming the checkpoint and how
+    to train on."""
+    directory = tmp_path / "job"
+    lines, status = server.run(setup, "full", str(directory), str(tmp_path / "first.npz"))
+    assert status == 0 and lines[-1] == f"done 0 ran {stopped}", lines
+    before = _files(directory)
+    lines, status = server.run(setup, "resume", str(directory), str(tmp_path / "again.npz"))
+    assert status == 0 and lines[-1] == f"done {stopped} ran 0", lines
+    a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
+    assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
+    assert _files(directory) == before
+    where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
+    if setup == "early_stopping":
+        why, how = "EarlyStopping ended it after epoch 3", "to train on from there on purpose, set ckpt_restart_epoch=3"
+    else:
+        why, how = "its checkpoint is of epoch 5 and fit() was called with epochs=5", "to train on, pass epochs > 5"
+    expected = f"WARNING the run is finished: {why} ({where}); this fit() trains nothing; {how}"
+    log = (directory / "ckpt.log").read_text().splitlines()
+    assert [line for line in log if "run is finished" in line] == [line for line in log if line.endswith(expected)]
+    assert len([line for line in log if line.endswith(expected)]) == 1 and where.is_dir()

@@ -153,7 +153,8 @@ def test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock(tmp_pa
             assert time.monotonic() < deadline, "the lock was not released after the fit raised"
             time.sleep(0.05)
     writer.close()
-    assert writer.epochs() == [1, 2]
+    # Epoch 2's end raised in another callback: the save, taken after every callback's on_epoch_end, never ran.
+    assert writer.epochs() == [1]
     while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # put back on this (the main) thread
         assert time.monotonic() < deadline, "the preemption watcher kept SIGTERM after the fit raised"
         time.sleep(0.05)

@@ -3,9 +3,10 @@
 Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR OUT``). Every setup calls
 ``fit`` with its defaults (``shuffle=True``) and validation data. ``plain``: Dense layers; ``generator``: a
 ``Dropout`` layer, after ``tf_keras.backend.experimental.enable_tf_random_generator()``; ``defaults``: a
-``Dropout`` layer as it comes (TF1 stateful kernels). PHASE ``kill`` sends itself SIGKILL after the second
-batch of epoch 3; ``full`` and ``resume`` run to the end and write the final weights and optimizer variables
-to OUT.
+``Dropout`` layer as it comes (TF1 stateful kernels); ``early_stopping``: ``plain`` with an ``EarlyStopping``
+after the checkpoint callback that ends the run after epoch 3 of 5. PHASE ``kill`` sends itself SIGKILL
+after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final weights and
+optimizer variables to OUT and print ``done START ran N`` (N: the epochs this fit began).
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def run(words: list[str]) -> None:
     say(f"start {start}")
 
     class KillMidEpoch(tf_keras.callbacks.Callback):
+        ran = 0
+
         def on_epoch_begin(self, epoch, logs=None) -> None:
             self.epoch = epoch
+            self.ran += 1
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             if phase == "kill" and self.epoch + 1 == KILL_AT and batch == 1:
@@ -51,14 +55,17 @@ def run(words: list[str]) -> None:
 
     x, y, _ = data()
     x, y, val = x[:-10], y[:-10], (x[-10:], y[-10:])  # 54 samples: the last batch is a partial one
-    callbacks = [KillMidEpoch(), CandleCheckpointCallback(params, logger=None)]
+    kill = KillMidEpoch()
+    callbacks = [kill, CandleCheckpointCallback(params, logger=None)]
+    if setup == "early_stopping":  # no loss is ever 1e9 better than the first: stops once patience runs out
+        callbacks.append(tf_keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=2))
     model.fit(
         x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, validation_data=val
     )
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
     np.savez(out, **arrays)
-    say(f"done {start}")
+    say(f"done {start} ran {kill.ran}")
 
 
 if __name__ == "__main__":
