@@ -47,7 +47,7 @@ def stop_if_finished(
     cfg: CkptConfig,
     epochs: Any,
     where: str,
-    ops: OpsLog,
+    log: OpsLog,
 ) -> bool:
     """At ``on_train_begin``: if the run is finished, make ``fit`` run no epoch and say so in one line."""
     if resumed is None:
@@ -58,7 +58,7 @@ def stop_if_finished(
     line = finished_line(resumed.sidecar, where, ended=ended, epochs=epochs, restart_epoch=cfg.restart_epoch)
     if line is None:
         return False
-    ops.warning(line)
+    log.warning(line)
     if isinstance(epochs, int):
         internals.set_first_epoch(model, epochs)
     return True

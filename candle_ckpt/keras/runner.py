@@ -114,7 +114,7 @@ class JobRunner:
             raise ValueError(f"resume_from_epoch must be an int >= 0 or None; got {resume_from_epoch!r}")
         self.resume_from_epoch = resume_from_epoch
         self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
-        self.ops = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
+        self.log = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
         self.logger, self.verbose = logger, verbose
         self.fs = fs
         self.strategy = strategy
@@ -139,7 +139,7 @@ class JobRunner:
 
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
-    def keep_files(self) -> list[str]:
+    def reads(self) -> list[str]:
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES)
 
     def capture(self, cfg: CkptConfig) -> Capture:
@@ -148,8 +148,8 @@ class JobRunner:
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        self._restored_at = restore_runner(self.objects, self.state, chosen, ops, where)
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
@@ -160,11 +160,11 @@ class JobRunner:
         start = time.perf_counter()
         # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
         chosen = select_checkpoint(
-            self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs, steps=True
+            self.cfg, self.log, reads=self.reads, epoch=self.resume_from_epoch, fs=self.fs, steps=True
         )
         if chosen is None:
             return None
-        self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
+        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start)
         self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
@@ -226,29 +226,22 @@ class JobRunner:
             self.workers = WorkerTrainingState(
                 self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs
             )
-            self.ops, self.engine = self.workers.ops, self.workers.engine  # a non-chief logs to the logger only
+            self.log, self.engine = self.workers.log, self.workers.engine  # a non-chief logs to the logger only
             logs = self._resume()  # every worker loads the chief's choice; the engine adopts it
         else:
             logs = self._resume()
             # The engine is made after the resume: it continues best-tracking from the
             # restored sidecar and protects that checkpoint from pruning.
-            self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         self._sync = self._make_sync()
         done = False
         try:
             if self.resumed_from is None:
-                if self.init_fn is not None:
-                    self.init_fn()
-                for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
-                    o.ensure_built()
-                self.epoch = 0
-                self.engine.save(0, {}, lambda: self._capture(0), reason="init")
-                logs = self._run_epochs(logs)
+                logs = self._fresh_start()
             elif not self._finished(logs):
-                explicit = self.resume_from_epoch is not None or self.cfg.restart_epoch is not None
-                logs = self._run_epochs(None if explicit else logs, asked=True)
+                logs = self._run_epochs(None if self._explicit else logs, asked=True)
             done = True
         finally:
             try:
@@ -260,13 +253,28 @@ class JobRunner:
                     try:
                         self.engine.finish()
                     except Exception as err:
-                        self.ops.warning(f"while stopping after an error: {err}")
+                        self.log.warning(f"while stopping after an error: {err}")
             finally:
                 self._sync.close()
                 self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
         return dict(logs or {})
+
+    def _fresh_start(self) -> Mapping[str, Any] | None:
+        """No checkpoint: ``init_fn``, epoch 0 saved, then the epochs."""
+        if self.init_fn is not None:
+            self.init_fn()
+        for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
+            o.ensure_built()
+        self.epoch = 0
+        self.engine.save(0, {}, lambda: self._capture(0), reason="init")
+        return self._run_epochs(None)
+
+    @property
+    def _explicit(self) -> bool:
+        """The epoch to resume was asked for (``resume_from_epoch``, ``ckpt_restart_epoch``): it trains on."""
+        return self.resume_from_epoch is not None or self.cfg.restart_epoch is not None
 
     def _finished(self, logs: Mapping[str, Any] | None) -> bool:
         """A resumed run that is finished (engine/finished.py): say so in one line; the loop then runs no epoch.
@@ -279,8 +287,7 @@ class JobRunner:
             side = self.workers.resumed.sidecar
         if side is None or self.resumed_step is not None:
             return False  # nothing restored, or a mid-epoch checkpoint: its epoch is not over
-        explicit = self.resume_from_epoch is not None or self.cfg.restart_epoch is not None
-        held = not explicit and logs is not None and any(bool(cond(self.epoch, logs)) for cond in self.conditions)
+        held = not self._explicit and logs is not None and any(bool(cond(self.epoch, logs)) for cond in self.conditions)
         ended = ("a stop condition", self.epoch) if held else None
         limit = min((n for n in self.limits if self.epoch >= n), default=None)
         where = checkpoint_dir(L.Layout.of(self.cfg), side)
@@ -288,7 +295,7 @@ class JobRunner:
             side, where, ended=ended, epochs=limit, call="train()", limit=f"the runner's epoch limit is {limit}"
         )
         if line is not None:
-            self.ops.warning(line)
+            self.log.warning(line)
         return line is not None
 
     def _run_epochs(self, logs: Mapping[str, Any] | None, asked: bool = False) -> Mapping[str, Any] | None:
@@ -317,9 +324,9 @@ class JobRunner:
         if self.workers is not None:
             from candle_ckpt.distributed.agreement import make_controller
 
-            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.ops)
+            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
-            sync = PreemptionController(self.cfg, self.engine, self.ops)
+            sync = PreemptionController(self.cfg, self.engine, self.log)
         sync.arm()
         return sync
 
