@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from jobserver import JobServer
+from testkit import checkpoint_files
 
 pytestmark = pytest.mark.tf_only
 
@@ -68,15 +69,6 @@ def test_tf_keras_with_a_tf1_dropout_says_why_once_per_run(server, tmp_path):
     assert len([line for line in log if line.endswith(WARNING)]) == 2  # the killed run's and the resumed run's
 
 
-def _files(directory: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under ``directory`` but ckpt.log and the writer's lock file, with its bytes and mtime."""
-    return {
-        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name not in ("ckpt.log", "lock")
-    }
-
-
 @pytest.mark.parametrize(("setup", "stopped"), [("early_stopping", 3), ("plain", 5)])
 def test_a_finished_tf_keras_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
     """A tf_keras run that EarlyStopping (after the checkpoint callback in the list) ended after epoch 3 of 5,
@@ -86,12 +78,12 @@ def test_a_finished_tf_keras_run_rerun_trains_nothing(server, tmp_path, setup, s
     directory = tmp_path / "job"
     lines, status = server.run(setup, "full", str(directory), str(tmp_path / "first.npz"))
     assert status == 0 and lines[-1] == f"done 0 ran {stopped}", lines
-    before = _files(directory)
+    before = checkpoint_files(directory)
     lines, status = server.run(setup, "resume", str(directory), str(tmp_path / "again.npz"))
     assert status == 0 and lines[-1] == f"done {stopped} ran 0", lines
     a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
     assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
-    assert _files(directory) == before
+    assert checkpoint_files(directory) == before
     where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
     if setup == "early_stopping":
         why, how = "EarlyStopping ended it after epoch 3", "to train on from there on purpose, set ckpt_restart_epoch=3"

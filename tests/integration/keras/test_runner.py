@@ -19,6 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
+from testkit import checkpoint_files  # noqa: E402
 
 from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
 
@@ -203,15 +204,6 @@ def test_stop_condition_on_logs(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "s" / "ckpts" / "epochs")) == ["000", "001", "002"]
 
 
-def _files(directory: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under ``directory`` but ckpt.log and the writer's lock file, with its bytes and mtime."""
-    return {
-        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name not in ("ckpt.log", "lock")
-    }
-
-
 def test_a_finished_runner_job_rerun_trains_nothing(tmp_path: Path) -> None:
     """A runner job run to its epochs, then the same command again in a fresh process: it restores epoch 3,
     runs no epoch, ends with the same arrays, changes no checkpoint file and ckpt.log says so in one line."""
@@ -219,13 +211,13 @@ def test_a_finished_runner_job_rerun_trains_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     first = subprocess.run([sys.executable, str(JOB), str(d), "3", str(out)], env=env, capture_output=True, text=True)
     assert first.returncode == 0 and "epochs_run=3" in first.stdout, first.stderr[-2000:]
-    before = _files(d)
+    before = checkpoint_files(d)
     rerun = subprocess.run([sys.executable, str(JOB), str(d), "3", str(again)], env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resumed_from=3 init_calls=0 epochs_run=0" in rerun.stdout
     with np.load(out) as a, np.load(again) as b:
         assert_same(dict(a), dict(b))
-    assert _files(d) == before
+    assert checkpoint_files(d) == before
     where = d / "ckpts" / "epochs" / "003"
     expected = (
         f"WARNING the run is finished: its checkpoint is of epoch 3 and the runner's epoch limit is 3 ({where}); "
@@ -256,9 +248,9 @@ def test_a_runner_a_stop_condition_ended_trains_on_only_when_asked(tmp_path: Pat
 
     ran, _ = job()
     assert ran == [0, 1]
-    before = _files(d)
+    before = checkpoint_files(d)
     ran, runner = job()
-    assert ran == [] and runner.epoch == 2 and _files(d) == before
+    assert ran == [] and runner.epoch == 2 and checkpoint_files(d) == before
     where = d / "ckpts" / "epochs" / "002"
     expected = (
         f"WARNING the run is finished: a stop condition ended it after epoch 2 ({where}); this train() trains "
