@@ -3,14 +3,16 @@
 Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR OUT``). Every setup calls
 ``fit`` with its defaults (``shuffle=True``) and validation data. ``plain``: Dense layers; ``generator``: a
 ``Dropout`` layer, after ``tf_keras.backend.experimental.enable_tf_random_generator()``; ``defaults``: a
-``Dropout`` layer as it comes (TF1 stateful kernels); ``early_stopping``: ``plain`` with an ``EarlyStopping``
-after the checkpoint callback that ends the run after epoch 3 of 5. PHASE ``kill`` sends itself SIGKILL
-after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final weights and
-optimizer variables to OUT and print ``done START ran N`` (N: the epochs this fit began).
+``Dropout`` layer as it comes (TF1 stateful kernels); ``mirrored``: ``generator`` under a
+``MirroredStrategy`` of 2 logical CPUs (fit distributes its input); ``early_stopping``: ``plain`` with an
+``EarlyStopping`` after the checkpoint callback that ends the run after epoch 3 of 5. PHASE ``kill`` sends
+itself SIGKILL after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final
+weights and optimizer variables to OUT and print ``done START ran N`` (N: the epochs this fit began).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -30,13 +32,21 @@ def run(words: list[str]) -> None:
     from candle_ckpt.tf_keras.adapter import CandleCheckpointCallback
 
     setup, phase, directory, out = words[:4]
-    if setup == "generator":
+    if setup in ("generator", "mirrored"):
         tf_keras.backend.experimental.enable_tf_random_generator()
+    scope = contextlib.nullcontext()
+    if setup == "mirrored":
+        import tensorflow as tf
+
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        scope = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope()
     tf_keras.utils.set_random_seed(1)
     layers = [tf_keras.Input((8,)), tf_keras.layers.Dense(16, activation="relu")]
-    layers += [tf_keras.layers.Dropout(0.2)] if setup in ("defaults", "generator") else []
-    model = tf_keras.Sequential([*layers, tf_keras.layers.Dense(1)])
-    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
+    layers += [tf_keras.layers.Dropout(0.2)] if setup in ("defaults", "generator", "mirrored") else []
+    with scope:
+        model = tf_keras.Sequential([*layers, tf_keras.layers.Dense(1)])
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-2), loss="mse")
     params = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss"}
     found = candle_ckpt.restart(params, model, logger=None)
     start = found["epoch"] if found else 0
