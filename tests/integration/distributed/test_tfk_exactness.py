@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from jobserver import JobServer
-from testkit import checkpoint_files
+from testkit import assert_said_once, checkpoint_files, finished_line
 
 pytestmark = pytest.mark.tf_only
 
@@ -86,11 +86,6 @@ def test_a_finished_tf_keras_run_rerun_trains_nothing(server, tmp_path, setup, s
     assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
     assert checkpoint_files(directory) == before
     where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
-    if setup == "early_stopping":
-        why, how = "EarlyStopping ended it after epoch 3", "to train on from there on purpose, set ckpt_restart_epoch=3"
-    else:
-        why, how = "its checkpoint is of epoch 5 and fit() was called with epochs=5", "to train on, pass epochs > 5"
-    expected = f"WARNING the run is finished: {why} ({where}); this fit() trains nothing; {how}"
-    log = (directory / "ckpt.log").read_text().splitlines()
-    assert [line for line in log if "run is finished" in line] == [line for line in log if line.endswith(expected)]
-    assert len([line for line in log if line.endswith(expected)]) == 1 and where.is_dir()
+    expected = finished_line(where, stopped, "EarlyStopping" if setup == "early_stopping" else None)
+    assert_said_once(directory / "ckpt.log", expected, "run is finished")
+    assert where.is_dir()

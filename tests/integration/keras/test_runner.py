@@ -19,7 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
-from testkit import checkpoint_files  # noqa: E402
+from testkit import assert_said_once, checkpoint_files  # noqa: E402
 
 from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
 
@@ -223,9 +223,8 @@ def test_a_finished_runner_job_rerun_trains_nothing(tmp_path: Path) -> None:
         f"WARNING the run is finished: its checkpoint is of epoch 3 and the runner's epoch limit is 3 ({where}); "
         "this train() trains nothing; to train on, pass epochs > 3"
     )
-    log = (d / "ckpt.log").read_text().splitlines()
-    assert [line for line in log if "run is finished" in line] == [line for line in log if line.endswith(expected)]
-    assert len([line for line in log if line.endswith(expected)]) == 1 and where.is_dir()
+    assert_said_once(d / "ckpt.log", expected, "run is finished")
+    assert where.is_dir()
 
 
 def test_a_runner_a_stop_condition_ended_trains_on_only_when_asked(tmp_path: Path) -> None:
@@ -256,9 +255,7 @@ def test_a_runner_a_stop_condition_ended_trains_on_only_when_asked(tmp_path: Pat
         f"WARNING the run is finished: a stop condition ended it after epoch 2 ({where}); this train() trains "
         "nothing; to train on from there on purpose, set ckpt_restart_epoch=2"
     )
-    assert [line for line in (d / "ckpt.log").read_text().splitlines() if "run is finished" in line] == [
-        line for line in (d / "ckpt.log").read_text().splitlines() if line.endswith(expected)
-    ]
+    assert_said_once(d / "ckpt.log", expected, "run is finished")
     ran, runner = job(ckpt_restart_epoch=2)
     assert ran == [2] and runner.resumed_from == 2 and runner.epoch == 3
 
