@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from candle_ckpt.keras import dataset_attrs, internals, rng_state
+from candle_ckpt.engine import dataset_attrs
+from candle_ckpt.keras import internals, rng_state
 from candle_ckpt.keras.callback_state import has_protocol
 
 _ITER_PREFIX = "pipe.iterator."
@@ -93,7 +94,7 @@ class Pipeline:
                 if has_protocol(self.dataset) or not _overrides_epoch_end(self.dataset):
                     end()
                 else:
-                    dataset_attrs.watch(self.dataset, end, self.changed, self.warn)
+                    dataset_attrs.watch(self.dataset, end, self.changed, self.warn, _pydataset_base())
 
             self.adapter.on_epoch_end = on_epoch_end
         elif self.kind not in ("arrays", "generator"):
@@ -142,7 +143,7 @@ class Pipeline:
                 doc["state"] = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
                 arrays.update({f"pipe.state.{k}": v for k, v in state.items() if isinstance(v, np.ndarray)})
             elif _overrides_epoch_end(self.dataset):
-                doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed)
+                doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed, _pydataset_base())
                 arrays.update(more)
         return doc, arrays
 
@@ -202,3 +203,10 @@ def _overrides_epoch_end(dataset: Any) -> bool:
     import keras
 
     return type(dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
+
+
+def _pydataset_base() -> set[str]:
+    """The attributes ``keras.utils.PyDataset.__init__`` sets (workers, queue size): not the dataset's state."""
+    import keras
+
+    return set(vars(keras.utils.PyDataset()))

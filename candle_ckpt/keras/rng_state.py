@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
+from candle_ckpt.engine.state_file import capture_rng, restore_rng
 from candle_ckpt.keras import internals
 
 # The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
 # arrays go in the npz under these names.
-_NP_KEY = "rng.numpy.keys"
 _TF_KEY = "rng.tf_global.state"
 _KERAS_KEY = "rng.keras.state"
 TORCH_PREFIX = "rng.torch."
@@ -61,12 +61,7 @@ def _tf_loaded() -> bool:
 
 def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Return (JSON-able document, arrays) of every global RNG state that exists now."""
-    version, internal, gauss = random.getstate()
-    doc: dict[str, Any] = {"python": [version, list(internal), gauss]}
-    arrays: dict[str, np.ndarray] = {}
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    doc["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
-    arrays[_NP_KEY] = np.array(keys, copy=True)
+    doc, arrays = capture_rng()  # Python's random and NumPy's
     if _tf_loaded():  # TensorFlow's states exist only once it is imported (never on a JAX/torch job without it)
         rng = internals.tf_op_seed_rng()
         if isinstance(rng, random.Random):
@@ -104,11 +99,7 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
             v, s, g = doc["tf_op_seed"]
             rng.setstate((v, tuple(s), g))
             done.append("tf_op_seed")
-    version, internal, gauss = doc["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, pos, has_gauss, cached = doc["numpy"]
-    np.random.set_state((name, arrays[_NP_KEY], pos, has_gauss, cached))
-    done += ["python", "numpy"]
+    done += restore_rng(doc, arrays)
     done += backend_restore(arrays)
     return done
 

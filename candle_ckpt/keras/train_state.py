@@ -25,40 +25,16 @@ steps already done, and then puts the second back
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from candle_ckpt.engine.state_file import TRAIN_STATE_FILE, pack, unpack
 from candle_ckpt.keras import callback_state, rng_state
 from candle_ckpt.keras.pipeline_state import Pipeline
 
-TRAIN_STATE_FILE = "train.state.npz"
-_DOC = "__doc__"
-
-
-def pack(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Serialize a document and its arrays as one compressed ``.npz`` (no pickle).
-
-    The document is compact JSON stored as its UTF-8 bytes (``uint8``): a NumPy
-    string array would take 4 bytes a character.
-    """
-    text = json.dumps(doc, separators=(",", ":"))
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{_DOC: np.frombuffer(text.encode("utf-8"), np.uint8)}, **arrays)
-    return buf.getvalue()
-
-
-def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Inverse of :func:`pack`; also reads the first form, the JSON as a NumPy string (before issue 27)."""
-    with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as npz:
-        raw = npz[_DOC]
-        text = raw.tobytes().decode("utf-8") if raw.dtype == np.uint8 else str(raw)
-        doc = json.loads(text)
-        arrays = {k: npz[k] for k in npz.files if k != _DOC}
-    return doc, arrays
+__all__ = ["TRAIN_STATE_FILE", "TrainState", "pack", "unpack"]
 
 
 class TrainState:

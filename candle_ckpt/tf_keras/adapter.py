@@ -16,7 +16,10 @@ protocol (``work/``, CRC32s, sidecar, links):
 * ``model.h5`` unless ``ckpt_save_weights_only``: the full model
   (``tf_keras.models.load_model`` reads it; without the optimizer);
 * ``random_layers.npz`` when random layers draw from ``tf.random.Generator``
-  states (:mod:`~candle_ckpt.tf_keras.random_state`).
+  states (:mod:`~candle_ckpt.tf_keras.random_state`);
+* ``train.state.npz``: the global RNGs, the other callbacks' state, a
+  ``Sequence``'s attributes and the learning rate
+  (:mod:`~candle_ckpt.tf_keras.train_state`).
 
 A resumed ``fit`` on arrays reads the batches the uninterrupted one would
 (``internals.fast_forward_input``): tf_keras's default ``shuffle=True`` resumes exactly.
@@ -40,6 +43,7 @@ import tf_keras
 import candle_ckpt.tf_keras.exactness as exactness
 import candle_ckpt.tf_keras.internals as internals
 import candle_ckpt.tf_keras.random_state as random_state
+import candle_ckpt.tf_keras.train_state as train_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
@@ -82,7 +86,7 @@ def _bytes_writer(data: bytes):
 class TfKerasModelAdapter:
     """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
 
-    reads = (WEIGHTS_FILE, OPTIMIZER_FILE, random_state.RANDOM_FILE)
+    reads = (WEIGHTS_FILE, OPTIMIZER_FILE, random_state.RANDOM_FILE, train_state.TRAIN_STATE_FILE)
     required = (WEIGHTS_FILE, OPTIMIZER_FILE)
 
     def __init__(self, model) -> None:
@@ -91,6 +95,8 @@ class TfKerasModelAdapter:
         self.pending = Pending()
         # (callback, completed epochs) when a callback ended the run at the epoch being saved (engine/finished.py).
         self.finished: tuple[str, int] | None = None
+        # The training state beside the weights; the callback binds it to its fit (tf_keras/train_state.py).
+        self.train: train_state.TfTrainState | None = None
 
     def capture(self, cfg: CkptConfig) -> Capture:
         """Serialize on the calling thread (the training thread), so the next step cannot change it."""
@@ -112,6 +118,10 @@ class TfKerasModelAdapter:
         if rng is not None:
             files.append(FileSpec(random_state.RANDOM_FILE, _bytes_writer(rng)))
             nbytes += len(rng)
+        if self.train is not None:
+            state = self.train.capture(model)
+            files.append(FileSpec(train_state.TRAIN_STATE_FILE, _bytes_writer(state)))
+            nbytes += len(state)
         if not cfg.save_weights_only:
             full = _h5_bytes(lambda h5: internals.save_model_to_h5(h5, model))
             files.append(FileSpec(FULL_MODEL_FILE, _bytes_writer(full)))
@@ -147,7 +157,8 @@ class TfKerasModelAdapter:
         with np.load(io.BytesIO(contents[OPTIMIZER_FILE]), allow_pickle=False) as npz:
             names = [str(n) for n in npz["names"]]
             values = [npz[f"v{i}"] for i in range(len(names))]
-        self.pending = Pending()
+        train = contents.get(train_state.TRAIN_STATE_FILE)
+        self.pending = Pending(train_state=bytes(train) if train is not None else None)
         rng = contents.get(random_state.RANDOM_FILE)
         generators = random_state.check(model, bytes(rng) if rng is not None else None, where)
         if getattr(model, "optimizer", None) is None:
@@ -155,7 +166,7 @@ class TfKerasModelAdapter:
             # callback applies its state when fit starts (apply_optimizer_state).
             with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
                 internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
-            self.pending = Pending(optimizer=ParkedOptimizer(values, names))
+            self.pending.optimizer = ParkedOptimizer(values, names)
         else:
             build_optimizer(model)
             variables = optimizer_variables(model)
@@ -217,6 +228,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._unhook = None  # undoes the save after every callback's on_epoch_end (internals.after_epoch_end)
         self._callbacks: list[Any] = []  # the other callbacks of this fit
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (engine/finished.py)
+        self._restore_callbacks: bytes | None = None  # train.state.npz, until the first on_epoch_begin
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -254,7 +266,20 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
         self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
         self._hook_epoch_end(hook)
+        self._bind_train_state(resumed, fit_args)
         self._finished = self._stop_if_finished(side)
+
+    def _bind_train_state(self, resumed, fit_args) -> None:
+        """Bind ``train.state.npz`` to this fit; after a restore, put back what must precede the first epoch."""
+        adapter = self.state.adapter
+        if adapter.train is None:
+            adapter.train = train_state.TfTrainState(self.state.log.warning)
+        adapter.train.bind(self._callbacks, fit_args)
+        data = resumed.pending.take_train_state() if resumed is not None else None
+        self._restore_callbacks = data  # at the first on_epoch_begin, after every callback's on_train_begin
+        if data is not None:
+            done = adapter.train.restore_input(data, self.model, epoch_end=resumed.sidecar.step is None)
+            self.state.log.info(f"restart: restored {', '.join(done) or 'nothing'} of {train_state.TRAIN_STATE_FILE}")
 
     def _hook_epoch_end(self, hook) -> None:
         """Save after every callback's on_epoch_end (EarlyStopping's decision included), whatever the order."""
@@ -281,6 +306,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
+        data, self._restore_callbacks = self._restore_callbacks, None
+        if data is not None:
+            done = self.state.adapter.train.restore_callbacks(data)
+            self.state.log.info(f"restart: restored the state of callbacks {', '.join(done) or '(none)'}")
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         # Every worker, every step: all agree on a preemption at the same step and save it there.
@@ -355,6 +384,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         return None
 
     def _unhook_fit(self) -> None:
+        if self.state is not None and self.state.adapter.train is not None:
+            self.state.adapter.train.unbind()
         if self._unhook is not None:
             self._unhook()
             self._unhook = None

@@ -1,5 +1,8 @@
 """Issue 26 item 3: a tf_keras job SIGKILLed in the middle of epoch 3 and resumed, in fresh processes.
 
+The global RNGs (a ``Sequence`` shuffled with ``np.random``) and the state of ``EarlyStopping`` and
+``ReduceLROnPlateau`` resume too (``train.state.npz``).
+
 ``fit`` runs with its defaults (``shuffle=True``) and validation data. Without random layers, or with
 a ``Dropout`` under ``enable_tf_random_generator()``, the resumed run is bit-identical. A ``Dropout``
 as it comes draws from TF1 stateful kernels, whose state cannot be saved: the checkpoint log says so
@@ -36,14 +39,16 @@ def server(tmp_path_factory):
     srv.close()
 
 
-def _runs(server, tmp_path: Path, setup: str) -> tuple[np.lib.npyio.NpzFile, np.lib.npyio.NpzFile, list[str]]:
+def _runs(
+    server, tmp_path: Path, setup: str, ran: tuple[int, int] = (5, 3)
+) -> tuple[np.lib.npyio.NpzFile, np.lib.npyio.NpzFile, list[str]]:
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     lines, status = server.run(setup, "full", str(full), str(full) + ".npz")
-    assert status == 0 and lines[-1] == "done 0 ran 5", lines
+    assert status == 0 and lines[-1] == f"done 0 ran {ran[0]}", lines
     lines, status = server.run(setup, "kill", str(resumed), str(resumed) + ".npz")
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (lines, status)
     lines, status = server.run(setup, "resume", str(resumed), str(resumed) + ".npz")
-    assert status == 0 and lines[-1] == "done 2 ran 3", lines
+    assert status == 0 and lines[-1] == f"done 2 ran {ran[1]}", lines
     log = (resumed / "ckpt.log").read_text().splitlines()
     return np.load(str(full) + ".npz"), np.load(str(resumed) + ".npz"), log
 
@@ -59,6 +64,20 @@ def test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical(ser
     assert not [line for line in log if "bit-identical" in line]
     saved = tmp_path / "resumed" / "ckpts" / "epochs" / "002" / "random_layers.npz"
     assert saved.is_file() == (setup != "plain")
+
+
+@pytest.mark.parametrize(("setup", "ran"), [("sequence", (5, 3)), ("plateau", (4, 2))])
+def test_tf_keras_global_rngs_and_callback_state_resume_bit_identical(server, tmp_path, setup, ran):
+    """Killed in epoch 3 and resumed after epoch 2, bit-identical: a Sequence input that fit reorders with
+    Python's random and that shuffles its index with np.random.shuffle in on_epoch_end (``sequence``), and an
+    EarlyStopping in the middle of its patience and a ReduceLROnPlateau that has lowered the rate (``plateau``:
+    EarlyStopping stops after epoch 4 in both runs, and the rate is halved after epochs 2, 3 and 4 in both)."""
+    a, b, log = _runs(server, tmp_path, setup, ran)
+    assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
+    if setup == "plateau":
+        assert a["lr"] == b["lr"] == np.float32(1e-2) / 8
+    assert not [line for line in log if "bit-identical" in line]
+    assert (tmp_path / "resumed" / "ckpts" / "epochs" / "002" / "train.state.npz").is_file()
 
 
 def test_tf_keras_with_a_tf1_dropout_says_why_once_per_run(server, tmp_path):

@@ -5,9 +5,14 @@ Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR 
 ``Dropout`` layer, after ``tf_keras.backend.experimental.enable_tf_random_generator()``; ``defaults``: a
 ``Dropout`` layer as it comes (TF1 stateful kernels); ``mirrored``: ``generator`` under a
 ``MirroredStrategy`` of 2 logical CPUs (fit distributes its input); ``early_stopping``: ``plain`` with an
-``EarlyStopping`` after the checkpoint callback that ends the run after epoch 3 of 5. PHASE ``kill`` sends
+``EarlyStopping`` after the checkpoint callback that ends the run after epoch 3 of 5; ``plateau``: ``plain``
+with an ``EarlyStopping`` (patience 3, ends the run after epoch 4, in the middle of its patience at the kill) and a
+``ReduceLROnPlateau`` (patience 1, halves the rate after epochs 2, 3 and 4: a resumed run needs its best loss and
+the rate it set); ``sequence``: a
+``tf_keras.utils.Sequence`` that shuffles its index in place with ``np.random.shuffle`` in ``on_epoch_end`` (fit
+also shuffles its batch order with Python's ``random``). PHASE ``kill`` sends
 itself SIGKILL after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final
-weights and optimizer variables to OUT and print ``done START ran N`` (N: the epochs this fit began).
+weights, optimizer variables and learning rate to OUT and print ``done START ran N`` (N: the epochs this fit began).
 """
 
 from __future__ import annotations
@@ -67,15 +72,48 @@ def run(words: list[str]) -> None:
     x, y, val = x[:-10], y[:-10], (x[-10:], y[-10:])  # 54 samples: the last batch is a partial one
     kill = KillMidEpoch()
     callbacks = [kill, CandleCheckpointCallback(params, logger=None)]
-    if setup == "early_stopping":  # no loss is ever 1e9 better than the first: stops once patience runs out
-        callbacks.append(tf_keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=2))
-    model.fit(
-        x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, validation_data=val
-    )
+    if setup in ("early_stopping", "plateau"):  # no loss is ever 1e9 better than the first: patience runs out
+        callbacks.append(
+            tf_keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=setup_patience(setup))
+        )
+    if setup == "plateau":
+        callbacks.append(tf_keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=1e9, patience=1, factor=0.5))
+    inputs = {"x": x, "y": y, "batch_size": BATCH}
+    if setup == "sequence":
+        inputs = {"x": shuffling_sequence(x, y)}
+    model.fit(**inputs, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, validation_data=val)
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
+    arrays["lr"] = np.asarray(model.optimizer.learning_rate.numpy())
     np.savez(out, **arrays)
     say(f"done {start} ran {kill.ran}")
+
+
+def setup_patience(setup: str) -> int:
+    """EarlyStopping's patience: 2 ends ``early_stopping`` after epoch 3, 3 ends ``plateau`` after epoch 4."""
+    return 3 if setup == "plateau" else 2
+
+
+def shuffling_sequence(x, y):
+    """A ``Sequence`` of 3 batches that shuffles its index in place at every epoch end (most Keras 2 examples)."""
+    import numpy as np
+    import tf_keras
+
+    class Shuffling(tf_keras.utils.Sequence):
+        def __init__(self) -> None:
+            self.index = np.random.permutation(len(x))[: 3 * BATCH]
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i):
+            rows = self.index[i * BATCH : (i + 1) * BATCH]
+            return x[rows], y[rows]
+
+        def on_epoch_end(self) -> None:
+            np.random.shuffle(self.index)  # depends on every earlier shuffle
+
+    return Shuffling()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from candle_ckpt.keras import dataset_attrs
+from candle_ckpt.engine import dataset_attrs
+
+BASE = set(vars(keras.utils.PyDataset()))  # what PyDataset.__init__ sets: not the dataset's state
 
 
 class Shuffling(keras.utils.PyDataset):
@@ -38,8 +40,8 @@ def test_saves_the_index_what_on_epoch_end_changes_and_not_the_data(tmp_path) ->
     restored into a fresh dataset they are equal and x is untouched; the rebound object is named in a warning."""
     np.random.seed(0)
     ds, changed, said = Shuffling(), set(), []
-    dataset_attrs.watch(ds, ds.on_epoch_end, changed, said.append)
-    doc, arrays = dataset_attrs.capture(ds, changed)
+    dataset_attrs.watch(ds, ds.on_epoch_end, changed, said.append, BASE)
+    doc, arrays = dataset_attrs.capture(ds, changed, BASE)
     assert sorted(arrays) == ["pipe.attr.index", "pipe.attr.weights"]
     assert sorted(doc["json"]) == ["epochs_seen", "names"]
     assert doc["changed"] == ["epochs_seen", "index", "table", "weights"]

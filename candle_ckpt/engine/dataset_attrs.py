@@ -1,4 +1,5 @@
-"""The small attributes of a ``PyDataset`` without ``get_state()``, saved so that a resumed run continues them.
+"""The small attributes of a ``PyDataset`` (or tf_keras ``Sequence``) without ``get_state()``, saved so that a
+resumed run continues them.
 
 Most Keras examples shuffle in place: ``np.random.shuffle(self.index)`` in
 ``on_epoch_end``. The order of epoch N then depends on every shuffle before
@@ -39,13 +40,6 @@ _INDEX_KINDS = "biu"  # index-like arrays: always saved
 _SAMPLES = 4096
 
 
-def _base_names() -> set[str]:
-    """The attributes ``keras.utils.PyDataset.__init__`` sets (workers, queue size): not the dataset's state."""
-    import keras
-
-    return set(vars(keras.utils.PyDataset()))
-
-
 def _json_value(value: Any) -> Any:
     """``value`` as JSON text if it is a small JSON value, else None."""
     if isinstance(value, (bool, int, float, str, type(None), list, tuple, dict)):
@@ -63,14 +57,14 @@ def _saveable(value: Any) -> bool:
     return _json_value(value) is not None
 
 
-def capture(dataset: Any, changed: set[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def capture(dataset: Any, changed: set[str], base: set[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Return (document, arrays) with the dataset's state (copies: the save may be written later).
 
     Args:
-        dataset: The ``PyDataset``.
+        dataset: The ``PyDataset`` (Keras 3) or ``Sequence`` (tf_keras).
         changed: Attributes that ``on_epoch_end`` has rebound or changed in place (see :func:`watch`).
+        base: The attributes the framework's base class sets (workers, queue size): not the dataset's state.
     """
-    base = _base_names()
     doc: dict[str, Any] = {"json": {}, "tuples": [], "changed": sorted(changed)}
     arrays: dict[str, np.ndarray] = {}
     for name, value in vars(dataset).items():
@@ -123,12 +117,14 @@ def _fingerprint(value: Any) -> Any:
     return (id(value), value.shape, value.dtype.str, zlib.crc32(sample.view(np.uint8) if sample.size else b""))
 
 
-def watch(dataset: Any, call: Callable[[], None], changed: set[str], warn: Callable[[str], None]) -> None:
+def watch(
+    dataset: Any, call: Callable[[], None], changed: set[str], warn: Callable[[str], None], base: set[str]
+) -> None:
     """Run ``dataset.on_epoch_end`` (``call``); add what it rebinds or changes in place to ``changed``, and
-    warn (the caller says each message once) if that is an attribute :func:`capture` cannot save."""
+    warn (the caller says each message once) if that is an attribute :func:`capture` cannot save
+    (``base``: as for :func:`capture`)."""
     before = {name: _fingerprint(value) for name, value in vars(dataset).items()}
     call()
-    base = _base_names()
     now = {n for n, value in vars(dataset).items() if n not in base and before.get(n) != _fingerprint(value)}
     changed |= now
     lost = sorted(name for name in now if not _saveable(getattr(dataset, name)))
