@@ -5,8 +5,11 @@ small ``.npz`` (a JSON document plus arrays, :func:`pack` / :func:`unpack`):
 :mod:`candle_ckpt.keras.train_state` for Keras 3 and
 :mod:`candle_ckpt.tf_keras.train_state` for tf_keras. Each holds, under
 ``rng``, at least Python's ``random`` and NumPy's legacy global
-``np.random`` (:func:`capture_rng` / :func:`restore_rng`); the Keras 3
-adapter adds TensorFlow's, Keras's and torch's global generators
+``np.random`` (:func:`capture_rng` / :func:`restore_rng`), and
+TensorFlow's global ``tf.random.Generator`` once one exists
+(:func:`capture_generator` / :func:`restore_generator`, given by each
+adapter's gateway to TensorFlow); the Keras 3 adapter adds the op-seed
+counter, Keras's and torch's global generators
 (:mod:`candle_ckpt.keras.rng_state`). Capture copies (a few KB); it never
 draws a number, so saving does not change the run.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,7 @@ import numpy as np
 TRAIN_STATE_FILE = "train.state.npz"
 _DOC = "__doc__"
 _NP_KEY = "rng.numpy.keys"
+_TF_KEY = "rng.tf_global.state"
 
 
 def pack(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -62,3 +67,22 @@ def restore_rng(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]
     name, pos, has_gauss, cached = doc["numpy"]
     np.random.set_state((name, arrays[_NP_KEY], pos, has_gauss, cached))
     return ["python", "numpy"]
+
+
+def capture_generator(gen: Any, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Add the state of TensorFlow's global generator ``gen`` (None: there is none yet) to ``doc`` and ``arrays``."""
+    if gen is not None:
+        doc["tf_global"] = {"algorithm": int(gen.algorithm)}
+        arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
+
+
+def restore_generator(get: Callable[[], Any], doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
+    """Reset the global generator (``get()``: ``tf.random.get_global_generator``) to the state
+    :func:`capture_generator` saved, if any and of the same algorithm; return ``["tf_global"]`` if set."""
+    if "tf_global" not in doc or _TF_KEY not in arrays:
+        return []
+    gen = get()
+    if int(gen.algorithm) != int(doc["tf_global"]["algorithm"]):
+        return []
+    gen.reset(arrays[_TF_KEY])
+    return ["tf_global"]

@@ -42,12 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from candle_ckpt.engine.state_file import capture_rng, restore_rng
+from candle_ckpt.engine.state_file import capture_generator, capture_rng, restore_generator, restore_rng
 from candle_ckpt.keras import internals
 
 # The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
 # arrays go in the npz under these names.
-_TF_KEY = "rng.tf_global.state"
 _KERAS_KEY = "rng.keras.state"
 TORCH_PREFIX = "rng.torch."
 TORCH_CPU_KEY = TORCH_PREFIX + "cpu"
@@ -67,10 +66,7 @@ def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if isinstance(rng, random.Random):
             v, s, g = rng.getstate()
             doc["tf_op_seed"] = [v, list(s), g]
-        gen = internals.tf_global_generator()
-        if gen is not None:
-            doc["tf_global"] = {"algorithm": int(gen.algorithm)}
-            arrays[_TF_KEY] = np.array(gen.state.numpy(), copy=True)
+        capture_generator(internals.tf_global_generator(), doc, arrays)
     kgen = internals.keras_global_seed_generator(create=False)
     if kgen is not None:
         doc["keras"] = True
@@ -86,13 +82,10 @@ def restore(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
         # Creating Keras's global generator draws from Python's random: do it first.
         internals.keras_global_seed_generator(create=True).state.assign(arrays[_KERAS_KEY])
         done.append("keras")
-    if "tf_global" in doc and _TF_KEY in arrays and _tf_loaded():
+    if _tf_loaded():
         import tensorflow as tf
 
-        gen = tf.random.get_global_generator()
-        if int(gen.algorithm) == int(doc["tf_global"]["algorithm"]):
-            gen.reset(arrays[_TF_KEY])
-            done.append("tf_global")
+        done += restore_generator(tf.random.get_global_generator, doc, arrays)
     if "tf_op_seed" in doc and _tf_loaded():
         rng = internals.tf_op_seed_rng()
         if isinstance(rng, random.Random):

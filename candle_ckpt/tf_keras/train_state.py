@@ -6,8 +6,9 @@ same framework-free parts (:mod:`candle_ckpt.engine.state_file`,
 :mod:`candle_ckpt.engine.dataset_attrs`). Each epoch checkpoint holds:
 
 * ``rng``: Python's ``random`` (tf_keras shuffles a ``Sequence``'s batch
-  order with it) and NumPy's global state (``np.random.shuffle`` in
-  ``on_epoch_end``);
+  order with it), NumPy's global state (``np.random.shuffle`` in
+  ``on_epoch_end``) and TensorFlow's global ``tf.random.Generator`` once one
+  exists;
 * ``callbacks``: ``EarlyStopping``'s and ``ReduceLROnPlateau``'s counters
   and best values, ``ModelCheckpoint``'s best, ``CSVLogger``'s file size,
   and the ``get_state()`` of any callback that has one (the Keras 3 rule);
@@ -33,9 +34,18 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.engine import dataset_attrs
 from candle_ckpt.engine.callback_state import CallbackRule
-from candle_ckpt.engine.state_file import TRAIN_STATE_FILE, capture_rng, pack, restore_rng, unpack
+from candle_ckpt.engine.state_file import (
+    TRAIN_STATE_FILE,
+    capture_generator,
+    capture_rng,
+    pack,
+    restore_generator,
+    restore_rng,
+    unpack,
+)
 
 __all__ = ["TRAIN_STATE_FILE", "TfTrainState"]
 
@@ -113,6 +123,7 @@ class TfTrainState:
                 )
         doc: dict[str, Any] = {}
         doc["rng"], arrays = capture_rng()
+        capture_generator(internals.tf_global_generator(), doc["rng"], arrays)
         doc["callbacks"], more = RULE.capture(self.callbacks)
         arrays.update(more)
         if self.sequence is not None:
@@ -139,6 +150,7 @@ class TfTrainState:
         if seq is not None and "sequence" in doc:
             done += [f"{type(seq).__name__}.{n}" for n in dataset_attrs.restore(seq, doc["sequence"], arrays)]
         done += [f"rng:{name}" for name in restore_rng(doc["rng"], arrays)]
+        done += [f"rng:{name}" for name in restore_generator(tf.random.get_global_generator, doc["rng"], arrays)]
         if seq is not None:
             seq.on_epoch_end()
             done.append(f"{type(seq).__name__}.on_epoch_end() replayed")

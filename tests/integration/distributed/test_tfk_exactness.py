@@ -69,7 +69,8 @@ def test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical(ser
 @pytest.mark.parametrize(("setup", "ran"), [("sequence", (5, 3)), ("plateau", (4, 2))])
 def test_tf_keras_global_rngs_and_callback_state_resume_bit_identical(server, tmp_path, setup, ran):
     """Killed in epoch 3 and resumed after epoch 2, bit-identical: a Sequence input that fit reorders with
-    Python's random and that shuffles its index with np.random.shuffle in on_epoch_end (``sequence``), and an
+    Python's random and whose on_epoch_end shuffles its index with np.random.shuffle and draws from TensorFlow's
+    global generator (``sequence``), and an
     EarlyStopping in the middle of its patience and a ReduceLROnPlateau that has lowered the rate (``plateau``:
     EarlyStopping stops after epoch 4 in both runs, and the rate is halved after epochs 2, 3 and 4 in both)."""
     a, b, log = _runs(server, tmp_path, setup, ran)

@@ -9,8 +9,9 @@ Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR 
 with an ``EarlyStopping`` (patience 3, ends the run after epoch 4, in the middle of its patience at the kill) and a
 ``ReduceLROnPlateau`` (patience 1, halves the rate after epochs 2, 3 and 4: a resumed run needs its best loss and
 the rate it set); ``sequence``: a
-``tf_keras.utils.Sequence`` that shuffles its index in place with ``np.random.shuffle`` in ``on_epoch_end`` (fit
-also shuffles its batch order with Python's ``random``). PHASE ``kill`` sends
+``tf_keras.utils.Sequence`` that shuffles its index in place with ``np.random.shuffle`` and draws a target shift
+from TensorFlow's global generator in ``on_epoch_end`` (fit also shuffles its batch order with Python's
+``random``). PHASE ``kill`` sends
 itself SIGKILL after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final
 weights, optimizer variables and learning rate to OUT and print ``done START ran N`` (N: the epochs this fit began).
 """
@@ -95,23 +96,29 @@ def setup_patience(setup: str) -> int:
 
 
 def shuffling_sequence(x, y):
-    """A ``Sequence`` of 3 batches that shuffles its index in place at every epoch end (most Keras 2 examples)."""
+    """A ``Sequence`` of 3 batches that shuffles its index in place at every epoch end (most Keras 2 examples)
+    and shifts the targets by a number drawn from TensorFlow's global generator."""
     import numpy as np
+    import tensorflow as tf
     import tf_keras
+
+    tf.random.set_global_generator(tf.random.Generator.from_seed(7))
 
     class Shuffling(tf_keras.utils.Sequence):
         def __init__(self) -> None:
             self.index = np.random.permutation(len(x))[: 3 * BATCH]
+            self.shift = 0.0
 
         def __len__(self) -> int:
             return 3
 
         def __getitem__(self, i):
             rows = self.index[i * BATCH : (i + 1) * BATCH]
-            return x[rows], y[rows]
+            return x[rows], y[rows] + self.shift
 
         def on_epoch_end(self) -> None:
             np.random.shuffle(self.index)  # depends on every earlier shuffle
+            self.shift = float(tf.random.get_global_generator().uniform(()))
 
     return Shuffling()
 
