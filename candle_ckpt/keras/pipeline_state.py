@@ -17,7 +17,7 @@ run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
 * **keras.utils.PyDataset**: one with ``get_state()`` / ``set_state()`` gets
   its state back. One without them that overrides ``on_epoch_end`` gets its
   small attributes back as they were at the save, after that epoch's
-  ``on_epoch_end`` (:mod:`candle_ckpt.keras.dataset_attrs`): exact for an
+  ``on_epoch_end`` (:mod:`candle_ckpt.engine.dataset_attrs`): exact for an
   index shuffled in place (``np.random.shuffle(self.index)``) as for a fresh
   permutation. (Checkpoints of earlier releases replay the last
   ``on_epoch_end`` with the global RNG states it drew from.)
