@@ -41,8 +41,8 @@ from candle_ckpt.engine.resume import (
     select_checkpoint,
 )
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.capture import KerasModelAdapter
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.adapter import KerasModelAdapter
+from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
@@ -53,14 +53,14 @@ class GroupModelAdapter:
 
     def __init__(self, model: Any, group: Group, name: str) -> None:
         self.model, self.group, self.name = model, group, name
-        self.keep_files = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.keep_files)))
+        self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.reads)))
         self.pending = Pending()
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        kept = chosen.kept
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        contents = chosen.contents
         if chosen.sidecar.model_file != MANIFEST:  # a one-process checkpoint: every process loads the same file
             one = KerasModelAdapter(self.model)
-            one.restore(chosen, ops, where)
+            one.restore(chosen, log, where)
             self.pending = one.pending
             self.group.barrier(f"{self.name}/loaded", group_timeout())
             return
@@ -68,7 +68,7 @@ class GroupModelAdapter:
         def agree(ok: bool) -> bool:
             return self.group.all_agree(f"{self.name}/read", ok, group_timeout())
 
-        self.pending = load_sharded(self.model, kept, where, ops, self.group.rank, agree)
+        self.pending = load_sharded(self.model, contents, where, log, self.group.rank, agree)
 
 
 def _choice(chosen: Chosen | None) -> str:
@@ -78,7 +78,7 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
-def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
+def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
@@ -92,20 +92,20 @@ def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], needed: Ca
                 "(is ckpt_directory on a file system shared by every process?)"
             )
     if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
-        reads = needed(where)
-        kept = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in reads}),
-                                  keep=keep, mapped=True)  # fmt: skip
+        wanted = needed(where)
+        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in wanted}),
+                                      reads=reads, mapped=True)  # fmt: skip
     else:
-        kept = store.verify_files(where, side, keep=keep, mapped=True)
-    return Chosen(int(epoch), side, kept)
+        contents = store.verify_files(where, side, reads=reads, mapped=True)
+    return Chosen(int(epoch), side, contents)
 
 
 def agree_on_checkpoint(
     cfg: CkptConfig,
-    ops: OpsLog,
+    log: OpsLog,
     group: Group,
     name: str,
-    keep: tuple[str, ...],
+    reads: tuple[str, ...],
     needed: Callable[[str], set[str]],
     epoch: int | None = None,
 ) -> Chosen | None:
@@ -113,7 +113,7 @@ def agree_on_checkpoint(
 
     Args:
         name: This restore's meeting point prefix (:func:`~candle_ckpt.engine.group_commit.meeting`).
-        keep: The files this process loads into memory.
+        reads: The files this process loads into memory.
         needed: ``needed(where)``: the files of the sharded checkpoint ``where`` this process reads.
         epoch: Exactly this epoch (``ckpt_restart_epoch`` otherwise), as ``select_checkpoint``.
 
@@ -126,7 +126,7 @@ def agree_on_checkpoint(
     chosen, said = None, None
     if group.rank == 0:
         try:
-            chosen = select_checkpoint(cfg, ops, keep=keep, epoch=epoch, mapped=True, steps=True)
+            chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True)
             said = _choice(chosen)
         except Exception as err:  # told to the others before raising, so none waits for nothing
             said = f"error:{err}"
@@ -140,7 +140,7 @@ def agree_on_checkpoint(
     failure = None
     if chosen is None:
         try:
-            chosen = _verify_choice(cfg, said, keep, needed)
+            chosen = _verify_choice(cfg, said, reads, needed)
         except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
             failure = err
     if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
@@ -157,7 +157,7 @@ def restart_group(
 ) -> dict[str, Any] | None:
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
-    ops = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
+    log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
     internals.warm_skipsets()
@@ -165,14 +165,14 @@ def restart_group(
         build_optimizer(model)
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
-    keep = adapter.keep_files
+    reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = agree_on_checkpoint(cfg, ops, group, name, keep, lambda where: files_to_read(model, where, group.rank))
+    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
     if chosen is None:
         return None
-    record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
+    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, ops, checkpoint_dir(layout, chosen.sidecar))
+    resumed.pending.guard(model, log, checkpoint_dir(layout, chosen.sidecar))
     return chosen.sidecar.to_dict()

@@ -32,7 +32,8 @@ from candle_ckpt.engine.group_commit import group_timeout, meeting
 from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
 from candle_ckpt.keras.group_restart import agree_on_checkpoint
-from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, keep_files, restore_runner_sharded
+from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
+from candle_ckpt.keras.runner_group import reads as group_reads
 from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
     STATE_FILES,
     STATE_H5,
@@ -122,7 +123,7 @@ class JobRunner:
             raise ValueError(f"resume_from_epoch must be an int >= 0 or None; got {resume_from_epoch!r}")
         self.resume_from_epoch = resume_from_epoch
         self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
-        self.ops = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
+        self.log = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
         self.logger, self.verbose = logger, verbose
         self.fs = fs
         self.strategy = strategy
@@ -150,9 +151,9 @@ class JobRunner:
 
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
-    def keep_files(self) -> list[str]:
+    def reads(self) -> list[str]:
         rank = self.group.rank if self.group is not None else 0
-        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(keep_files(rank))
+        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(group_reads(rank))
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
@@ -163,14 +164,14 @@ class JobRunner:
             return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group.rank, copy)
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
         rank = self.group.rank if self.group is not None else 0
         if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
             self._restored_at = restore_runner_sharded(
-                self.objects, self.state, self.kinds, chosen, ops, where, rank, self._agree
+                self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
             )
             return
-        self._restored_at = restore_runner(self.objects, self.state, chosen, ops, where)
+        self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
         if self.group is not None:  # a one-process checkpoint: every process loaded the same files
             self.group.barrier(f"{self._meeting}/loaded", group_timeout())
 
@@ -185,11 +186,11 @@ class JobRunner:
         start = time.perf_counter()
         # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
         chosen = select_checkpoint(
-            self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs, steps=True
+            self.cfg, self.log, reads=self.reads, epoch=self.resume_from_epoch, fs=self.fs, steps=True
         )
         if chosen is None:
             return None
-        self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
+        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start)
         self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
@@ -198,13 +199,14 @@ class JobRunner:
         group, start = self.group, time.perf_counter()
         self._meeting = name = meeting("restore")
         needed = files_for(self.objects, self.state, self.kinds, group.rank)
-        keep = tuple(self.keep_files)
-        chosen = agree_on_checkpoint(self.cfg, self.ops, group, name, keep, needed, epoch=self.resume_from_epoch)
+        chosen = agree_on_checkpoint(
+            self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch
+        )
         if chosen is None:
             return None
         self._agree = lambda ok: group.all_agree(f"{name}/read", ok, group_timeout())
         who = f"process {group.rank}"
-        self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start, who)
+        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start, who)
         self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
@@ -259,20 +261,20 @@ class JobRunner:
         if self.group is not None:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)
-            self.ops = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
+            self.log = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
         if self.strategy is not None:
             from candle_ckpt.distributed.worker_state import WorkerTrainingState
 
             self.workers = WorkerTrainingState(
                 self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs
             )
-            self.ops, self.engine = self.workers.ops, self.workers.engine  # a non-chief logs to the logger only
+            self.log, self.engine = self.workers.log, self.workers.engine  # a non-chief logs to the logger only
             logs = self._resume()  # every worker loads the chief's choice; the engine adopts it
         else:
             logs = self._resume()
             # The engine is made after the resume: it continues best-tracking from the
             # restored sidecar and protects that checkpoint from pruning.
-            self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs, group=self.group)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, group=self.group)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         self._sync = self._make_sync()
@@ -297,7 +299,7 @@ class JobRunner:
                     try:
                         self.engine.finish()
                     except Exception as err:
-                        self.ops.warning(f"while stopping after an error: {err}")
+                        self.log.warning(f"while stopping after an error: {err}")
             finally:
                 self._sync.close()
                 self.engine.close()  # the writer lock is held only while train() runs
@@ -329,9 +331,9 @@ class JobRunner:
         if self.workers is not None:
             from candle_ckpt.distributed.agreement import make_controller
 
-            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.ops)
+            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
-            sync = PreemptionController(self.cfg, self.engine, self.ops)
+            sync = PreemptionController(self.cfg, self.engine, self.log)
             if self.group is not None and sync.enabled:  # the processes agree: the same step, or none
                 sync.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
                 sync.who = f"process {self.group.rank} "

@@ -42,7 +42,7 @@ def loop_state_parts(rank: int) -> tuple[str, str]:
     return f"loop_state.p{rank:05d}.json", f"loop_state.p{rank:05d}.npz"
 
 
-def keep_files(rank: int) -> tuple[str, ...]:
+def reads(rank: int) -> tuple[str, ...]:
     """The files process ``rank`` loads on restore: its loop state and, in case it has none, the primary's."""
     return tuple(dict.fromkeys((*loop_state_parts(rank), *loop_state_parts(0))))
 
@@ -101,27 +101,27 @@ def files_for(objects: list[RunnerObject], state: Mapping[str, Any], kinds: Mapp
     """``needed(where)`` of :func:`~candle_ckpt.keras.group_restart.agree_on_checkpoint`: the files rank reads."""
 
     def needed(where: str) -> set[str]:
-        return files_to_read(runner_variables(objects, state, kinds), where, rank) | set(keep_files(rank))
+        return files_to_read(runner_variables(objects, state, kinds), where, rank) | set(reads(rank))
 
     return needed
 
 
-def _own_state(kept: Mapping[str, Any], rank: int, where: str, ops: Any) -> dict[str, bytes]:
+def _own_state(contents: Mapping[str, Any], rank: int, where: str, log: Any) -> dict[str, bytes]:
     """This process's loop-state files (as ``loop_state.json`` / ``.npz``), or the primary's with a warning."""
     json_name, npz_name = loop_state_parts(rank)
-    if json_name not in kept:
-        if rank == 0 or loop_state_parts(0)[0] not in kept:
+    if json_name not in contents:
+        if rank == 0 or loop_state_parts(0)[0] not in contents:
             raise NoValidCheckpoint(
                 f"checkpoint {where} has no loop state ({json_name}); was it written by a JobRunner?"
             )
-        ops.warning(
+        log.warning(
             f"restart: {where} holds no loop state for process {rank} (it was written by fewer processes): "
             "this process continues with process 0's loop state (its RNG states and positions)"
         )
         json_name, npz_name = loop_state_parts(0)
-    own = {STATE_JSON: bytes(kept[json_name])}
-    if npz_name in kept:
-        own[STATE_NPZ] = bytes(kept[npz_name])
+    own = {STATE_JSON: bytes(contents[json_name])}
+    if npz_name in contents:
+        own[STATE_NPZ] = bytes(contents[npz_name])
     return own
 
 
@@ -130,7 +130,7 @@ def restore_runner_sharded(
     state: MutableMapping[str, Any],
     kinds: Mapping[str, str],
     chosen: Any,
-    ops: Any,
+    log: Any,
     where: str,
     rank: int,
     agree: Callable[[bool], bool] | None,
@@ -146,7 +146,7 @@ def restore_runner_sharded(
     """
     arrays, doc, own, failure = None, None, None, None
     try:
-        own = _own_state(chosen.kept, rank, where, ops)
+        own = _own_state(chosen.contents, rank, where, log)
         doc = read_loop_state(_plain(state, kinds), own, where)
         arrays = read_sharded(runner_variables(objects, state, kinds), where)
     except Exception as err:  # told to the others first: every process loads, or none
