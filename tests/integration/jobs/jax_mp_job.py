@@ -2,6 +2,8 @@
 
 Usage::
 
+    srun -n N python jax_mp_job.py DIST DIR EPOCHS OUT{rank}.npz slurm - - [flags]   (under Slurm)
+
     python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
         [--pause-epoch-end=E] [--heartbeat=S]
 
@@ -113,11 +115,16 @@ def PauseAtEpochEnd(epoch: int, seconds: int = 600):
 
 def main() -> None:
     dist, directory, epochs, out, port, rank, nproc = sys.argv[1:8]
-    rank, nproc = int(rank), int(nproc)
     flags = sys.argv[8:]
     import jax
 
-    if nproc > 1:
+    if port == "slurm":  # one task of `srun -n N`: jax.distributed reads Slurm's environment by itself
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize()
+        rank, nproc = jax.process_index(), jax.process_count()
+        out = out.replace("{rank}", str(rank))
+    rank, nproc = int(rank), int(nproc)
+    if nproc > 1 and port != "slurm":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         beat = next((int(f.split("=")[1]) for f in flags if f.startswith("--heartbeat=")), None)
         extra = {} if beat is None else {"heartbeat_timeout_seconds": beat}
