@@ -31,7 +31,15 @@ from candle_ckpt.keras.runner_state import (
     read_loop_state,
     state_variable,
 )
-from candle_ckpt.keras.sharded import ORDER, assign_all, capture_chunks, files_to_read, read_sharded, state_variables
+from candle_ckpt.keras.sharded import (
+    ORDER,
+    assign_all,
+    capture_chunks,
+    files_to_read,
+    read_all_or_none,
+    read_sharded,
+    state_variables,
+)
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.sharded import MANIFEST, write_part
 from candle_ckpt.storage.store import FileSpec
@@ -144,19 +152,13 @@ def restore_runner_sharded(
         ModelMismatch: the checkpoint's variables differ from the objects' (nothing assigned anywhere).
         NoValidCheckpoint: this or another process could not read its part (nothing assigned).
     """
-    arrays, doc, own, failure = None, None, None, None
-    try:
+
+    def read() -> tuple[dict, dict, dict]:
         own = _own_state(chosen.contents, rank, where, log)
         doc = read_loop_state(_plain(state, kinds), own, where)
-        arrays = read_sharded(runner_variables(objects, state, kinds), where)
-    except Exception as err:  # told to the others first: every process loads, or none
-        failure = err
-    if agree is not None and not agree(failure is None):
-        if failure is not None:
-            raise failure
-        raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
-    if failure is not None:
-        raise failure
+        return own, doc, read_sharded(runner_variables(objects, state, kinds), where)
+
+    own, doc, arrays = read_all_or_none(read, where, agree)
     assign_all(arrays)
     apply_loop_state(state, doc, own)
     return (doc["epoch"], doc["step"]) if "step" in doc else None

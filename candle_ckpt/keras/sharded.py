@@ -214,6 +214,27 @@ def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
         v.assign(value)
 
 
+def read_all_or_none(read: Callable[[], Any], where: str, agree: Callable[[bool], bool] | None) -> Any:
+    """``read()`` on this process, then ``agree(ok)`` with the others: what it read once every process has read its
+    part; raises (so nothing is assigned anywhere) when this one or another could not.
+
+    Raises:
+        NoValidCheckpoint: another process could not read its part of ``where``; this one's own error otherwise.
+    """
+    result, failure = None, None
+    try:
+        result = read()
+    except Exception as err:  # told to the others first: every process loads, or none
+        failure = err
+    if agree is not None and not agree(failure is None):
+        if failure is not None:
+            raise failure
+        raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
+    if failure is not None:
+        raise failure
+    return result
+
+
 def load_sharded(
     model: Any,
     contents: dict[str, Any],
@@ -236,18 +257,7 @@ def load_sharded(
             f"{where} is a sharded (multi-process) checkpoint, whose optimizer state is stored like the "
             "weights: call model.compile(...) before restart()"
         )
-    arrays, failure = None, None
-    try:
-        arrays = read_sharded(model, where)
-    except Exception as err:  # told to the others first: every process loads, or none
-        failure = err
-    if agree is not None and not agree(failure is None):
-        if failure is not None:
-            raise failure
-        raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
-    if failure is not None:
-        raise failure
-    assign_all(arrays)
+    assign_all(read_all_or_none(lambda: read_sharded(model, where), where, agree))
     data = contents.get(train_state_part(rank))
     if data is None:
         log.warning(
