@@ -171,9 +171,19 @@ class JobRunner:
                 self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
             )
             return
-        self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
-        if self.group is not None:  # a one-process checkpoint: every process loaded the same files
-            self.group.barrier(f"{self._meeting}/loaded", group_timeout())
+        if self.group is None:
+            self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
+            return
+        # A one-process checkpoint under several processes: every process loads the same files (mapped
+        # by the group's verification: read here as bytes), then they meet.
+        contents = {name: bytes(data) for name, data in chosen.contents.items()}
+        if self.group.rank != 0:
+            log.warning(
+                f"restart: {where} was written by one process: process {self.group.rank} continues with "
+                "that process's loop state (its RNG states and positions)"
+            )
+        self._restored_at = restore_runner(self.objects, self.state, chosen._replace(contents=contents), log, where)
+        self.group.barrier(f"{self._meeting}/loaded", group_timeout())
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:

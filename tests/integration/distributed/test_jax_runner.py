@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -110,3 +111,24 @@ def test_sigterm_to_one_process_saves_the_same_step_with_its_reason(reference, t
     assert [_resumed(rerun, i) for i in (0, 1)] == [(1, side["step"])] * 2
     for i in (0, 1):
         assert _differ(rerun.final(i), want[i]) == [], f"process {i}"
+
+
+def test_elastic_two_to_one_and_one_to_two(reference, tmp_path):
+    """2 -> 1: the 2-process checkpoint restores into one process (with process 0's loop state) and, the job being
+    done, it ends with the reference's arrays; 1 -> 2: a one-process checkpoint restores under 2 processes, each
+    with the one process's model, optimizer and loop state."""
+    want, bound, src = reference
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck, symlinks=True)
+    down = JaxJob(tmp_path, "down", "dp", ck, EPOCHS, n=1, timeout_s=bound, script=SCRIPT)
+    down.succeed()
+    assert _resumed(down, 0) == (EPOCHS, 0)
+    assert _differ(down.final(0), want[0]) == []
+    one = JaxJob(tmp_path, "one", "dp", tmp_path / "ck1", EPOCHS, n=1, timeout_s=bound, script=SCRIPT)
+    one.succeed()
+    assert (tmp_path / "ck1" / "ckpts" / "epochs" / f"{EPOCHS:03d}" / "model.weights.h5").is_file()
+    up = _job(tmp_path, "up", tmp_path / "ck1", bound)
+    up.succeed()
+    for i in (0, 1):
+        assert _resumed(up, i) == (EPOCHS, 0)
+        assert _differ(up.final(i), one.final(0)) == [], f"process {i}"
