@@ -139,6 +139,15 @@ class CallbackRule:
             and (attrs := self._own_attributes(cb))
         ]
 
+    def unsaved_messages(self, callbacks: Iterable[Any]) -> list[str]:
+        """One warning for each callback :meth:`unsaved` names (said at the first save: its attributes exist)."""
+        return [
+            f"callback {name} has attributes ({', '.join(attrs)}) but no get_state()/set_state() and is not "
+            "one candle_ckpt knows: if they carry state across epochs, a resumed run starts them fresh; add "
+            "get_state() -> dict and set_state(dict) to it to have that state saved with each checkpoint"
+            for name, attrs in self.unsaved(callbacks)
+        ]
+
     def capture(self, callbacks: Iterable[Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Return (JSON-able document, arrays) with the state of every stateful callback."""
         doc: dict[str, Any] = {}

@@ -59,12 +59,8 @@ class TrainState:
     def _check_callbacks(self) -> None:
         """At the first save (their attributes exist by then): name callbacks whose state nothing saves."""
         self._checked = True
-        for name, attrs in callback_state.unsaved(self.callbacks):
-            self.warn_once(
-                f"callback {name} has attributes ({', '.join(attrs)}) but no get_state()/set_state() and is not "
-                "one candle_ckpt knows: if they carry state across epochs, a resumed run starts them fresh; add "
-                "get_state() -> dict and set_state(dict) to it to have that state saved with each checkpoint"
-            )
+        for message in callback_state.RULE.unsaved_messages(self.callbacks):
+            self.warn_once(message)
 
     def warn_once(self, message: str) -> None:
         if message not in self._said:

@@ -115,12 +115,8 @@ class TfTrainState:
         """The packed state now (on the training thread: the bytes own their data)."""
         if not self._checked:
             self._checked = True
-            for name, attrs in RULE.unsaved(self.callbacks):
-                self.warn_once(
-                    f"callback {name} has attributes ({', '.join(attrs)}) but no get_state()/set_state() and is not "
-                    "one candle_ckpt knows: if they carry state across epochs, a resumed run starts them fresh; add "
-                    "get_state() -> dict and set_state(dict) to it to have that state saved with each checkpoint"
-                )
+            for message in RULE.unsaved_messages(self.callbacks):
+                self.warn_once(message)
         doc: dict[str, Any] = {}
         doc["rng"], arrays = capture_rng()
         capture_generator(internals.tf_global_generator(), doc["rng"], arrays)

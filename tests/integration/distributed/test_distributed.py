@@ -112,6 +112,7 @@ def test_tf_keras_fit_worker_killed_mid_epoch_cluster_resumes_from_chief_checkpo
         "model.h5",
         "model_weights.h5",
         "optimizer.npz",
+        "train.state.npz",
     ]
 
     again = run_to_end(tmp_path, "again", "tfk", ckpt, 4, 2)

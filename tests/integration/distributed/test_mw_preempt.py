@@ -114,7 +114,7 @@ def test_tf_keras_fit_sigterm_to_non_chief_both_save_same_step_and_stop(tmp_path
     ckpt = tmp_path / "ckpt"
     ref = Cluster(tmp_path, "ref", "tfk", tmp_path / "ref", 3)
     run = preempt(tmp_path, "tfk", ckpt, 3, "1:0", exit_code=None)
-    assert_preempted_at(run, ckpt, 1, 2, ["model.h5", "model_weights.h5", "optimizer.npz"])
+    assert_preempted_at(run, ckpt, 1, 2, ["model.h5", "model_weights.h5", "optimizer.npz", "train.state.npz"])
     again = run_to_end(tmp_path, "again", "tfk", ckpt, 3)
     for i in range(2):
         assert again.line(i, r"^RESTORED epoch=(\d+) step=(\d+)").groups() == ("1", "2")

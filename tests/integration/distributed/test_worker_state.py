@@ -94,7 +94,13 @@ def test_tf_keras_checkpoint_files_are_tf_keras_formats(tmp_path: Path) -> None:
     cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
     ckpt = tmp_path / "save" / "ckpts" / "epochs" / "001"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-info.json", "model.h5", "model_weights.h5", "optimizer.npz"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "ckpt-info.json",
+        "model.h5",
+        "model_weights.h5",
+        "optimizer.npz",
+        "train.state.npz",
+    ]
     other = _tfk_model()
     other.load_weights(str(ckpt / "model_weights.h5"))
     _assert_same(other.get_weights(), model.get_weights())
