@@ -277,6 +277,13 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         adapter.train.bind(self._callbacks, fit_args)
         data = resumed.pending.take_train_state() if resumed is not None else None
         self._restore_callbacks = data  # at the first on_epoch_begin, after every callback's on_train_begin
+        if data is not None and resumed.sidecar.step is not None and adapter.train.sequence is not None:
+            self.state.log.warning(
+                f"restart: {checkpoint_dir(self.state.layout, resumed.sidecar)} is a mid-epoch checkpoint: the global "
+                f"RNGs and the attributes of the Sequence {type(adapter.train.sequence).__name__} are put back only "
+                "from epoch checkpoints, so this fit reads and draws otherwise than an uninterrupted run; for an exact "
+                "resume, resume from the last epoch checkpoint (ckpt_restart_epoch)"
+            )
         if data is not None:
             done = adapter.train.restore_input(data, self.model, epoch_end=resumed.sidecar.step is None)
             self.state.log.info(f"restart: restored {', '.join(done) or 'nothing'} of {train_state.TRAIN_STATE_FILE}")

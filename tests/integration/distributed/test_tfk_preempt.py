@@ -100,3 +100,39 @@ def test_a_signal_at_an_epochs_last_step_is_answered_by_that_epochs_checkpoint(t
     assert cb.preempted == (1, 0)
     assert [s["epoch"] for s in cb.stats()["saves"]] == [1]
     assert candle.restart(params, _model(), verbose=False)["epoch"] == 1
+
+
+def test_a_sequence_resumed_from_a_mid_epoch_checkpoint_is_said_once(tmp_path: Path) -> None:
+    """A fit on a shuffling Sequence preempted in epoch 1 and resumed from that step checkpoint: its RNGs and
+    the Sequence's attributes are restored from epoch checkpoints only, and ckpt.log says so once, with the
+    remedy."""
+
+    class Shuffling(tf_keras.utils.Sequence):
+        def __init__(self) -> None:
+            x, y = (np.concatenate(a) for a in zip(*_dataset().as_numpy_iterator(), strict=True))
+            self.x, self.y, self.index = x, y, np.arange(len(x))
+
+        def __len__(self) -> int:
+            return STEPS
+
+        def __getitem__(self, i):
+            rows = self.index[i * 16 : (i + 1) * 16]
+            return self.x[rows], self.y[rows]
+
+        def on_epoch_end(self) -> None:
+            np.random.shuffle(self.index)
+
+    params = {"ckpt_directory": str(tmp_path / "ckpt"), "epochs": 3, "ckpt_save_best_metric": "loss"}
+    params["ckpt_preempt_exit_code"] = "return"
+    cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
+    _model().fit(Shuffling(), epochs=3, verbose=0, callbacks=[cb, SignalAt(1, 1)])
+    assert cb.preempted == (1, 3)
+    again = _model()
+    assert candle.restart(params, again, verbose=False)["step"] == 3
+    again.fit(Shuffling(), epochs=3, initial_epoch=1, verbose=0, callbacks=[ck_tfk.CandleCheckpointCallback(params)])
+    said = [line for line in (tmp_path / "ckpt" / "ckpt.log").read_text().splitlines() if "mid-epoch" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "/ckpt/ckpts/steps/002 is a mid-epoch checkpoint: the global RNGs and the attributes of the Sequence "
+        "Shuffling are put back only from epoch checkpoints, so this fit reads and draws otherwise than an "
+        "uninterrupted run; for an exact resume, resume from the last epoch checkpoint (ckpt_restart_epoch)"
+    ), said
