@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_readme import README, blocks, run
+from doclines import LOG_EXAMPLES, blocks, log_examples, matches
+from test_readme import README, run
 
 CLI_RST = README.parent / "docs" / "cli.rst"
 CHECKED = ("list", "verify", "info")
@@ -35,23 +36,6 @@ def examples() -> list[tuple[str, list[str]]]:
             elif found and line.strip():
                 found[-1][1].append(line)
     return found
-
-
-def shape(line: str) -> str:
-    """A line with what changes between runs masked: dates, times, CRCs, numbers; runs of blanks as one."""
-    line = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\+\d{4})?", "<time>", line)
-    line = re.sub(r"\b[0-9a-f]{8}\b", "<crc>", line)
-    line = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "<n>", line)
-    return " ".join(line.split())
-
-
-def matches(expected: list[str], got: list[str]) -> bool:
-    """Whether ``got`` has the shape of ``expected``, where a line ``...`` is any number of lines."""
-    if not expected:
-        return not got
-    if expected[0].strip() == "...":
-        return any(matches(expected[1:], got[i:]) for i in range(len(got) + 1))
-    return bool(got) and shape(expected[0]) == shape(got[0]) and matches(expected[1:], got[1:])
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +102,12 @@ def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> 
     pre.step_end(0, 1, lambda reason: None)
     engine.close()
     assert set(re.findall(r'"(\w+)":', preempt_doc)) == set(engine.stats()["preempt"])
+
+
+def test_every_log_line_example_in_docs_is_checked_by_the_test_that_writes_it() -> None:
+    """Each log-line example of docs/ (a literal block starting with a level) is in doclines.LOG_EXAMPLES, and the
+    test named there compares it with the line its real run wrote (assert_log_example for that page)."""
+    found = log_examples()
+    assert found and set(found) <= set(LOG_EXAMPLES), sorted(set(found) - set(LOG_EXAMPLES))
+    for (page, _), test in LOG_EXAMPLES.items():
+        assert f'assert_log_example("{page}", ' in (README.parent / test).read_text(), (page, test)
