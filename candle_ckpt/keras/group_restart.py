@@ -40,8 +40,8 @@ from candle_ckpt.engine.resume import (
     select_checkpoint,
 )
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.capture import KerasModelAdapter
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.adapter import KerasModelAdapter
+from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
@@ -52,14 +52,14 @@ class GroupModelAdapter:
 
     def __init__(self, model: Any, group: Group, name: str) -> None:
         self.model, self.group, self.name = model, group, name
-        self.keep_files = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.keep_files)))
+        self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.reads)))
         self.pending = Pending()
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        kept = chosen.kept
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        contents = chosen.contents
         if chosen.sidecar.model_file != MANIFEST:  # a one-process checkpoint: every process loads the same file
             one = KerasModelAdapter(self.model)
-            one.restore(chosen, ops, where)
+            one.restore(chosen, log, where)
             self.pending = one.pending
             self.group.barrier(f"{self.name}/loaded", group_timeout())
             return
@@ -67,7 +67,7 @@ class GroupModelAdapter:
         def agree(ok: bool) -> bool:
             return self.group.all_agree(f"{self.name}/read", ok, group_timeout())
 
-        self.pending = load_sharded(self.model, kept, where, ops, self.group.rank, agree)
+        self.pending = load_sharded(self.model, contents, where, log, self.group.rank, agree)
 
 
 def _choice(chosen: Chosen | None) -> str:
@@ -77,7 +77,7 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
-def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any, rank: int) -> Chosen:
+def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: Any, rank: int) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
@@ -92,11 +92,11 @@ def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any
             )
     if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
         needed = files_to_read(model, where, rank)
-        kept = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
-                                  keep=keep, mapped=True)  # fmt: skip
+        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
+                                  reads=reads, mapped=True)  # fmt: skip
     else:
-        kept = store.verify_files(where, side, keep=keep, mapped=True)
-    return Chosen(int(epoch), side, kept)
+        contents = store.verify_files(where, side, reads=reads, mapped=True)
+    return Chosen(int(epoch), side, contents)
 
 
 def restart_group(
@@ -104,7 +104,7 @@ def restart_group(
 ) -> dict[str, Any] | None:
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
-    ops = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
+    log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
     internals.warm_skipsets()
@@ -112,13 +112,13 @@ def restart_group(
         build_optimizer(model)
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
-    keep = adapter.keep_files
+    reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
     chosen, said = None, None
     if group.rank == 0:
         try:
-            chosen = select_checkpoint(cfg, ops, keep=keep, mapped=True, steps=True)
+            chosen = select_checkpoint(cfg, log, reads=reads, mapped=True, steps=True)
             said = _choice(chosen)
         except Exception as err:  # told to the others before raising, so none waits for nothing
             said = f"error:{err}"
@@ -132,7 +132,7 @@ def restart_group(
     failure = None
     if chosen is None:
         try:
-            chosen = _verify_choice(cfg, said, keep, model, group.rank)
+            chosen = _verify_choice(cfg, said, reads, model, group.rank)
         except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
             failure = err
     if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
@@ -141,8 +141,8 @@ def restart_group(
             f"a process could not verify the checkpoint the primary chose ({said}){detail}; "
             "nothing was loaded on any process"
         )
-    record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
+    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, ops, checkpoint_dir(layout, chosen.sidecar))
+    resumed.pending.guard(model, log, checkpoint_dir(layout, chosen.sidecar))
     return chosen.sidecar.to_dict()
