@@ -1,5 +1,5 @@
-"""docs/cli.rst's ``list``, ``verify``, ``info``, ``rollback``, ``prune`` and ``plot`` examples are what the commands print
-(issue 27, item 5).
+"""docs/cli.rst's ``list``, ``verify``, ``info``, ``rollback``, ``prune`` and ``plot`` examples are what the
+commands print (issue 27, item 5).
 
 The README's Quickstart runs with ``--epochs 6`` into ``./save``, as the examples'
 job did; every ``$ candle-ckpt list|verify|info|rollback|prune|plot ./save`` line of
