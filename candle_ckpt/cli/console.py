@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -99,7 +100,8 @@ def watch_sigint(demo: bool = False) -> Iterator[None]:
     before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
     if before is not _on_sigint:  # not nested in another watch: a new command
         _SEEN.clear()
-    if demo or before is not signal.SIG_IGN:
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    if main_thread and (demo or before is not signal.SIG_IGN):
         signal.signal(signal.SIGINT, _on_sigint)
     sys.unraisablehook = _unraisable
     try:
