@@ -4,12 +4,14 @@ A group is the processes of one job that write one checkpoint together. Rank 0
 is the primary: it holds the writer lock, decides, commits and prunes. The
 others write their parts into the same ``work/`` and wait for its word.
 
-Three meeting points are enough for the commit and the restore, none of them a
+Four meeting points are enough for the commit and the restore, none of them a
 device collective (so a writer thread may use them):
 
 - :meth:`Group.barrier`: every rank waits until all have arrived;
 - :meth:`Group.broadcast`: every rank gets the primary's string;
-- :meth:`Group.all_agree`: every rank gets True iff every rank said ok.
+- :meth:`Group.all_agree`: every rank gets True iff every rank said ok;
+- :meth:`Group.exchange`: every rank gets every rank's string (a preemption
+  request carries its reason this way).
 
 Each meeting point has a ``name`` unique in the job's life (e.g.
 ``"save/3/parts-written"``) and a timeout; a rank that does not come in time
@@ -45,6 +47,9 @@ class Group(Protocol):
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         """Return True on every rank iff every rank passed ``ok=True``."""
 
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        """Return every rank's ``value``, in rank order, on every rank."""
+
 
 class _Solo:
     """The group of a single process: rank 0 of 1."""
@@ -62,6 +67,9 @@ class _Solo:
 
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         return bool(ok)
+
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        return [value]
 
     def __repr__(self) -> str:
         return "SOLO"
@@ -127,6 +135,10 @@ class ThreadMember:
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         seen = self.hub._meet(name, self.rank, bool(ok), timeout_s, set(range(self.size)))
         return all(seen.values())
+
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        seen = self.hub._meet(name, self.rank, str(value), timeout_s, set(range(self.size)))
+        return [str(seen[rank]) for rank in range(self.size)]
 
     def __repr__(self) -> str:
         return f"ThreadMember(rank={self.rank}, size={self.size})"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -77,8 +78,8 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
-def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: Any, rank: int) -> Chosen:
-    """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
+def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
+    """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
     if kind == "step":
@@ -91,12 +92,64 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: An
                 "(is ckpt_directory on a file system shared by every process?)"
             )
     if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
-        needed = files_to_read(model, where, rank)
-        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
-                                  reads=reads, mapped=True)  # fmt: skip
+        wanted = needed(where)
+        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in wanted}),
+                                      reads=reads, mapped=True)  # fmt: skip
     else:
         contents = store.verify_files(where, side, reads=reads, mapped=True)
     return Chosen(int(epoch), side, contents)
+
+
+def agree_on_checkpoint(
+    cfg: CkptConfig,
+    log: OpsLog,
+    group: Group,
+    name: str,
+    reads: tuple[str, ...],
+    needed: Callable[[str], set[str]],
+    epoch: int | None = None,
+) -> Chosen | None:
+    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere.
+
+    Args:
+        name: This restore's meeting point prefix (:func:`~candle_ckpt.engine.group_commit.meeting`).
+        reads: The files this process loads into memory.
+        needed: ``needed(where)``: the files of the sharded checkpoint ``where`` this process reads.
+        epoch: Exactly this epoch (``ckpt_restart_epoch`` otherwise), as ``select_checkpoint``.
+
+    Returns:
+        The verified checkpoint (the same on every process), or None when there is none.
+
+    Raises:
+        NoValidCheckpoint: the primary could not choose, or a process could not verify (on every process).
+    """
+    chosen, said = None, None
+    if group.rank == 0:
+        try:
+            chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True)
+            said = _choice(chosen)
+        except Exception as err:  # told to the others before raising, so none waits for nothing
+            said = f"error:{err}"
+            group.broadcast(f"{name}/choice", said, group_timeout())
+            raise
+    said = group.broadcast(f"{name}/choice", said, group_timeout())
+    if said.startswith("error:"):
+        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
+    if said == "none":
+        return None
+    failure = None
+    if chosen is None:
+        try:
+            chosen = _verify_choice(cfg, said, reads, needed)
+        except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
+            failure = err
+    if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
+        detail = f": {failure}" if failure is not None else " (see its log)"
+        raise NoValidCheckpoint(
+            f"a process could not verify the checkpoint the primary chose ({said}){detail}; "
+            "nothing was loaded on any process"
+        )
+    return chosen
 
 
 def restart_group(
@@ -115,32 +168,9 @@ def restart_group(
     reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen, said = None, None
-    if group.rank == 0:
-        try:
-            chosen = select_checkpoint(cfg, log, reads=reads, mapped=True, steps=True)
-            said = _choice(chosen)
-        except Exception as err:  # told to the others before raising, so none waits for nothing
-            said = f"error:{err}"
-            group.broadcast(f"{name}/choice", said, group_timeout())
-            raise
-    said = group.broadcast(f"{name}/choice", said, group_timeout())
-    if said.startswith("error:"):
-        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
-    if said == "none":
-        return None
-    failure = None
+    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
     if chosen is None:
-        try:
-            chosen = _verify_choice(cfg, said, reads, model, group.rank)
-        except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
-            failure = err
-    if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
-        detail = f": {failure}" if failure is not None else " (see its log)"
-        raise NoValidCheckpoint(
-            f"a process could not verify the checkpoint the primary chose ({said}){detail}; "
-            "nothing was loaded on any process"
-        )
+        return None
     record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
