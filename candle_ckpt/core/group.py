@@ -45,6 +45,9 @@ class Group(Protocol):
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         """Return True on every rank iff every rank passed ``ok=True``."""
 
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        """Return every rank's ``value``, in rank order, on every rank (e.g. why each could not go on)."""
+
 
 class _Solo:
     """The group of a single process: rank 0 of 1."""
@@ -62,6 +65,9 @@ class _Solo:
 
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         return bool(ok)
+
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        return [value]
 
     def __repr__(self) -> str:
         return "SOLO"
@@ -127,6 +133,10 @@ class ThreadMember:
     def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
         seen = self.hub._meet(name, self.rank, bool(ok), timeout_s, set(range(self.size)))
         return all(seen.values())
+
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        seen = self.hub._meet(name, self.rank, str(value), timeout_s, set(range(self.size)))
+        return [str(seen[rank]) for rank in range(self.size)]
 
     def __repr__(self) -> str:
         return f"ThreadMember(rank={self.rank}, size={self.size})"

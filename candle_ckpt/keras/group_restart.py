@@ -4,10 +4,16 @@ Call it on every process (the same script everywhere). The order:
 
 1. the primary (process 0) chooses the checkpoint exactly as a one-process
    ``restart()`` does (``last``, the CRC fallback to older ones, a newer step
-   checkpoint) and broadcasts its choice over the job's group;
-2. every other process verifies that exact checkpoint (size and CRC of its
-   files) on its side, and ``all_agree`` tells every process whether all did:
-   if one failed, every process raises and none loads anything;
+   checkpoint), except that of a sharded checkpoint it checks the CRC of the
+   files it will read itself (the manifest, its training state, the parts
+   holding its slices) and only the size of the others; it broadcasts its
+   choice over the job's group;
+2. every other process verifies the files of that exact checkpoint it will
+   read (size and CRC), and the processes ``exchange`` the outcome: if one
+   failed, the primary rejects that checkpoint (logging why, in every
+   process's words) and chooses again, every process with it, until all
+   agree or nothing is left. No byte is CRC-checked twice, and no process
+   reads a part it does not need;
 3. each process reads its slices (a sharded checkpoint) or the whole file (a
    one-process ``model.keras``) into the variables' current shardings, and only
    when every process has read its part does any process assign.
@@ -18,6 +24,7 @@ including this process's training state (``train.state.pRRRRR.npz``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -26,7 +33,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout, meeting
@@ -77,6 +84,12 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
+def _where(layout: L.Layout, said: str) -> str:
+    """The directory of the checkpoint a choice names (``epoch:E:G`` or ``step:E:G``)."""
+    kind, epoch, generation = said.split(":")
+    return layout.step_dir(int(generation)) if kind == "step" else layout.epoch_dir(int(epoch))
+
+
 def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any, rank: int) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
     kind, epoch, generation = said.split(":")
@@ -99,6 +112,57 @@ def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any
     return Chosen(int(epoch), side, kept)
 
 
+def _primary_store(cfg: CkptConfig, model: Any, rejected: dict[str, str]) -> CheckpointStore:
+    """The primary's store for choosing: of a sharded checkpoint it checks the CRC of the files it reads (and the
+    size of every file), the others check theirs; a checkpoint another process rejected is skipped, with why."""
+    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+
+    def scope(directory: str, side: Any) -> set[str] | None:
+        if directory in rejected:
+            raise CorruptCheckpoint(directory, rejected[directory])
+        return files_to_read(model, directory, 0) if side.model_file == MANIFEST else None
+
+    store.crc_scope = scope
+    return store
+
+
+def _agree_on_choice(cfg: CkptConfig, ops: OpsLog, model: Any, group: Group, name: str, keep: tuple[str, ...]):
+    """The checkpoint every process verified, or None: the primary chooses, each verifies what it reads; if one
+    cannot, the primary rejects that checkpoint and chooses again (``name/N``: round N), every process with it."""
+    rejected: dict[str, str] = {}
+    store = _primary_store(cfg, model, rejected) if group.rank == 0 else None
+    for attempt in itertools.count():
+        key, chosen, said = f"{name}/{attempt}", None, None
+        if group.rank == 0:
+            try:
+                chosen = select_checkpoint(cfg, ops, keep=keep, mapped=True, steps=True, store=store)
+                said = _choice(chosen)
+            except Exception as err:  # told to the others before raising, so none waits for nothing
+                group.broadcast(f"{key}/choice", f"error:{err}", group_timeout())
+                raise
+        said = group.broadcast(f"{key}/choice", said, group_timeout())
+        if said.startswith("error:"):
+            raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
+        if said == "none":
+            return None
+        failure = ""
+        if chosen is None:
+            try:
+                chosen = _verify_choice(cfg, said, keep, model, group.rank)
+            except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
+                failure = f"process {group.rank}: {err}"
+                ops.warning(f"restart: {failure}; every process falls back together")
+        reasons = [r for r in group.exchange(f"{key}/verified", failure, group_timeout()) if r]
+        if not reasons:
+            return chosen
+        for data in (chosen.kept if chosen is not None else {}).values():
+            if hasattr(data, "close"):
+                data.close()
+        if store is not None:
+            rejected[_where(store.layout, said)] = "; ".join(reasons)
+    return None  # not reached: itertools.count() is endless
+
+
 def restart_group(
     cfg: CkptConfig, model: Any, group: Group, logger: str | logging.Logger | None, verbose: bool
 ) -> dict[str, Any] | None:
@@ -112,35 +176,11 @@ def restart_group(
         build_optimizer(model)
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
-    keep = adapter.keep_files
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen, said = None, None
-    if group.rank == 0:
-        try:
-            chosen = select_checkpoint(cfg, ops, keep=keep, mapped=True, steps=True)
-            said = _choice(chosen)
-        except Exception as err:  # told to the others before raising, so none waits for nothing
-            said = f"error:{err}"
-            group.broadcast(f"{name}/choice", said, group_timeout())
-            raise
-    said = group.broadcast(f"{name}/choice", said, group_timeout())
-    if said.startswith("error:"):
-        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
-    if said == "none":
-        return None
-    failure = None
+    chosen = _agree_on_choice(cfg, ops, model, group, name, adapter.keep_files)
     if chosen is None:
-        try:
-            chosen = _verify_choice(cfg, said, keep, model, group.rank)
-        except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
-            failure = err
-    if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
-        detail = f": {failure}" if failure is not None else " (see its log)"
-        raise NoValidCheckpoint(
-            f"a process could not verify the checkpoint the primary chose ({said}){detail}; "
-            "nothing was loaded on any process"
-        )
+        return None
     record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)

@@ -84,8 +84,10 @@ def test_a_rank_that_fails_its_part_publishes_nothing(tmp_path: Path, op: str) -
     assert_holds(tmp_path, 1)
 
 
-def test_a_part_damaged_before_the_manifest_is_caught_naming_it(tmp_path: Path) -> None:
-    """A bit flipped in rank 1's .bin after its fsync: the primary's check names part-00001.bin; nothing published."""
+def test_a_part_damaged_after_its_write_is_caught_by_the_reader_naming_it(tmp_path: Path) -> None:
+    """A bit flipped in rank 1's .bin after its fsync: the save trusts the CRC32 rank 1 computed while writing (it
+    does not re-read the data), so the checkpoint's sidecar holds the true CRC and the reader's check names
+    part-00001.bin; choosing a checkpoint falls back to epoch 1."""
 
     class Flip(LocalFS):
         def fsync(self, fd: int, path: str) -> None:
@@ -95,9 +97,14 @@ def test_a_part_damaged_before_the_manifest_is_caught_naming_it(tmp_path: Path) 
 
     save_sharded(str(tmp_path), ThreadGroup(2), 1)
     results = save_sharded(str(tmp_path), ThreadGroup(2), 2, fs_for=lambda rank: Flip())
-    assert isinstance(results[0], Exception) and "part-00001.bin: CRC32 is" in str(results[0])
-    assert isinstance(results[1], CheckpointSaveError) and "part-00001.bin" in str(results[1])
-    assert CheckpointReader(tmp_path).epochs() == [1]
+    assert results[1] == "epochs/002", results
+    reader = CheckpointReader(tmp_path)
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+        reader.verify(2)
+    problems: list[str] = []
+    found = reader.find_valid(on_problem=lambda epoch, why: problems.append(f"{epoch}: {why}"))
+    assert found is not None and found[0] == 1
+    assert len(problems) == 1 and problems[0].startswith("2: ") and "part-00001.bin" in problems[0]
 
 
 def test_a_rank_that_never_comes_times_out_and_nothing_is_published(tmp_path: Path) -> None:
