@@ -23,7 +23,7 @@ def default_adapter(model: Any) -> Any:
         from candle_ckpt.tf_keras.adapter import TfKerasModelAdapter
 
         return TfKerasModelAdapter(model)
-    from candle_ckpt.keras.capture import KerasModelAdapter
+    from candle_ckpt.keras.adapter import KerasModelAdapter
 
     return KerasModelAdapter(model)
 

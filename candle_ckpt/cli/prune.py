@@ -12,13 +12,13 @@ from typing import Any
 from candle_ckpt.cli.common import EXIT_OK, PROG, epoch_ranges, fmt_bytes, marks_of, open_store, oplog, read_links
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
-from candle_ckpt.core.keep import keep_policy
+from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.storage.store import CheckpointStore
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
-    policy = keep_policy(args.keep_mode, args.keep_limit)
+    policy = retention_policy(args.keep_mode, args.keep_limit)
     if not args.dry_run:
         store.open_for_write()  # refuses while a job writes to the directory, before printing anything
     try:

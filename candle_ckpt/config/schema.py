@@ -17,7 +17,7 @@ _NONE_STRINGS = frozenset({"none", ""})
 _MAX_REPR = 80
 
 
-#: The keep rules' names (``ckpt_keep_mode``, ``candle-ckpt prune --keep-mode``); core.keep maps each to its rule.
+#: The keep rules' names (``ckpt_keep_mode``, ``candle-ckpt prune --keep-mode``); core.retention maps each to its rule.
 KEEP_MODES: tuple[str, ...] = ("linear", "exponential", "all")
 
 

@@ -3,7 +3,7 @@
 Everything in this module is a pure function of its arguments: there is no
 I/O, no clock and no Keras/TensorFlow import. The save rule that uses it is
 :class:`candle_ckpt.engine.decision.SaveDecisionPolicy`; the keep rules are in
-:mod:`candle_ckpt.core.keep`.
+:mod:`candle_ckpt.core.retention`.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class SaveAgreement:
         return reduce
 
 
-def make_controller(cfg: Any, engine: Any, strategy: Any, info: Any, ops: Any) -> PreemptionController:
+def make_controller(cfg: Any, engine: Any, strategy: Any, info: Any, log: Any) -> PreemptionController:
     """The :class:`~candle_ckpt.engine.preempt_control.PreemptionController` of one ``tf.distribute`` worker.
 
     The agreement is a :class:`SaveAgreement` over ``strategy`` every
@@ -127,4 +127,4 @@ def make_controller(cfg: Any, engine: Any, strategy: Any, info: Any, ops: Any) -
     """
     agreement = SaveAgreement(strategy, info.num_workers, every=cfg.preempt_check)
     who = f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else ""
-    return PreemptionController(cfg, engine, ops, agreement=agreement, who=who)
+    return PreemptionController(cfg, engine, log, agreement=agreement, who=who)

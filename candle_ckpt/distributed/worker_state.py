@@ -57,8 +57,8 @@ class WorkerTrainingState:
         model: A Keras 3 or tf_keras model (not needed if ``adapter`` is given).
         strategy: The ``tf.distribute`` strategy; by default the model's.
         adapter: What to capture and restore: any object with
-            ``keep_files``, ``capture(cfg) -> Capture`` and
-            ``restore(chosen, ops, where)`` (the epoch runner is one).
+            ``reads``, ``capture(cfg) -> Capture`` and
+            ``restore(chosen, log, where)`` (the epoch runner is one).
         logger, verbose: As for :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback`.
         fs: File-system operations of the chief's store (tests inject faults).
         writable: False for a restore-only object (``restart()``): the chief
@@ -105,7 +105,7 @@ class WorkerTrainingState:
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
         self.timeout_s = float(collective_timeout_s)
         self.layout = Layout.of(self.cfg)
-        self.ops = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
+        self.log = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
         self.fs = fs or LocalFS()
         # Non-chief scratch space: a ".tmp-*" name is debris to the store and never read by a restart.
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
@@ -118,7 +118,7 @@ class WorkerTrainingState:
         if writable:
             # The chief opens the store now: it locks the directory and removes
             # debris before any worker starts writing its temporary directory.
-            self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs, scratch_dir=self.temp_dir)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, scratch_dir=self.temp_dir)
 
     @property
     def is_chief(self) -> bool:
@@ -183,7 +183,7 @@ class WorkerTrainingState:
                     self.fs.unlink(self.layout.link(name))
             for epoch in store.epochs():
                 store.delete(epoch)
-            self.ops.info("delete_backup: removed every checkpoint")
+            self.log.info("delete_backup: removed every checkpoint")
 
     # -- restoring -------------------------------------------------------------------
     def restore(self, epoch: int | None = None) -> dict[str, Any] | None:
@@ -207,17 +207,17 @@ class WorkerTrainingState:
         cfg = self.cfg
         if not cfg.restores(epoch):
             return None
-        keep = tuple(self.adapter.keep_files)
+        reads = tuple(self.adapter.reads)
         multi = self.info.num_workers > 1
         start = time.perf_counter()
-        chosen, error = self._choose(epoch, keep) if self.info.is_chief else (None, None)
+        chosen, error = self._choose(epoch, reads) if self.info.is_chief else (None, None)
         code, chosen_epoch, generation = self._agree_on_choice(chosen, error, multi)
         if code == _SCRATCH:
             self.resumed = None
             return None
-        chosen = self._verified(chosen, code, chosen_epoch, generation, keep, multi)
+        chosen = self._verified(chosen, code, chosen_epoch, generation, reads, multi)
         who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
-        self.load = load_chosen(cfg, self.ops, self.adapter, chosen, time.perf_counter() - start, who)
+        self.load = load_chosen(cfg, self.log, self.adapter, chosen, time.perf_counter() - start, who)
         pending = getattr(self.adapter, "pending", None) or Pending()  # state the adapter applies later
         side = chosen.sidecar
         self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
@@ -226,13 +226,13 @@ class WorkerTrainingState:
         self.restored_epoch = side.epoch
         return side.to_dict()
 
-    def _choose(self, epoch: int | None, keep: tuple[str, ...]) -> tuple[Chosen | None, Exception | None]:
+    def _choose(self, epoch: int | None, reads: tuple[str, ...]) -> tuple[Chosen | None, Exception | None]:
         """The chief's choice (a step checkpoint newer than last first), or the error to tell the others."""
         cfg, chosen, error = self.cfg, None, None
         try:
             own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
             # A step checkpoint (a preemption save) newer than last is preferred: training continues mid-epoch.
-            chosen = select_checkpoint(cfg, self.ops, keep=keep, epoch=epoch, fs=self.fs, store=own, steps=True)
+            chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
         except Exception as err:  # told to the others before raising, so none waits forever
             error = err
         if self.engine is not None and cfg.upload_url:
@@ -266,7 +266,7 @@ class WorkerTrainingState:
         return code, chosen_epoch, generation
 
     def _verified(
-        self, chosen: Chosen | None, code: int, chosen_epoch: int, generation: int, keep: tuple[str, ...], multi: bool
+        self, chosen: Chosen | None, code: int, chosen_epoch: int, generation: int, reads: tuple[str, ...], multi: bool
     ) -> Chosen:
         """The chosen checkpoint, verified on this worker (the chief has it already); all workers or none."""
         cfg = self.cfg
@@ -276,9 +276,9 @@ class WorkerTrainingState:
             try:
                 store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.flat)
                 if code == _STEP:  # the step checkpoint of that generation (its sidecar says so)
-                    chosen = Chosen(chosen_epoch, *store.steps.verify(generation, keep=keep))
+                    chosen = Chosen(chosen_epoch, *store.steps.verify(generation, reads=reads))
                 else:
-                    chosen = verify_exact(store, chosen_epoch, generation, keep)
+                    chosen = verify_exact(store, chosen_epoch, generation, reads)
             except CheckpointError as err:
                 failure = err
         if multi:

@@ -3,7 +3,7 @@ old epochs it retires, and a non-chief worker's scratch copy in place of a commi
 
 Module-level functions over the store and the log, so the epoch save
 (:class:`~candle_ckpt.engine.engine.CheckpointEngine`) and the step save
-(:mod:`candle_ckpt.engine.step_save`) share them.
+(:meth:`~candle_ckpt.engine.engine.CheckpointEngine.save_step`) share them.
 """
 
 from __future__ import annotations
@@ -34,28 +34,30 @@ def save_record(what: dict[str, Any], cap: Capture, side: Sidecar) -> dict[str, 
     }
 
 
-def supersede_steps(store: CheckpointStore, ops: OpsLog, epoch: int) -> None:
+def supersede_steps(store: CheckpointStore, log: OpsLog, epoch: int) -> None:
     """After the commit of epoch ``epoch``: remove the step checkpoints of earlier epochs, and say so."""
     try:
         superseded = store.steps.supersede(epoch)
     except OSError as err:  # this commit is durable; a leftover step checkpoint is older than it
-        ops.warning(f"could not remove the superseded step checkpoints: {err}")
+        log.warning(f"could not remove the superseded step checkpoints: {err}")
         return
     if superseded:
-        ops.info(f"removed step checkpoint {', '.join(f'steps/{L.epoch_name(g)}' for g in superseded)}")
+        log.info(f"removed step checkpoint {', '.join(f'steps/{L.epoch_name(g)}' for g in superseded)}")
 
 
-def prune_after_commit(store: CheckpointStore, cfg: CkptConfig, ops: OpsLog, keep: Any, protected: list[int]) -> None:
-    """Apply the keep policy (best, last and ``protected`` are kept) and log what went."""
-    deleted = store.prune(keep.select, protected)
+def prune_after_commit(
+    store: CheckpointStore, cfg: CkptConfig, log: OpsLog, retention: Any, protected: list[int]
+) -> None:
+    """Apply the retention policy (best, last and ``protected`` are kept) and log what went."""
+    deleted = store.prune(retention.select, protected)
     if deleted:
-        ops.info(
+        log.info(
             f"pruned epochs {', '.join(L.epoch_name(e) for e in deleted)} "
             f"(keep_mode {cfg.keep_mode}, keep_limit {cfg.keep_limit})"
         )
 
 
-def write_scratch(fs: Any, tmp: str, epoch: int, cap: Capture, ops: OpsLog) -> None:
+def write_scratch(fs: Any, tmp: str, epoch: int, cap: Capture, log: OpsLog) -> None:
     """A non-chief's save: write the files into its scratch directory ``tmp``, then remove it.
 
     Never raises for a failed write: a worker's scratch copy failing must not stop the cluster.
@@ -71,7 +73,7 @@ def write_scratch(fs: Any, tmp: str, epoch: int, cap: Capture, ops: OpsLog) -> N
             finally:
                 f.abort()  # closed without fsync: the copy is deleted at once
     except Exception as err:
-        ops.warning(
+        log.warning(
             f"epoch {epoch}: temporary save in {tmp} failed: {type(err).__name__}: {err} "
             "(the chief's checkpoints are unaffected)"
         )

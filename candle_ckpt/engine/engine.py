@@ -1,24 +1,33 @@
-"""Turn "an epoch has ended" into policy, snapshot, commit and prune.
+"""Turn "an epoch has ended" into policy, snapshot, commit and prune; and take a step checkpoint.
 
 Shared by :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback` and the
 epoch runner, so both have the same guarantees. Knows nothing about Keras:
 the caller passes a ``capture`` function that returns the files to write.
+
+The engine makes the sidecar of each save (:meth:`CheckpointEngine.template`).
+A commit that fails on the writer's thread is wrapped in :class:`_SaveFailure`,
+so the training thread learns which epoch failed. A step (mid-epoch)
+checkpoint (:meth:`CheckpointEngine.save_step`, for a preemption save and for
+``ckpt_save_steps``) is committed at once, synchronously, into ``ckpts/steps/GGG``
+(see :mod:`candle_ckpt.storage.steps`), after the write in flight: the
+checkpoints' order is kept.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
 from candle_ckpt.core.group import Group
-from candle_ckpt.core.keep import keep_policy
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.policy import BestState
-from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.retention import retention_policy
+from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.engine.aftercommit import (
     prune_after_commit,
     report_summary,
@@ -26,11 +35,20 @@ from candle_ckpt.engine.aftercommit import (
     supersede_steps,
     write_scratch,
 )
-from candle_ckpt.engine.capture import Capture, _SaveFailure, sidecar_template
+from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
-from candle_ckpt.engine.group_commit import commit_epoch, failed_capture
+from candle_ckpt.engine.group_commit import commit_epoch, commit_step, failed_capture
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
+
+
+class _SaveFailure(Exception):
+    """Carries the epoch of a failed commit from the writer to the caller."""
+
+    def __init__(self, epoch: int, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.epoch = epoch
+        self.err = err
 
 
 class CheckpointEngine:
@@ -43,7 +61,7 @@ class CheckpointEngine:
     """
 
     def __init__(
-        self, cfg: CkptConfig, ops: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
+        self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
     ) -> None:
         self.cfg = cfg
         # group: the processes of a multi-process job that write each checkpoint together (see
@@ -52,7 +70,7 @@ class CheckpointEngine:
         self.group = group if group is not None and group.size > 1 else None
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
-        self.ops = ops if not self.policy.off or scratch_dir is not None else OpsLog(None, ops.logger)
+        self.log = log if not self.policy.off or scratch_dir is not None else OpsLog(None, log.logger)
         self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
@@ -60,11 +78,11 @@ class CheckpointEngine:
         # removes it; it never opens, commits to, prunes or uploads the store.
         self.scratch_dir = scratch_dir
         self.open()
-        self.keep = keep_policy(cfg.keep_mode, cfg.keep_limit)
+        self.retention = retention_policy(cfg.keep_mode, cfg.keep_limit)
         # What a restart restored reaches this engine through its adapter
         # (adopt_resumed), never through process-global state.
         self.adopt_resumed(None)
-        self.writer = make_writer(cfg.async_save, cfg.async_timeout, ops.write, self._exit_error)
+        self.writer = make_writer(cfg.async_save, cfg.async_timeout, log.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.preempt: dict[str, Any] | None = None  # the preemption save of this run (stats()["preempt"])
@@ -80,7 +98,7 @@ class CheckpointEngine:
         if cfg.upload_url and self._writes_store():
             from candle_ckpt.storage.remote import RemoteMirror
 
-            self.remote = RemoteMirror(cfg, self.store, ops, self.keep.select)
+            self.remote = RemoteMirror(cfg, self.store, log, self.retention.select)
             self.after_commit.append(self.remote.committed)
 
     def _writes_store(self) -> bool:
@@ -158,22 +176,72 @@ class CheckpointEngine:
     def template(self, epoch: int, cap: Capture, logs: Mapping[str, Any], reason: str, best: BestState) -> Sidecar:
         """The sidecar of a save, before the store fills in its files, generation and timings."""
         elapsed = self.time_base + time.time() - self.start_time
-        resumed_from = self.resumed.epoch if self.resumed else None
-        return sidecar_template(
-            self.cfg, self.policy.mode, epoch, cap, logs, reason, best, elapsed, resumed_from, self._io_stats()
+        return Sidecar(
+            epoch=epoch,
+            generation=0,
+            model_file=cap.model_file,
+            files={},
+            save_best_metric=self.cfg.save_best_metric,
+            best_metric_last=best.value,
+            best_epoch=best.epoch,
+            save_best_mode=self.policy.mode,
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            time_elapsed=round(elapsed, 3),
+            metadata=self.cfg.metadata,
+            logs=clean_logs(logs),
+            reason=reason,
+            resumed_from=self.resumed.epoch if self.resumed else None,
+            keras_version=cap.keras_version,
+            backend=cap.backend,
+            extra={**cap.extra, **self._io_stats()},
         )
 
     def save_step(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Callable[[], Capture], reason: str
     ) -> Sidecar | None:
-        """Commit a step checkpoint now, synchronously: ``step`` steps into the epoch after ``epoch``.
+        """Commit the step checkpoint of ``step`` steps into the epoch after ``epoch`` (completed epochs).
 
-        See :func:`candle_ckpt.engine.step_save.save_step` (the write in
-        flight is joined first; a non-chief writes its scratch copy).
+        Args:
+            epoch: Completed epochs (the sidecar's ``epoch``, as ``initial_epoch`` takes it).
+            step: Training steps done in the current epoch (the sidecar's ``step``).
+            logs: The latest batch logs (kept in the sidecar; best tracking is not touched).
+            capture: Returns the :class:`~candle_ckpt.engine.capture.Capture` (called on this thread).
+            reason: Recorded in the sidecar: ``"SIGTERM"``, ``"deadline"``, ``"steps"``...
+
+        Returns:
+            The committed sidecar (on every process of a multi-process JAX
+            job), or None when nothing was committed: a non-chief worker (it
+            writes its scratch copy only) or a failure under ``ckpt_on_error=warn``.
+
+        Raises:
+            CheckpointSaveError: the save (or the previous async one) failed and ``ckpt_on_error=raise``.
         """
-        from candle_ckpt.engine.step_save import save_step
-
-        return save_step(self, epoch, step, logs, capture, reason)
+        self._check_writer()
+        try:
+            self.writer.wait()  # the write in flight commits first: generations stay in commit order
+        except TimeoutError as err:
+            self._failed(epoch, err)
+            return None
+        self._check_writer()
+        try:
+            cap = self._capture(capture)
+            template = replace(self.template(epoch, cap, logs, reason, self.policy.best), step=step)
+            if self.scratch_dir is not None:
+                self._write_scratch(epoch, cap)
+                return None
+            if self.group is not None:  # every rank writes its part; the primary commits
+                side = commit_step(self.store, self.group, cap, template)
+            else:
+                side = self.store.steps.commit(cap.files, template)
+        except Exception as err:
+            self._failed(epoch, err)
+            return None
+        self.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
+        self.log.info(
+            f"epoch {epoch + 1} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
+            f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
+        )
+        return side
 
     def _wait_for_writer(self, epoch: int) -> None:
         """Wait for the write in flight; the first time training has to wait for it, say so (once)."""
@@ -181,7 +249,7 @@ class CheckpointEngine:
         self.writer.wait()
         if busy and not self._slow_said and self._submitted is not None:
             self._slow_said = True
-            self.ops.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
+            self.log.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
 
     def _check_writer(self) -> bool:
         """Surface a finished async job's failure; True if one was reported (warn mode)."""
@@ -197,7 +265,7 @@ class CheckpointEngine:
         epoch, cause = (err.epoch, err.err) if isinstance(err, _SaveFailure) else (None, err)
         msg = f"epoch {epoch}: checkpoint save failed at exit: {type(cause).__name__}: {cause}"
         self.errors.append(msg)
-        self.ops.error(msg + "; earlier checkpoints are intact")
+        self.log.error(msg + "; earlier checkpoints are intact")
 
     def _commit(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         try:
@@ -220,18 +288,18 @@ class CheckpointEngine:
             side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self.policy.committed(best)
-        supersede_steps(self.store, self.ops, epoch)
-        self.ops.info(
+        supersede_steps(self.store, self.log, epoch)
+        self.log.info(
             f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
             f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
-        prune_after_commit(self.store, self.cfg, self.ops, self.keep, [self.resumed.epoch] if self.resumed else [])
+        prune_after_commit(self.store, self.cfg, self.log, self.retention, [self.resumed.epoch] if self.resumed else [])
         for hook in self.after_commit:
             hook(side)
 
     def _write_scratch(self, epoch: int, cap: Capture) -> None:
         """A non-chief's save: its scratch copy (see :func:`~candle_ckpt.engine.aftercommit.write_scratch`)."""
-        write_scratch(self.store.fs, self.scratch_dir, epoch, cap, self.ops)
+        write_scratch(self.store.fs, self.scratch_dir, epoch, cap, self.log)
 
     def _io_stats(self) -> dict[str, Any]:
         """Load and upload statistics recorded in the sidecar's ``extra``."""
@@ -249,18 +317,18 @@ class CheckpointEngine:
             msg = f"checkpoint upload failed: {err}"
             self.errors.append(msg)
             if self.cfg.on_error == "raise":
-                self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
+                self.log.error(msg + " (ckpt_on_error=raise: stopping)")
                 raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
-            self.ops.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
+            self.log.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
 
     def _failed(self, epoch: int, err: BaseException) -> None:
         self.policy.failed(epoch)  # that best was never written: track against the durable one
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
         self.errors.append(msg)
         if self.cfg.on_error == "raise":
-            self.ops.error(msg + " (ckpt_on_error=raise: stopping)")
+            self.log.error(msg + " (ckpt_on_error=raise: stopping)")
             raise CheckpointSaveError(msg + f"; earlier checkpoints in {self.store.layout.root} are intact") from err
-        self.ops.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
+        self.log.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait for the write in flight; surface its error per ``ckpt_on_error``."""
@@ -287,7 +355,7 @@ class CheckpointEngine:
         write still running after the timeout keeps the lock: a writer exists.
         """
         if not self.writer.join(timeout):
-            self.ops.warning(f"{self.store.layout.root}: the writer lock stays held while the write in flight runs")
+            self.log.warning(f"{self.store.layout.root}: the writer lock stays held while the write in flight runs")
             return
         if self.remote is not None:
             self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
@@ -308,4 +376,4 @@ class CheckpointEngine:
     def report(self) -> None:
         """Log a summary of this run's checkpoints (CANDLE's ``report_final``)."""
         self.finish()
-        self.ops.info(report_summary(self.records, self.policy.best, self.errors))
+        self.log.info(report_summary(self.records, self.policy.best, self.errors))

@@ -50,13 +50,13 @@ class Pending:
     train_state: bytes | None = None
     _guard: weakref.finalize | None = field(default=None, repr=False, compare=False)
 
-    def guard(self, model: Any, ops: OpsLog, where: str) -> None:
+    def guard(self, model: Any, log: OpsLog, where: str) -> None:
         """Say what happens to a parked optimizer state, and warn loudly if it is never applied."""
         if self.optimizer is None:
             return
-        ops.info(
+        log.info(
             f"restart: the model has no optimizer yet (restart() before compile()); the optimizer state of {where} "
-            f"({len(self.optimizer.values)} variables) is kept and applied when fit() starts with "
+            f"({len(self.optimizer.values)} variables) is parked and applied when fit() starts with "
             "CandleCheckpointCallback"
         )
         message = (
@@ -64,7 +64,7 @@ class Pending:
             "fit of this model, so its optimizer started fresh and the run is not a true resume; pass the callback "
             "to fit(), or call restart() after compile()"
         )
-        self._guard = weakref.finalize(model, _never_applied, ops, message)
+        self._guard = weakref.finalize(model, _never_applied, log, message)
 
     def take_optimizer(self) -> ParkedOptimizer | None:
         """Remove and return the parked optimizer state (None if there is none); disarms the guard."""
@@ -80,6 +80,6 @@ class Pending:
         return data
 
 
-def _never_applied(ops: OpsLog, message: str) -> None:
-    ops.warning(message)
+def _never_applied(log: OpsLog, message: str) -> None:
+    log.warning(message)
     print(f"candle_ckpt WARNING: {message}", file=sys.stderr, flush=True)

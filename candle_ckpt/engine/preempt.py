@@ -172,7 +172,7 @@ class PreemptionWatcher:
         self._previous: dict[int, Any] = {}
         self._released = False
         self._restoring = False
-        self.kept: list[str] = []  # signals whose handler the program installed itself (not caught)
+        self.left_alone: list[str] = []  # signals whose handler the program installed itself (not caught)
 
     @property
     def active(self) -> bool:
@@ -188,11 +188,11 @@ class PreemptionWatcher:
         Handlers can be installed on the main thread only; elsewhere nothing
         is caught (the deadline is still watched) and a warning says so. A
         handler the program installed itself is kept (as ``SigtermExit``
-        keeps it): that signal is not caught, and :attr:`kept` names it.
+        keeps it): that signal is not caught, and :attr:`left_alone` names it.
         """
         self._trigger = None
         self._released = False
-        self.kept: list[str] = []
+        self.left_alone: list[str] = []
         if not self.signals:
             end_early_catch()
             return []
@@ -208,7 +208,7 @@ class PreemptionWatcher:
                 previous = signal.signal(signum, self._handle)
                 self._previous[signum] = early if early is not None else previous
             else:
-                self.kept.append(signal.Signals(signum).name)
+                self.left_alone.append(signal.Signals(signum).name)
         self._trigger = _EARLY.adopt(self._previous)
         end_early_catch()  # signals this watcher does not catch get their handlers back
         return [signal.Signals(s).name for s in self._previous]

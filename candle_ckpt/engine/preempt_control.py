@@ -152,7 +152,7 @@ class PreemptionController:
         cfg: The job's configuration (``ckpt_preempt_*``, ``ckpt_deadline*``, ``ckpt_save_steps``).
         engine: The job's (or this worker's) ``CheckpointEngine``: ``records``,
             ``finish()``, ``store``, ``scratch_dir`` and ``preempt`` are used.
-        ops: The job's log.
+        log: The job's log.
         agreement: The agreement step (:data:`SOLO`: one process). Replace
             :attr:`agreement` before :meth:`arm` to plug in another.
         who: How this worker is named in the log line (``"worker worker:1 "``).
@@ -163,13 +163,13 @@ class PreemptionController:
         self,
         cfg: Any,
         engine: Any,
-        ops: OpsLog,
+        log: OpsLog,
         *,
         agreement: Agreement = SOLO,
         who: str = "",
         step_saves: bool = False,
     ) -> None:
-        self.cfg, self.engine, self.ops, self.agreement, self.who = cfg, engine, ops, agreement, who
+        self.cfg, self.engine, self.log, self.agreement, self.who = cfg, engine, log, agreement, who
         on = not checkpointing_off(cfg)  # nothing is saved, nothing is caught
         deadline, self.deadline_source = resolve_deadline(cfg.deadline, time.time(), os.environ)
         self.watcher = PreemptionWatcher(
@@ -194,28 +194,28 @@ class PreemptionController:
         self._last, self._step_s = time.monotonic(), 0.0
         warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
         if warning:
-            self.ops.warning(warning)
+            self.log.warning(warning)
         if not self.watching:
             end_early_catch()  # restart() caught the signals for this fit, which watches none
             return
         caught = self.watcher.arm()
         if self.watcher.deadline is not None:
             left = self.watcher.time_left() or 0.0
-            self.ops.info(
+            self.log.info(
                 f"deadline in {left:.0f} s ({self.deadline_source}): a checkpoint is saved and training stops "
                 f"when less than one step, one save and {self.cfg.deadline_margin:g} s are left"
             )
         if caught:  # every run says it: ckpt.log only, not the console
-            self.ops.note(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+            self.log.note(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
         held = self.watcher.pending
         if held is not None:
-            self.ops.warning(
+            self.log.warning(
                 f"{held.reason} came {time.monotonic() - held.at:.1f} s ago, after restart() and before fit began: "
                 "a checkpoint is saved after the first step"
             )
-        if self.watcher.kept:
-            self.ops.warning(
-                f"preemption: {', '.join(self.watcher.kept)} already has a handler this program installed; it is "
+        if self.watcher.left_alone:
+            self.log.warning(
+                f"preemption: {', '.join(self.watcher.left_alone)} already has a handler this program installed; it is "
                 "left alone, so that signal saves nothing (remove the handler, or leave it out of ckpt_preempt_signals)"
             )
 
@@ -280,7 +280,7 @@ class PreemptionController:
             return False
         if last_epoch:
             if self.watcher.pending is not None:
-                self.ops.info(f"{self.watcher.pending.reason} came at the end of the last epoch: training is complete")
+                self.log.info(f"{self.watcher.pending.reason} came at the end of the last epoch: training is complete")
             return False
         if not self.agreement.now(self._local()):
             return False
@@ -303,7 +303,7 @@ class PreemptionController:
         self.engine.preempt = record
         what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else ""
         what = what or "no checkpoint could be committed"
-        self.ops.warning(preempt_message(trigger, self.who + what, epoch, step, code))
+        self.log.warning(preempt_message(trigger, self.who + what, epoch, step, code))
         if code is not None:
             raise PreemptExit(code)
 

@@ -30,13 +30,13 @@ from candle_ckpt.storage.store import CheckpointStore
 class Chosen(NamedTuple):
     """A verified checkpoint: its epoch, sidecar and the bytes of the files asked for.
 
-    A tuple, so ``epoch, side, kept = select_checkpoint(...)`` also works.
-    ``kept`` values are ``bytes`` or read-only mmaps (``mapped=True``).
+    A tuple, so ``epoch, side, contents = select_checkpoint(...)`` also works.
+    ``contents`` values are ``bytes`` or read-only mmaps (``mapped=True``).
     """
 
     epoch: int
     sidecar: Sidecar
-    kept: dict[str, Any]
+    contents: dict[str, Any]
 
 
 @dataclass
@@ -88,15 +88,15 @@ def resumed_of(model: Any, directory: str) -> Resumed | None:
 class Adapter(Protocol):
     """What a restore loads into: one model, several objects, or loop state.
 
-    ``keep_files`` names the files ``restore`` reads; ``capture`` snapshots the
+    ``reads`` names the files ``restore`` reads; ``capture`` snapshots the
     state for a save (on the training thread).
     """
 
-    keep_files: Iterable[str]
+    reads: Iterable[str]
 
     def capture(self, cfg: CkptConfig) -> Capture: ...
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None: ...
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None: ...
 
 
 def checkpoint_dir(layout: L.Layout, side: Sidecar) -> str:
@@ -104,7 +104,7 @@ def checkpoint_dir(layout: L.Layout, side: Sidecar) -> str:
     return layout.step_dir(side.generation) if side.step is not None else layout.epoch_dir(side.epoch)
 
 
-def _newest_step(store: CheckpointStore, ops: OpsLog, keep: tuple[str, ...], mapped: bool) -> Chosen | None:
+def _newest_step(store: CheckpointStore, log: OpsLog, reads: tuple[str, ...], mapped: bool) -> Chosen | None:
     """The newest valid step checkpoint committed after ``last`` (see :mod:`candle_ckpt.storage.steps`)."""
     if not store.steps.generations():
         return None
@@ -117,17 +117,17 @@ def _newest_step(store: CheckpointStore, ops: OpsLog, keep: tuple[str, ...], map
             base = None  # a broken last: any step checkpoint is newer than what the fallback finds
 
     def report(path: str, why: str) -> None:
-        ops.warning(f"restart: skipping step checkpoint {path}: {why}")
+        log.warning(f"restart: skipping step checkpoint {path}: {why}")
 
-    found = store.steps.newest_valid(after=base, keep=keep, mapped=mapped, on_problem=report)
+    found = store.steps.newest_valid(after=base, reads=reads, mapped=mapped, on_problem=report)
     return Chosen(found[0].epoch, *found) if found is not None else None
 
 
 def select_checkpoint(
     cfg: CkptConfig,
-    ops: OpsLog,
+    log: OpsLog,
     *,
-    keep: Iterable[str],
+    reads: Iterable[str],
     epoch: int | None = None,
     fs=None,
     mapped: bool = False,
@@ -138,16 +138,16 @@ def select_checkpoint(
 
     With ``ckpt_upload_url`` set and no local checkpoint, the newest complete
     remote checkpoint (or ``epoch``) is pulled first. Every file's CRC is
-    verified; the bytes of the names in ``keep`` are returned so that they
+    verified; the bytes of the names in ``reads`` are returned so that they
     are read once.
 
     Args:
         cfg: The job's configuration (restart mode, directory, upload URL).
-        ops: Where to log what was skipped and why.
-        keep: Names of files whose verified bytes are returned.
+        log: Where to log what was skipped and why.
+        reads: Names of files whose verified bytes are returned.
         epoch: An exact epoch to restore (overrides ``cfg.restart_epoch``).
         fs: File-system operations for a pull from the remote store.
-        mapped: Return kept files as read-only mmaps (see ``CheckpointStore.verify``).
+        mapped: Return the files read as read-only mmaps (see ``CheckpointStore.verify``).
         store: The job's own store, when its writer already holds the lock (a
             remote pull then commits through it); None: a store of its own.
         steps: Also consider step checkpoints (``ckpts/steps/GGG``): the newest
@@ -169,19 +169,19 @@ def select_checkpoint(
     store.check_layout()  # checkpoints in the other layout: say so rather than start from scratch
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"
-    if _nothing_to_resume(cfg, store, ops, wanted, what):
+    if _nothing_to_resume(cfg, store, log, wanted, what):
         return None
-    keep = tuple(keep)
+    reads = tuple(reads)
     if wanted is not None:
-        return _exact(store, wanted, what, keep, mapped)
+        return _exact(store, wanted, what, reads, mapped)
     if steps:
-        chosen = _newest_step(store, ops, keep, mapped)
+        chosen = _newest_step(store, log, reads, mapped)
         if chosen is not None:
             return chosen
-    return _newest_epoch(cfg, store, ops, keep, mapped)
+    return _newest_epoch(cfg, store, log, reads, mapped)
 
 
-def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, wanted: int | None, what: str) -> bool:
+def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, wanted: int | None, what: str) -> bool:
     """Pull from the remote mirror when nothing is local; True if there is still nothing, and that is allowed.
 
     Raises:
@@ -190,7 +190,7 @@ def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, wan
     if cfg.upload_url and not store.epochs():
         from candle_ckpt.storage.remote import pull_newest
 
-        pull_newest(cfg, store, ops, epoch=wanted)
+        pull_newest(cfg, store, log, epoch=wanted)
     if store.exists():
         return False
     where = store.layout.root
@@ -198,23 +198,23 @@ def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, wan
         mode = f"ckpt_restart_mode={cfg.restart_mode}" if wanted is None else what
         raise NoValidCheckpoint(f"{mode}: no checkpoints in {where}")
     if os.path.isdir(where):  # logging would create the directory otherwise
-        ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+        log.info(f"restart: no checkpoints in {where}; starting from scratch")
     return True
 
 
-def _exact(store: CheckpointStore, wanted: int, what: str, keep: tuple[str, ...], mapped: bool) -> Chosen:
+def _exact(store: CheckpointStore, wanted: int, what: str, reads: tuple[str, ...], mapped: bool) -> Chosen:
     """The exact epoch asked for (``what`` says by which parameter), verified, or NoValidCheckpoint."""
     if wanted not in store.epochs():
         raise NoValidCheckpoint(f"{what}: no checkpoint {store.layout.epoch_dir(wanted)}")
     try:
-        side, kept = store.verify(wanted, keep=keep, mapped=mapped)
+        side, contents = store.verify(wanted, reads=reads, mapped=mapped)
     except CheckpointError as err:
         raise NoValidCheckpoint(f"{what}: checkpoint is not valid: {err}") from None
-    return Chosen(wanted, side, kept)
+    return Chosen(wanted, side, contents)
 
 
 def _newest_epoch(
-    cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, keep: tuple[str, ...], mapped: bool
+    cfg: CkptConfig, store: CheckpointStore, log: OpsLog, reads: tuple[str, ...], mapped: bool
 ) -> Chosen | None:
     """The newest valid epoch checkpoint (``last`` first, then by generation); each one skipped is logged."""
     where = store.layout.root
@@ -222,55 +222,55 @@ def _newest_epoch(
 
     def report(bad_epoch: int, why: str) -> None:
         problems.append(f"epoch {bad_epoch}: {why}")
-        ops.warning(f"restart: skipping epoch {bad_epoch}: {why}")
+        log.warning(f"restart: skipping epoch {bad_epoch}: {why}")
 
-    found = store.find_valid(keep=keep, on_problem=report, mapped=mapped)
+    found = store.find_valid(reads=reads, on_problem=report, mapped=mapped)
     if found is None:
         detail = "; ".join(problems) or "none were found"
         if cfg.restart_mode == "required":
             raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
         if problems:
-            ops.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+            log.warning(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
         else:  # an empty store (e.g. just opened by this job's writer) is not a problem
-            ops.info(f"restart: no checkpoints in {where}; starting from scratch")
+            log.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
     return Chosen(*found)
 
 
-def verify_exact(store: CheckpointStore, epoch: int, generation: int, keep: Iterable[str]) -> Chosen:
+def verify_exact(store: CheckpointStore, epoch: int, generation: int, reads: Iterable[str]) -> Chosen:
     """Verify the checkpoint another process chose: exactly ``epoch`` at ``generation``.
 
     Raises:
         CorruptCheckpoint: a file fails its size or CRC check.
         NoValidCheckpoint: the directory holds another commit of that epoch.
     """
-    side, kept = store.verify(epoch, keep=tuple(keep))
+    side, contents = store.verify(epoch, reads=tuple(reads))
     if side.generation != generation:
         raise NoValidCheckpoint(
             f"{store.layout.epoch_dir(epoch)}: generation {side.generation} on disk, but the chief chose "
             f"generation {generation} (is ckpt_directory on a file system shared by every worker?)"
         )
-    return Chosen(epoch, side, kept)
+    return Chosen(epoch, side, contents)
 
 
 def load_chosen(
-    cfg: CkptConfig, ops: OpsLog, adapter: Adapter, chosen: Chosen, verify_s: float, who: str = ""
+    cfg: CkptConfig, log: OpsLog, adapter: Adapter, chosen: Chosen, verify_s: float, who: str = ""
 ) -> dict[str, Any]:
     """Load ``chosen`` through ``adapter``, then record and log the restore.
 
-    Unmaps the kept files afterwards and returns the load statistics; the
+    Unmaps the files read afterwards and returns the load statistics; the
     caller hands them on in a :class:`Resumed` (see :func:`attach_resumed`).
     """
     where = checkpoint_dir(L.Layout.of(cfg), chosen.sidecar)
     start = time.perf_counter()
     try:
-        adapter.restore(chosen, ops, where)
+        adapter.restore(chosen, log, where)
     finally:
-        for data in chosen.kept.values():
+        for data in chosen.contents.values():
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
     record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
-    log_resumed(ops, L.Layout.of(cfg), chosen.sidecar, record, who)
+    log_resumed(log, L.Layout.of(cfg), chosen.sidecar, record, who)
     return record
 
 
@@ -279,10 +279,10 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
     return transfer_record(side.total_bytes, {"epoch": side.epoch}, verify_s=verify_s, load_s=load_s)
 
 
-def log_resumed(ops: OpsLog, layout: L.Layout, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
+def log_resumed(log: OpsLog, layout: L.Layout, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
     path = checkpoint_dir(layout, side)
     at = f"after epoch {side.epoch}" if side.step is None else f"epoch {side.epoch + 1}, step {side.step}"
-    ops.info(
+    log.info(
         f"restart: {who + ' ' if who else ''}resumed from {path} ({at}, "
         f"generation {side.generation}); "
         f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "

@@ -27,9 +27,9 @@ from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionControl
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import finished, fit_hooks, internals
-from candle_ckpt.keras.capture import capture_model
+from candle_ckpt.keras.adapter import capture_model
+from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
-from candle_ckpt.keras.preemption import resume_mid_epoch
 from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.sharded import capture_sharded
 from candle_ckpt.keras.state import ModelState
@@ -90,10 +90,10 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = jax_group()
         primary = self.group is None or self.group.rank == 0
-        self.ops = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
+        self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
-        self.engine = CheckpointEngine(self.cfg, self.ops, fs=fs, group=self.group)
+        self.engine = CheckpointEngine(self.cfg, self.log, fs=fs, group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
@@ -108,7 +108,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
         # Signals, deadline, step checkpoints; several processes agree through the group (same step, or none).
-        self._pre = PreemptionController(self.cfg, self.engine, self.ops, step_saves=True)
+        self._pre = PreemptionController(self.cfg, self.engine, self.log, step_saves=True)
         if self.group is not None and self._pre.enabled:
             self._pre.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
             self._pre.who = f"process {self.group.rank} "
@@ -146,14 +146,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         parked = pending.take_optimizer()
         if parked is not None:  # restart() ran before compile(): the optimizer exists now
             apply_optimizer_state(self.model, parked.values, where)
-            self.ops.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
+            self.log.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
         self._state = ModelState(self.model)
         self._epochs_run = 0
         self._hook_fit()
         self._restore = pending.take_train_state()
         epochs = (self.params or {}).get("epochs")
         self._finished = finished.stop_if_finished(
-            self.model, self._resumed, self._restore, self.cfg, epochs, where, self.ops
+            self.model, self._resumed, self._restore, self.cfg, epochs, where, self.log
         )
         if self._restore is not None and self._hooked and self._finished:
             # No epoch runs: the callbacks get their state back before their on_train_end, as in the
@@ -172,7 +172,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         callback_list = self._list = fit_hooks.find_callback_list(self)
         iterator = self._iterator = fit_hooks.find_epoch_iterator(self.model)
         siblings = [c for c in callback_list.callbacks if c is not self] if callback_list is not None else []
-        train = TrainState(siblings, None, self.ops.warning)
+        train = TrainState(siblings, None, self.log.warning)
         train.model = self.model
         train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
         self._train = train
@@ -192,9 +192,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if self._restore is not None and self._train is not None:
             data, self._restore = self._restore, None
             done = self._train.restore(data)
-            self.ops.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
+            self.log.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
             if self._resumed is not None and self._resumed.sidecar.step is not None:
-                resume_mid_epoch(self.model, self._iterator, self._train, self._resumed, self.engine, self.ops, epoch)
+                resume_mid_epoch(self.model, self._iterator, self._train, self._resumed, self.engine, self.log, epoch)
         if self._pre.enabled and self._train is not None:
             self._train.mark_epoch_begin()
 
@@ -288,7 +288,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             finished.release(self.model)
         elif self._epochs_run == 0:
             epochs = (self.params or {}).get("epochs")
-            self.ops.warning(
+            self.log.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"
             )
         try:

@@ -106,7 +106,7 @@ class CandleCkptKeras(CandleCheckpointCallback):
             return given
         if given is not None and given is not own and not isinstance(given, Mapping) and not self._other_said:
             self._other_said = True
-            self.ops.warning(
+            self.log.warning(
                 f"CandleCkptKeras.restart(model): the {type(given).__name__} passed is not the model given to "
                 f"set_model() ({type(own).__name__} {own.name!r}); as in candle_lib, the set_model() one is "
                 "restored and the one passed is not: call ckpt.set_model(model) first to restore that one"

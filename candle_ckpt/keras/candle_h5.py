@@ -27,7 +27,7 @@ from candle_ckpt.keras.preflight import WHAT_TO_DO, check_optimizer_state
 from candle_ckpt.keras.state import ModelState
 
 
-def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np.ndarray] | None:
+def restore_candle_h5(model: Any, path: str, log: OpsLog, where: str) -> list[np.ndarray] | None:
     """Load CANDLE's ``model.h5`` at ``path`` into ``model``: the weights, and the optimizer state if it can.
 
     Returns:
@@ -43,18 +43,18 @@ def restore_candle_h5(model: Any, path: str, ops: OpsLog, where: str) -> list[np
     variables = check_optimizer_state(model, values, where) if values is not None and compiled else None
     _load_weights(model, path, where)
     if ModelState(model).extra_variables():
-        ops.warning(
+        log.warning(
             f"restart: {where} (written by CANDLE) holds no random-layer seed states; they start fresh, "
             "so the resumed run will not be bit-identical"
         )
     if values is None:
-        _fresh(ops, where, why)
+        _fresh(log, where, why)
         return None
     if variables is None:
         return values
     for var, value in zip(variables, values, strict=True):
         var.assign(value.astype(var.dtype, copy=False))
-    ops.info(f"restart: {where} (written by CANDLE): optimizer state loaded ({len(values)} variables)")
+    log.info(f"restart: {where} (written by CANDLE): optimizer state loaded ({len(values)} variables)")
     return None
 
 
@@ -91,8 +91,8 @@ def _read_optimizer(path: str) -> tuple[list[np.ndarray] | None, str]:
         return [np.asarray(group[name]) for name in names], ""
 
 
-def _fresh(ops: OpsLog, where: str, why: str) -> None:
-    ops.warning(
+def _fresh(log: OpsLog, where: str, why: str) -> None:
+    log.warning(
         f"restart: {os.path.join(where, 'model.h5')} (written by CANDLE): the weights were loaded but {why}: "
         "the optimizer starts fresh (step 0, zero moments), so the resumed run will not match an "
         "uninterrupted one. The next checkpoint is written in candle_ckpt's format, which keeps it."

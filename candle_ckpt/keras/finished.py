@@ -45,7 +45,7 @@ def stop_if_finished(
     cfg: CkptConfig,
     epochs: Any,
     where: str,
-    ops: OpsLog,
+    log: OpsLog,
 ) -> bool:
     """At ``on_train_begin``: if the run is finished, make ``fit`` run no epoch and say so in one line."""
     if resumed is None:
@@ -61,7 +61,7 @@ def stop_if_finished(
         how = f"to train on, pass epochs > {side.epoch}"
     else:
         return False
-    ops.warning(f"the run is finished: {why} ({where}); this fit() trains nothing; {how}")
+    log.warning(f"the run is finished: {why} ({where}); this fit() trains nothing; {how}")
     if isinstance(epochs, int):
         internals.set_first_epoch(model, epochs)
     return True

@@ -47,8 +47,8 @@ from candle_ckpt.engine.resume import (
     select_checkpoint,
 )
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.capture import KerasModelAdapter
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.adapter import KerasModelAdapter
+from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
@@ -59,14 +59,14 @@ class GroupModelAdapter:
 
     def __init__(self, model: Any, group: Group, name: str) -> None:
         self.model, self.group, self.name = model, group, name
-        self.keep_files = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.keep_files)))
+        self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.reads)))
         self.pending = Pending()
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        kept = chosen.kept
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        contents = chosen.contents
         if chosen.sidecar.model_file != MANIFEST:  # a one-process checkpoint: every process loads the same file
             one = KerasModelAdapter(self.model)
-            one.restore(chosen, ops, where)
+            one.restore(chosen, log, where)
             self.pending = one.pending
             self.group.barrier(f"{self.name}/loaded", group_timeout())
             return
@@ -74,7 +74,7 @@ class GroupModelAdapter:
         def agree(ok: bool) -> bool:
             return self.group.all_agree(f"{self.name}/read", ok, group_timeout())
 
-        self.pending = load_sharded(self.model, kept, where, ops, self.group.rank, agree)
+        self.pending = load_sharded(self.model, contents, where, log, self.group.rank, agree)
 
 
 def _choice(chosen: Chosen | None) -> str:
@@ -90,7 +90,7 @@ def _where(layout: L.Layout, said: str) -> str:
     return layout.step_dir(int(generation)) if kind == "step" else layout.epoch_dir(int(epoch))
 
 
-def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any, rank: int) -> Chosen:
+def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: Any, rank: int) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
@@ -105,11 +105,11 @@ def _verify_choice(cfg: CkptConfig, said: str, keep: tuple[str, ...], model: Any
             )
     if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
         needed = files_to_read(model, where, rank)
-        kept = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
-                                  keep=keep, mapped=True)  # fmt: skip
+        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
+                                  reads=reads, mapped=True)  # fmt: skip
     else:
-        kept = store.verify_files(where, side, keep=keep, mapped=True)
-    return Chosen(int(epoch), side, kept)
+        contents = store.verify_files(where, side, reads=reads, mapped=True)
+    return Chosen(int(epoch), side, contents)
 
 
 def _primary_store(cfg: CkptConfig, model: Any, rejected: dict[str, str]) -> CheckpointStore:
@@ -126,7 +126,7 @@ def _primary_store(cfg: CkptConfig, model: Any, rejected: dict[str, str]) -> Che
     return store
 
 
-def _agree_on_choice(cfg: CkptConfig, ops: OpsLog, model: Any, group: Group, name: str, keep: tuple[str, ...]):
+def _agree_on_choice(cfg: CkptConfig, log: OpsLog, model: Any, group: Group, name: str, reads: tuple[str, ...]):
     """The checkpoint every process verified, or None: the primary chooses, each verifies what it reads; if one
     cannot, the primary rejects that checkpoint and chooses again (``name/N``: round N), every process with it."""
     rejected: dict[str, str] = {}
@@ -135,7 +135,7 @@ def _agree_on_choice(cfg: CkptConfig, ops: OpsLog, model: Any, group: Group, nam
         key, chosen, said = f"{name}/{attempt}", None, None
         if group.rank == 0:
             try:
-                chosen = select_checkpoint(cfg, ops, keep=keep, mapped=True, steps=True, store=store)
+                chosen = select_checkpoint(cfg, log, reads=reads, mapped=True, steps=True, store=store)
                 said = _choice(chosen)
             except Exception as err:  # told to the others before raising, so none waits for nothing
                 group.broadcast(f"{key}/choice", f"error:{err}", group_timeout())
@@ -148,14 +148,14 @@ def _agree_on_choice(cfg: CkptConfig, ops: OpsLog, model: Any, group: Group, nam
         failure = ""
         if chosen is None:
             try:
-                chosen = _verify_choice(cfg, said, keep, model, group.rank)
+                chosen = _verify_choice(cfg, said, reads, model, group.rank)
             except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
                 failure = f"process {group.rank}: {err}"
-                ops.warning(f"restart: {failure}; every process falls back together")
+                log.warning(f"restart: {failure}; every process falls back together")
         reasons = [r for r in group.exchange(f"{key}/verified", failure, group_timeout()) if r]
         if not reasons:
             return chosen
-        for data in (chosen.kept if chosen is not None else {}).values():
+        for data in (chosen.contents if chosen is not None else {}).values():
             if hasattr(data, "close"):
                 data.close()
         if store is not None:
@@ -168,7 +168,7 @@ def restart_group(
 ) -> dict[str, Any] | None:
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
-    ops = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
+    log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
     internals.warm_skipsets()
@@ -178,11 +178,11 @@ def restart_group(
     adapter = GroupModelAdapter(model, group, name)
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = _agree_on_choice(cfg, ops, model, group, name, adapter.keep_files)
+    chosen = _agree_on_choice(cfg, log, model, group, name, adapter.reads)
     if chosen is None:
         return None
-    record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
+    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, ops, checkpoint_dir(layout, chosen.sidecar))
+    resumed.pending.guard(model, log, checkpoint_dir(layout, chosen.sidecar))
     return chosen.sidecar.to_dict()

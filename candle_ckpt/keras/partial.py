@@ -29,7 +29,7 @@ from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.capture import weights_view
+from candle_ckpt.keras.adapter import weights_view
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -112,12 +112,12 @@ def load_weights(
         raise ValueError(
             f"load_weights: checkpoint {store.layout.epoch_dir(epoch)} has no {name!r}; it has {sorted(side.files)}"
         )
-    side, kept = store.verify(epoch, keep=[name])
+    side, contents = store.verify(epoch, reads=[name])
     verify_s = time.perf_counter() - start
 
     start = time.perf_counter()
     where = store.layout.epoch_dir(epoch)
-    with weights_view(kept[name], name, where) as weights, h5py.File(io.BytesIO(weights), "r") as h5:
+    with weights_view(contents[name], name, where) as weights, h5py.File(io.BytesIO(weights), "r") as h5:
         assignments = _checked_assignments(h5, {n: available[n] for n in wanted}, f"{name} of epoch {epoch}")
     for var, value in assignments:  # all checked: now change the model
         var.assign(value)

@@ -7,9 +7,8 @@ which H5 path without writing anything. That plan lets
 each variable) and later write a standard ``.weights.h5`` from it on any
 thread, while training goes on.
 
-Trap handled here: a freshly compiled model has no optimizer variables until
-its first step, and stock ``load_weights`` then silently skips the optimizer
-state. :func:`build_optimizer` builds it first.
+Restoring into the model is :mod:`candle_ckpt.keras.preflight` (its optimizer built first) and
+:mod:`candle_ckpt.keras.adapter`.
 """
 
 from __future__ import annotations
@@ -129,26 +128,3 @@ def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True
                 entry.volatile = True
         plan.append(entry)
     return plan
-
-
-def build_optimizer(model: keras.Model) -> None:
-    """Create the optimizer's variables so that its state can be loaded."""
-    if not model.built:
-        raise ValueError(
-            "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
-        )
-    opt = getattr(model, "optimizer", None)
-    if opt is not None and not opt.built:
-        build_in_scope(opt, model.trainable_variables)
-
-
-def build_in_scope(opt: Any, variables: list[Any]) -> None:
-    """``opt.build(variables)`` in the scope of the ``tf.distribute`` strategy ``opt`` was made under.
-
-    Under tf.distribute the optimizer's variables must be created in that
-    scope (mirrored, one per replica); restart() and the runner usually run
-    outside it.
-    """
-    strategy = internals.optimizer_strategy(opt)
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        opt.build(variables)

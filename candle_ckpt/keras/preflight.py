@@ -7,11 +7,16 @@ which variables and what to do. Only then are values assigned.
 
 It also reads the optimizer state of a checkpoint on its own, for a model
 that has no optimizer yet (``restart()`` called before ``compile()``): that
-state is kept and applied once the optimizer exists (:func:`apply_optimizer_state`).
+state is parked and applied once the optimizer exists (:func:`apply_optimizer_state`).
+
+Trap handled here: a freshly compiled model has no optimizer variables until
+its first step, and stock ``load_weights`` then silently skips the optimizer
+state. :func:`build_optimizer` builds it before anything is read into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +26,9 @@ import keras
 import numpy as np
 
 from candle_ckpt.core.errors import ModelMismatch
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import _BufferFile
-from candle_ckpt.keras.plan import Entry, build_optimizer, make_plan
+from candle_ckpt.keras.plan import Entry, make_plan
 
 # How many differing variables an error names (the rest are counted).
 SHOWN = 3
@@ -227,3 +233,26 @@ def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
         lines.append("The optimizer was not changed. Compile with the optimizer the checkpoint was saved with.")
         raise ModelMismatch("\n".join(lines))
     return variables
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Create the optimizer's variables so that its state can be loaded."""
+    if not model.built:
+        raise ValueError(
+            "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
+        )
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not opt.built:
+        build_in_scope(opt, model.trainable_variables)
+
+
+def build_in_scope(opt: Any, variables: list[Any]) -> None:
+    """``opt.build(variables)`` in the scope of the ``tf.distribute`` strategy ``opt`` was made under.
+
+    Under tf.distribute the optimizer's variables must be created in that
+    scope (mirrored, one per replica); restart() and the runner usually run
+    outside it.
+    """
+    strategy = internals.optimizer_strategy(opt)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        opt.build(variables)

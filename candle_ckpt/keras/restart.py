@@ -25,7 +25,7 @@ from candle_ckpt.distributed.worker_state import multi_worker_strategy
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.preempt import catch_early
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
-from candle_ckpt.keras.capture import KerasModelAdapter
+from candle_ckpt.keras.adapter import KerasModelAdapter
 
 
 def restart(
@@ -53,7 +53,7 @@ def restart(
     mismatch the model is untouched and :class:`~candle_ckpt.core.errors.ModelMismatch`
     names the first differing variables.
 
-    It may be called before ``compile()``: the optimizer state is then kept
+    It may be called before ``compile()``: the optimizer state is then parked
     and applied by :class:`~candle_ckpt.keras.callback.CandleCheckpointCallback`
     when ``fit`` starts (a warning at exit says so if that never happens).
     What was restored is attached to ``model``; the callback reads it from
@@ -98,22 +98,22 @@ def _restart_through_worker(
     found = worker.restore()
     attach_resumed(model, worker.resumed)
     if worker.resumed is not None:
-        worker.resumed.pending.guard(model, worker.ops, checkpoint_dir(worker.layout, worker.resumed.sidecar))
+        worker.resumed.pending.guard(model, worker.log, checkpoint_dir(worker.layout, worker.resumed.sidecar))
     return found
 
 
 def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, verbose: bool) -> dict[str, Any] | None:
     """A Keras 3 model in this process: choose, verify and load through :class:`KerasModelAdapter`."""
-    ops = OpsLog(L.Layout.of(cfg).log, get_logger(logger, verbose))
+    log = OpsLog(L.Layout.of(cfg).log, get_logger(logger, verbose))
     adapter = KerasModelAdapter(model)
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = select_checkpoint(cfg, ops, keep=adapter.keep_files, mapped=True, steps=True)
+    chosen = select_checkpoint(cfg, log, reads=adapter.reads, mapped=True, steps=True)
     if chosen is None:
         return None
-    record = load_chosen(cfg, ops, adapter, chosen, time.perf_counter() - start)
+    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start)
     # What was restored travels with the model: the callback reads it when fit starts.
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, ops, checkpoint_dir(L.Layout.of(cfg), chosen.sidecar))
+    resumed.pending.guard(model, log, checkpoint_dir(L.Layout.of(cfg), chosen.sidecar))
     return chosen.sidecar.to_dict()

@@ -113,7 +113,7 @@ class JobRunner:
             raise ValueError(f"resume_from_epoch must be an int >= 0 or None; got {resume_from_epoch!r}")
         self.resume_from_epoch = resume_from_epoch
         self.init_fn, self.epoch_fn, self.exit_fn = init_fn, epoch_fn, exit_fn
-        self.ops = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
+        self.log = OpsLog(L.Layout.of(self.cfg).log, get_logger(logger, verbose))
         self.logger, self.verbose = logger, verbose
         self.fs = fs
         self.strategy = strategy
@@ -138,7 +138,7 @@ class JobRunner:
 
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
-    def keep_files(self) -> list[str]:
+    def reads(self) -> list[str]:
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES)
 
     def capture(self, cfg: CkptConfig) -> Capture:
@@ -147,8 +147,8 @@ class JobRunner:
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
-    def restore(self, chosen: Chosen, ops: OpsLog, where: str) -> None:
-        self._restored_at = restore_runner(self.objects, self.state, chosen, ops, where)
+    def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
@@ -159,11 +159,11 @@ class JobRunner:
         start = time.perf_counter()
         # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
         chosen = select_checkpoint(
-            self.cfg, self.ops, keep=self.keep_files, epoch=self.resume_from_epoch, fs=self.fs, steps=True
+            self.cfg, self.log, reads=self.reads, epoch=self.resume_from_epoch, fs=self.fs, steps=True
         )
         if chosen is None:
             return None
-        self.load = load_chosen(self.cfg, self.ops, self, chosen, time.perf_counter() - start)
+        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start)
         self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
@@ -225,13 +225,13 @@ class JobRunner:
             self.workers = WorkerTrainingState(
                 self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs
             )
-            self.ops, self.engine = self.workers.ops, self.workers.engine  # a non-chief logs to the logger only
+            self.log, self.engine = self.workers.log, self.workers.engine  # a non-chief logs to the logger only
             logs = self._resume()  # every worker loads the chief's choice; the engine adopts it
         else:
             logs = self._resume()
             # The engine is made after the resume: it continues best-tracking from the
             # restored sidecar and protects that checkpoint from pruning.
-            self.engine = CheckpointEngine(self.cfg, self.ops, fs=self.fs)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         self._sync = self._make_sync()
@@ -256,7 +256,7 @@ class JobRunner:
                     try:
                         self.engine.finish()
                     except Exception as err:
-                        self.ops.warning(f"while stopping after an error: {err}")
+                        self.log.warning(f"while stopping after an error: {err}")
             finally:
                 self._sync.close()
                 self.engine.close()  # the writer lock is held only while train() runs
@@ -288,9 +288,9 @@ class JobRunner:
         if self.workers is not None:
             from candle_ckpt.distributed.agreement import make_controller
 
-            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.ops)
+            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
-            sync = PreemptionController(self.cfg, self.engine, self.ops)
+            sync = PreemptionController(self.cfg, self.engine, self.log)
         sync.arm()
         return sync
 

@@ -45,7 +45,7 @@ import numpy as np
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.keras.plan import build_in_scope
+from candle_ckpt.keras.preflight import build_in_scope
 from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
 from candle_ckpt.storage.store import FileSpec
 
@@ -148,32 +148,32 @@ def loop_state_files(
     return files
 
 
-def read_loop_state(state: Mapping[str, Any], kept: Mapping[str, Any], where: str) -> dict[str, Any]:
+def read_loop_state(state: Mapping[str, Any], contents: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The saved loop state's description, checked against ``state`` before anything is loaded.
 
     Raises:
         NoValidCheckpoint: the checkpoint lacks a key of ``state``.
     """
-    doc = json.loads(kept[STATE_JSON])
+    doc = json.loads(contents[STATE_JSON])
     for key in state:
         if not any(key in doc[k] for k in ("values", "numpy_rngs", "arrays", "keras")):
             raise NoValidCheckpoint(f"checkpoint {where} has no loop state {key!r} (it has {sorted(doc['values'])})")
     return doc
 
 
-def apply_loop_state(state: MutableMapping[str, Any], doc: Mapping[str, Any], kept: Mapping[str, Any]) -> None:
+def apply_loop_state(state: MutableMapping[str, Any], doc: Mapping[str, Any], contents: Mapping[str, Any]) -> None:
     """Put the loop state of :func:`read_loop_state` back into ``state``, in place."""
     for key, value in doc["values"].items():
         state[key] = value
     for key, rng_state in doc["numpy_rngs"].items():
         state[key].bit_generator.state = rng_state
     if doc["arrays"]:
-        with np.load(io.BytesIO(kept[STATE_NPZ]), allow_pickle=False) as npz:
+        with np.load(io.BytesIO(contents[STATE_NPZ]), allow_pickle=False) as npz:
             for key in doc["arrays"]:
                 arr = npz[key]
                 state[key] = arr[()] if arr.ndim == 0 and isinstance(state.get(key), np.generic) else arr
     if doc["keras"]:
-        with h5py.File(io.BytesIO(kept[STATE_H5]), "r") as h5:
+        with h5py.File(io.BytesIO(contents[STATE_H5]), "r") as h5:
             for key in doc["keras"]:
                 state_variable(state[key]).assign(h5[f"loop_state/{key}/vars/0"][()])
 
@@ -226,26 +226,26 @@ def capture_runner(
 
 
 def restore_runner(
-    objects: list[RunnerObject], state: MutableMapping[str, Any], chosen: Any, ops: Any, where: str
+    objects: list[RunnerObject], state: MutableMapping[str, Any], chosen: Any, log: Any, where: str
 ) -> tuple[int, int] | None:
     """Load a verified runner checkpoint, all keys checked first; return (epoch, step) of a mid-epoch one."""
-    side, kept = chosen.sidecar, chosen.kept
-    missing = [o.file for o in objects if o.file not in kept] + ([STATE_JSON] if STATE_JSON not in kept else [])
+    side, contents = chosen.sidecar, chosen.contents
+    missing = [o.file for o in objects if o.file not in contents] + ([STATE_JSON] if STATE_JSON not in contents else [])
     if missing:
         raise NoValidCheckpoint(
             f"checkpoint {where} has no {', '.join(missing)} (it holds {', '.join(sorted(side.files))}); "
             "was it written by a JobRunner with the same objects?"
         )
-    doc = read_loop_state(state, kept, where)  # checks every key before anything is loaded
+    doc = read_loop_state(state, contents, where)  # checks every key before anything is loaded
     for o in objects:
         o.ensure_built()
-        o.state.restore(kept[o.file])
-        if o.extra_file in kept:
-            o.state.restore_extra(kept[o.extra_file])
+        o.state.restore(contents[o.file])
+        if o.extra_file in contents:
+            o.state.restore_extra(contents[o.extra_file])
         elif not isinstance(o.obj, keras.optimizers.Optimizer) and o.state.extra_variables():
-            ops.warning(
+            log.warning(
                 f"restart: {where} has no {o.extra_file}; the seed states of {o.name!r} start fresh, "
                 "so the resumed run will not be bit-identical"
             )
-    apply_loop_state(state, doc, kept)
+    apply_loop_state(state, doc, contents)
     return (doc["epoch"], doc["step"]) if "step" in doc else None

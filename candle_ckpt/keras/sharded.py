@@ -33,7 +33,7 @@ from candle_ckpt.core.group import Group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.plan import build_optimizer
+from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.commit import FileSpec
 from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_part
@@ -201,7 +201,12 @@ def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
 
 
 def load_sharded(
-    model: Any, kept: dict[str, Any], where: str, ops: Any, rank: int = 0, agree: Callable[[bool], bool] | None = None
+    model: Any,
+    contents: dict[str, Any],
+    where: str,
+    log: Any,
+    rank: int = 0,
+    agree: Callable[[bool], bool] | None = None,
 ) -> Pending:
     """Load a sharded checkpoint into ``model`` on process ``rank``; return the state to apply when fit starts.
 
@@ -229,9 +234,9 @@ def load_sharded(
     if failure is not None:
         raise failure
     assign_all(arrays)
-    data = kept.get(train_state_part(rank))
+    data = contents.get(train_state_part(rank))
     if data is None:
-        ops.warning(
+        log.warning(
             f"restart: {where} holds no training state for process {rank} (it was written by fewer "
             "processes): this process's RNG and input position start fresh"
         )

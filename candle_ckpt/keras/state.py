@@ -21,7 +21,8 @@ import numpy as np
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import load_weights_bytes
-from candle_ckpt.keras.plan import Entry, build_optimizer, make_plan
+from candle_ckpt.keras.plan import Entry, make_plan
+from candle_ckpt.keras.preflight import build_optimizer
 
 KERAS_VERSION = internals.KERAS_VERSION
 

@@ -18,19 +18,19 @@ from candle_ckpt.core.sidecar import FileEntry
 def verify_file(
     path: str,
     entry: FileEntry,
-    keep: bool,
+    read: bool,
     mapped: bool,
     check: bool,
     progress: Callable[[int], None] | None,
 ) -> bytes | mmap.mmap | None:
-    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``keep``, else None."""
+    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``read``, else None."""
     if os.path.islink(path) or not os.path.isfile(path):
         raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
     size = os.path.getsize(path)
     if size != entry.size:
         raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
     data = None
-    if keep:
+    if read:
         data = map_file(path, size) if mapped else read_file(path, size)
         if len(data) != entry.size:  # changed since the size check
             raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")

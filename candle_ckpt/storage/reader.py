@@ -145,7 +145,7 @@ class CheckpointReader:
         self,
         epoch: int,
         *,
-        keep: Iterable[str] = (),
+        reads: Iterable[str] = (),
         mapped: bool = False,
         progress: Callable[[int], None] | None = None,
         only: Iterable[str] | None = None,
@@ -154,9 +154,9 @@ class CheckpointReader:
 
         Args:
             epoch: The checkpoint to check.
-            keep: Names of files whose verified bytes are returned, so the
+            reads: Names of files whose verified bytes are returned, so the
                 caller can load them without reading the file a second time.
-            mapped: Return the kept files as read-only ``mmap`` objects
+            mapped: Return the files read as read-only ``mmap`` objects
                 instead of ``bytes``: the CRC then reads the page cache in
                 place and the loader copies each byte once, straight into its
                 arrays, as a plain file read would (a restart of a large
@@ -170,47 +170,47 @@ class CheckpointReader:
                 sidecar does not list is an error.
 
         Returns:
-            ``(sidecar, {name: bytes or mmap})`` for the names in ``keep``.
+            ``(sidecar, {name: bytes or mmap})`` for the names in ``reads``.
 
         Raises:
             CorruptCheckpoint: naming the file and what is wrong with it.
         """
         side = self.read_sidecar(epoch)
         where = self.layout.epoch_dir(epoch)
-        return side, self.verify_files(where, side, keep=keep, mapped=mapped, progress=progress, only=only)
+        return side, self.verify_files(where, side, reads=reads, mapped=mapped, progress=progress, only=only)
 
     def verify_files(
         self,
         directory: str,
         side: Sidecar,
         *,
-        keep: Iterable[str] = (),
+        reads: Iterable[str] = (),
         mapped: bool = False,
         progress: Callable[[int], None] | None = None,
         only: Iterable[str] | None = None,
     ) -> dict[str, bytes | mmap.mmap]:
         """Check the size and CRC of each file ``side`` lists in ``directory`` (or in ``only``; see :meth:`verify`).
 
-        With :attr:`crc_scope` set, only the CRCs of the names it gives (and of ``keep``) are checked.
+        With :attr:`crc_scope` set, only the CRCs of the names it gives (and of ``reads``) are checked.
 
         Returns:
-            ``{name: bytes or mmap}`` for the names in ``keep``.
+            ``{name: bytes or mmap}`` for the names in ``reads``.
         """
-        wanted = set(keep)
+        wanted = set(reads)
         chosen = None if only is None else set(only) | wanted
         if chosen is not None and not chosen <= side.files.keys():
             raise CorruptCheckpoint(directory, f"has no {', '.join(sorted(chosen - side.files.keys()))}")
         scope = self.crc_scope(directory, side) if self.crc_scope is not None else None
         crc = None if scope is None else set(scope) | wanted
-        kept: dict[str, bytes | mmap.mmap] = {}
+        contents: dict[str, bytes | mmap.mmap] = {}
         for name, entry in side.files.items():
             if chosen is not None and name not in chosen:
                 continue
             check = self.checksum and entry.crc32 is not None and (crc is None or name in crc)
             data = verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
             if data is not None:
-                kept[name] = data
-        return kept
+                contents[name] = data
+        return contents
 
     def candidates(self) -> Iterator[int]:
         """Epochs in restart preference order: ``last``, then by commit generation, newest first."""
@@ -234,7 +234,7 @@ class CheckpointReader:
     def find_valid(
         self,
         *,
-        keep: Iterable[str] = (),
+        reads: Iterable[str] = (),
         on_problem: Callable[[int, str], None] | None = None,
         mapped: bool = False,
     ):
@@ -242,18 +242,18 @@ class CheckpointReader:
 
         Every rejected candidate is reported through ``on_problem(epoch, reason)``.
         """
-        keep = tuple(keep)
+        reads = tuple(reads)
         last = self.link_epoch("last")
         if last is not None and not os.path.isdir(self.layout.epoch_dir(last)) and on_problem:
             on_problem(last, "'last' points to a checkpoint that does not exist")
         for epoch in self.candidates():
             try:
-                side, kept = self.verify(epoch, keep=keep, mapped=mapped)
+                side, contents = self.verify(epoch, reads=reads, mapped=mapped)
             except CheckpointError as err:
                 if on_problem:
                     on_problem(epoch, str(err))
                 continue
-            return epoch, side, kept
+            return epoch, side, contents
         return None
 
 

@@ -48,8 +48,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
-from candle_ckpt.core.keep import prune_plan
 from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.storage.remote_layout import open_remote, read_remote_sidecar, remote_epochs, remote_path
@@ -64,7 +64,7 @@ def _copy_from(path: str) -> Callable[[Any], None]:
     return write
 
 
-def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: int | None = None) -> int | None:
+def pull_newest(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, *, epoch: int | None = None) -> int | None:
     """Download the newest complete remote checkpoint (or ``epoch``) into ``store``.
 
     Called when the local directory has no checkpoint. Candidates whose
@@ -82,9 +82,9 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: 
         try:
             ranked.append((read_remote_sidecar(fs, root, e).generation, e))
         except CheckpointError as err:
-            ops.warning(f"remote: skipping epoch {e} at {cfg.upload_url}: {err}")
+            log.warning(f"remote: skipping epoch {e} at {cfg.upload_url}: {err}")
     if not ranked:
-        ops.info(f"remote: no complete checkpoint at {cfg.upload_url}")
+        log.info(f"remote: no complete checkpoint at {cfg.upload_url}")
         return None
     # The pull writes: it needs the lock, and gives it back unless the caller already held it.
     opened_here = not store.is_open
@@ -111,11 +111,11 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, *, epoch: 
                 specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
                 store.commit(e, specs, template)
             except (CheckpointError, OSError) as err:
-                ops.warning(f"remote: cannot use epoch {e} from {cfg.upload_url}: {err}")
+                log.warning(f"remote: cannot use epoch {e} from {cfg.upload_url}: {err}")
                 continue
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            ops.info(
+            log.info(
                 f"remote: pulled epoch {e} from {cfg.upload_url}: {human_bytes(side.total_bytes)} downloaded and "
                 f"verified in {elapsed:.3f} s ({side.total_bytes / elapsed / 1e6:.1f} MB/s)"
             )
@@ -132,16 +132,16 @@ class RemoteMirror:
     Args:
         cfg: The job's configuration (URL, options, mode, timeout).
         store: The local store (its layout, links and epochs).
-        ops: ``ckpt.log``.
+        log: ``ckpt.log``.
         select: The keep policy's ``select(epochs, protected)``, applied to the remote epochs.
     """
 
     def __init__(
-        self, cfg: CkptConfig, store: CheckpointStore, ops: OpsLog, select: Callable[[list[int], set[int]], set[int]]
+        self, cfg: CkptConfig, store: CheckpointStore, log: OpsLog, select: Callable[[list[int], set[int]], set[int]]
     ) -> None:
         self.cfg = cfg
         self.store = store
-        self.ops = ops
+        self.log = log
         self.select = select
         self.fs, self.root = open_remote(cfg)
         self.records: list[dict[str, Any]] = []
@@ -190,7 +190,7 @@ class RemoteMirror:
                 self._upload(epoch, stage)
             except BaseException as err:
                 self._record_error(err if isinstance(err, Exception) else RuntimeError(repr(err)))
-                self.ops.warning(f"remote: upload of epoch {epoch} to {self.cfg.upload_url} failed: {err}")
+                self.log.warning(f"remote: upload of epoch {epoch} to {self.cfg.upload_url} failed: {err}")
             finally:
                 shutil.rmtree(stage, ignore_errors=True)
                 self._queue.task_done()
@@ -213,7 +213,7 @@ class RemoteMirror:
         rec = transfer_record(nbytes, {"epoch": epoch, "url": remote_dir}, upload_s=elapsed)
         self.records.append(rec)
         self._uploaded[epoch] = side.generation
-        self.ops.info(
+        self.log.info(
             f"remote: uploaded epoch {epoch} to {remote_dir}: {human_bytes(nbytes)} in {elapsed:.3f} s "
             f"({rec['mb_per_s']:.1f} MB/s)"
         )
@@ -229,7 +229,7 @@ class RemoteMirror:
                 self.fs.rm(remote_path(remote_dir, L.SIDECAR))
             self.fs.rm(remote_dir, recursive=True)
             self._uploaded.pop(e, None)
-            self.ops.info(f"remote: pruned epoch {e} from {self.cfg.upload_url}")
+            self.log.info(f"remote: pruned epoch {e} from {self.cfg.upload_url}")
 
     def _record_error(self, err: BaseException) -> None:
         with self._lock:
@@ -260,7 +260,7 @@ class RemoteMirror:
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
         if self._queue.unfinished_tasks:
-            self.ops.warning(f"remote: uploads still running after {timeout} s; they continue in the background")
+            self.log.warning(f"remote: uploads still running after {timeout} s; they continue in the background")
             return False
         return True
 

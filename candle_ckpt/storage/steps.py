@@ -3,7 +3,7 @@
 A step checkpoint is what a preemption save (``ckpt_preempt_signals``,
 ``ckpt_deadline``) or ``ckpt_save_steps`` writes in the middle of an epoch.
 ``epochs/NNN``, ``best`` and ``last`` keep their CANDLE meaning: a step
-checkpoint is never ``best`` nor ``last``, never pruned by the keep policy,
+checkpoint is never ``best`` nor ``last``, never pruned by the retention policy,
 and named after its commit generation ``GGG`` (unique and increasing in the
 store, shared with the epoch commits). Its sidecar's ``epoch`` is the number
 of completed epochs and ``step`` the training steps done in the next one.
@@ -84,19 +84,19 @@ class StepCheckpoints:
             raise CorruptCheckpoint(path, f"not the step checkpoint of generation {generation}")
         return side
 
-    def verify(self, generation: int, *, keep: Iterable[str] = (), mapped: bool = False, progress=None):
-        """``(sidecar, kept)`` after checking the size and CRC of every file (see ``CheckpointReader.verify``)."""
+    def verify(self, generation: int, *, reads: Iterable[str] = (), mapped: bool = False, progress=None):
+        """``(sidecar, contents)`` after checking the size and CRC of every file (see ``CheckpointReader.verify``)."""
         side = self.read_sidecar(generation)
-        kept = self.store.verify_files(
-            self.layout.step_dir(generation), side, keep=keep, mapped=mapped, progress=progress
+        contents = self.store.verify_files(
+            self.layout.step_dir(generation), side, reads=reads, mapped=mapped, progress=progress
         )
-        return side, kept
+        return side, contents
 
     def newest_valid(
         self,
         *,
         after: Sidecar | None,
-        keep: Iterable[str] = (),
+        reads: Iterable[str] = (),
         mapped: bool = False,
         on_problem: Callable[[str, str], None] | None = None,
     ) -> tuple[Sidecar, dict[str, Any]] | None:
@@ -106,20 +106,20 @@ class StepCheckpoints:
         earlier epoch) is never chosen. Each rejected one is reported as
         ``on_problem(path, reason)``.
         """
-        keep = tuple(keep)
+        reads = tuple(reads)
         for generation in reversed(self.generations()):
             path = self.layout.step_dir(generation)
             if after is not None and generation <= after.generation:
                 break
             try:
-                side, kept = self.verify(generation, keep=keep, mapped=mapped)
+                side, contents = self.verify(generation, reads=reads, mapped=mapped)
             except CheckpointError as err:
                 if on_problem is not None:
                     on_problem(path, str(err))
                 continue
             if after is not None and side.epoch < after.epoch:
                 continue
-            return side, kept
+            return side, contents
         return None
 
     def commit(self, files: Iterable[Any], sidecar: Sidecar, *, shared: Any = None) -> Sidecar:

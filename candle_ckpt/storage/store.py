@@ -22,7 +22,7 @@ from dataclasses import replace
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.keep import prune_plan
+from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.commit import (
     FileSpec,

@@ -75,7 +75,7 @@ def _bytes_writer(data: bytes):
 class TfKerasModelAdapter:
     """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
 
-    keep_files = (WEIGHTS_FILE, OPTIMIZER_FILE)
+    reads = (WEIGHTS_FILE, OPTIMIZER_FILE)
 
     def __init__(self, model) -> None:
         self.model = model
@@ -115,41 +115,41 @@ class TfKerasModelAdapter:
         """Create the optimizer's variables (in the model's strategy scope) so they can be assigned."""
         build_optimizer(self.model)
 
-    def restore(self, chosen, ops, where: str) -> None:
+    def restore(self, chosen, log, where: str) -> None:
         """Load a verified checkpoint into the model and its optimizer.
 
         Raises:
             NoValidCheckpoint: the checkpoint lacks a file this adapter needs.
             ValueError: the checkpoint does not match the model.
         """
-        kept = chosen.kept
-        missing = [n for n in self.keep_files if n not in kept]
+        contents = chosen.contents
+        missing = [n for n in self.reads if n not in contents]
         if missing:
             raise NoValidCheckpoint(f"checkpoint {where} has no {', '.join(missing)} (not a tf_keras checkpoint?)")
         model = self.model
         if not model.built:
             raise ValueError("restart() needs a built model: build it (call it on data or use an Input layer) first")
-        with np.load(io.BytesIO(kept[OPTIMIZER_FILE]), allow_pickle=False) as npz:
+        with np.load(io.BytesIO(contents[OPTIMIZER_FILE]), allow_pickle=False) as npz:
             names = [str(n) for n in npz["names"]]
             values = [npz[f"v{i}"] for i in range(len(names))]
         self.pending = Pending()
         if getattr(model, "optimizer", None) is None:
             # restart() before compile(): the optimizer does not exist yet; the
             # callback applies its state when fit starts (apply_optimizer_state).
-            with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+            with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
                 internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
             self.pending = Pending(optimizer=ParkedOptimizer(values, names))
             return
         build_optimizer(model)
         variables = optimizer_variables(model)
         check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
-        with h5py.File(io.BytesIO(kept[WEIGHTS_FILE]), "r") as h5:
+        with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
             internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
         for value, var in zip(values, variables, strict=True):  # checked above
             var.assign(value)
 
     def apply_optimizer_state(self, parked: ParkedOptimizer, where: str) -> None:
-        """Assign optimizer state kept by a restore before ``compile()``, all or nothing."""
+        """Assign optimizer state parked by a restore before ``compile()``, all or nothing."""
         assign_optimizer_state(self.model, parked.names or [], parked.values, where)
 
 
@@ -217,12 +217,12 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         if parked is not None:  # restart() ran before compile(): the optimizer exists now
             where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
             self.state.adapter.apply_optimizer_state(parked, f"{where}/{OPTIMIZER_FILE}")
-            self.state.ops.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
+            self.state.log.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
         side = resumed.sidecar if resumed is not None else None
         self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
         state = self.state
-        self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.ops)
+        self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.log)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
         self._inexact = exactness.inexact_causes(self.model, internals.fit_arguments(self.model))  # said at a save
@@ -259,7 +259,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             return  # preempted in mid-epoch: that step's checkpoint is the newest state
         if self._inexact and self.cfg.save_interval and not self._inexact_said:
             self._inexact_said = True
-            self.state.ops.warning(exactness.inexact_message(self._inexact))
+            self.state.log.warning(exactness.inexact_message(self._inexact))
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         try:
             saved = self.state.back_up(epoch + 1, logs or {})

@@ -40,7 +40,7 @@ PRUNER = textwrap.dedent(
     """
     import os, sys
     from candle_ckpt.core.fs import LocalFS
-    from candle_ckpt.core.keep import KeepLatest
+    from candle_ckpt.core.retention import KeepLatest
     from candle_ckpt.storage.store import CheckpointStore
 
     class StepFS(LocalFS):

@@ -28,7 +28,7 @@ from candle_ckpt import CandleCheckpointCallback, CheckpointSaveError
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.keras import callback as callback_mod
-from candle_ckpt.keras.capture import capture_model
+from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -519,11 +519,11 @@ def test_restart_loads_from_a_mapped_file_and_unmaps_it(tmp_path):
     trained = build_model(7)
     fit(trained, cb, 1)
     store = CheckpointStore(tmp_path)
-    _, kept = store.verify(1, keep=[L.WEIGHTS_FILE], mapped=True)
+    _, contents = store.verify(1, reads=[L.WEIGHTS_FILE], mapped=True)
     import mmap
 
-    assert isinstance(kept[L.WEIGHTS_FILE], mmap.mmap)
-    kept[L.WEIGHTS_FILE].close()
+    assert isinstance(contents[L.WEIGHTS_FILE], mmap.mmap)
+    contents[L.WEIGHTS_FILE].close()
     fresh = build_model(7)
     info = restart(params(tmp_path, epochs=1, ckpt_restart_mode="required"), fresh, verbose=False)
     assert info["epoch"] == 1

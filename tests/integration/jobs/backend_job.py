@@ -8,9 +8,9 @@ Usage::
         weights and optimizer variables to OUT.npz. With --kill-in E the
         process sends itself SIGKILL in the middle of epoch E (after epoch E-1
         was committed). --carry-rng also saves NumPy's, Python's and the
-        backend's global RNG states (candle_ckpt.keras.backend_rng) beside
+        backend's global RNG states (candle_ckpt.keras.rng_state.backend_capture) beside
         every checkpoint and restores them on resume: what the checkpoint
-        will hold once the RNG capture of issue 11 takes backend_rng in.
+        will hold once the RNG capture of issue 11 takes the backend's states in.
     python backend_job.py save DIR OUT.npz
         train 2 epochs (no Dropout), checkpoint them, save the final state to OUT.npz.
     python backend_job.py load DIR OUT.npz
@@ -86,7 +86,7 @@ def _carry_rng(directory: str, start: int):
     import keras
     import numpy as np
 
-    from candle_ckpt.keras import backend_rng
+    from candle_ckpt.keras import rng_state
 
     class CarryRng(keras.callbacks.Callback):
         def on_train_begin(self, logs=None) -> None:
@@ -94,7 +94,11 @@ def _carry_rng(directory: str, start: int):
                 _restore_rng(directory, start)
 
         def on_epoch_end(self, epoch, logs=None) -> None:
-            state = {"numpy": np.random.get_state(), "python": random.getstate(), "backend": backend_rng.capture()}
+            state = {
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+                "backend": rng_state.backend_capture(),
+            }
             with open(_rng_file(directory, epoch + 1), "wb") as f:
                 pickle.dump(state, f)
 
@@ -104,13 +108,13 @@ def _carry_rng(directory: str, start: int):
 def _restore_rng(directory: str, epoch: int) -> None:
     import numpy as np
 
-    from candle_ckpt.keras import backend_rng
+    from candle_ckpt.keras import rng_state
 
     with open(_rng_file(directory, epoch), "rb") as f:
         state = pickle.load(f)
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    backend_rng.restore(state["backend"])
+    rng_state.backend_restore(state["backend"])
 
 
 def _killer(epoch: int):

@@ -32,7 +32,7 @@ import pytest  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import DirectoryLocked, NoValidCheckpoint  # noqa: E402
-from candle_ckpt.core.keep import KeepExponential  # noqa: E402
+from candle_ckpt.core.retention import KeepExponential  # noqa: E402
 
 JOB_SCRIPT = job_script("resume_job.py")
 

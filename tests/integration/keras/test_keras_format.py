@@ -178,7 +178,7 @@ def test_plan_keeps_an_optimizers_own_save_own_variables():
 
 def test_restart_walks_the_model_once(tmp_path, monkeypatch):
     """restart() of a model with Dropout walks its saveables once and restores the weights and the seed state."""
-    import candle_ckpt.keras.capture as capture
+    import candle_ckpt.keras.adapter as adapter
     from candle_ckpt import CandleCheckpointCallback, restart
 
     def dropout_model() -> keras.Model:
@@ -199,7 +199,7 @@ def test_restart_walks_the_model_once(tmp_path, monkeypatch):
     walks = []
     from candle_ckpt.keras.plan import make_plan as real
 
-    monkeypatch.setattr(capture, "make_plan", lambda *a, **k: walks.append(1) or real(*a, **k), raising=False)
+    monkeypatch.setattr(adapter, "make_plan", lambda *a, **k: walks.append(1) or real(*a, **k), raising=False)
     monkeypatch.setattr("candle_ckpt.keras.preflight.make_plan", lambda *a, **k: walks.append(1) or real(*a, **k))
     monkeypatch.setattr("candle_ckpt.keras.state.make_plan", lambda *a, **k: walks.append(1) or real(*a, **k))
     restart({**params, "ckpt_restart_mode": "required"}, fresh, logger=None, verbose=False)

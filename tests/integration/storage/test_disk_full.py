@@ -69,7 +69,7 @@ def fill_to(mnt: Path, free: int) -> Path:
 
 def snapshot(store: CheckpointStore) -> dict[int, bytes]:
     """The state file (model.keras) bytes of every checkpoint, each verified against its CRC."""
-    return {e: store.verify(e, keep=[L.MODEL_FILE])[1][L.MODEL_FILE] for e in store.epochs()}
+    return {e: store.verify(e, reads=[L.MODEL_FILE])[1][L.MODEL_FILE] for e in store.epochs()}
 
 
 def params(root: Path, epochs: int, on_error: str) -> dict:

@@ -15,9 +15,9 @@ from candle_ckpt.config.candle_params import develop_params
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.candle_sidecar import CandleSidecar, candle_crc, from_candle
 from candle_ckpt.core.errors import LayoutMismatch, SidecarError
-from candle_ckpt.core.keep import KeepAll, keep_policy
 from candle_ckpt.core.layout import Layout, resolve_link_target
 from candle_ckpt.core.log import get_logger
+from candle_ckpt.core.retention import KeepAll, retention_policy
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -180,7 +180,7 @@ def test_none_strings_take_defaults_and_keep_all() -> None:
     """'None' strings from config files mean the default for every key; keep_mode all keeps everything."""
     cfg = CkptConfig.from_params({k: "None" for k in ("ckpt_directory", "ckpt_keep_mode", "ckpt_save_best_metric")})
     assert (cfg.directory, cfg.keep_mode, cfg.save_best_metric) == ("./save", "linear", "val_loss")
-    policy = keep_policy("all", 1)
+    policy = retention_policy("all", 1)
     assert isinstance(policy, KeepAll) and policy.select([1, 2, 3]) == {1, 2, 3}
     assert CkptConfig.from_params({"ckpt_best_metric_last": "Infinity"}).best_metric_last == float("inf")
 

@@ -22,7 +22,7 @@ from candle_ckpt.core import layout
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
-from candle_ckpt.core.keep import KeepLatest
+from candle_ckpt.core.retention import KeepLatest
 from candle_ckpt.core.sidecar import MAX_SIDECAR_BYTES, FileEntry, Sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
@@ -294,8 +294,8 @@ def test_verify_returns_the_bytes_and_catches_damage(tmp_path):
     """verify() returns the checked bytes and names the file whose size or CRC is wrong."""
     s = _open(tmp_path)
     _commit(s, 1, b"weights-1")
-    side, kept = s.verify(1, keep=["model.bin"])
-    assert kept == {"model.bin": b"weights-1"} and side.epoch == 1
+    side, contents = s.verify(1, reads=["model.bin"])
+    assert contents == {"model.bin": b"weights-1"} and side.epoch == 1
     model = Path(s.layout.epoch_dir(1)) / "model.bin"
     model.write_bytes(b"weights-X")
     with pytest.raises(CorruptCheckpoint, match=r"model.bin: CRC32 is .* but the sidecar recorded"):
@@ -316,8 +316,8 @@ def test_find_valid_falls_back_by_generation_and_reports_why(tmp_path):
     (Path(s.layout.epoch_dir(3)) / "model.bin").write_bytes(b"weights-X")
     (Path(s.layout.epoch_dir(2)) / "ckpt-info.json").write_text("{broken")
     problems: list[tuple[int, str]] = []
-    epoch, side, kept = s.find_valid(keep=["model.bin"], on_problem=lambda e, why: problems.append((e, why)))
-    assert (epoch, kept) == (1, {"model.bin": b"weights-1"})
+    epoch, side, contents = s.find_valid(reads=["model.bin"], on_problem=lambda e, why: problems.append((e, why)))
+    assert (epoch, contents) == (1, {"model.bin": b"weights-1"})
     assert [e for e, _ in problems] == [3]  # epoch 2's sidecar is unreadable: its generation is unknown, tried last
     assert "CRC32" in problems[0][1]
     (Path(s.layout.epoch_dir(1)) / "aux.txt").unlink()
@@ -337,7 +337,7 @@ def test_find_valid_reads_no_listing_when_last_is_valid(tmp_path, monkeypatch):
         raise AssertionError("epochs/ was listed")
 
     monkeypatch.setattr(s, "epochs", refuse)
-    assert s.find_valid(keep=["model.bin"])[0] == 3
+    assert s.find_valid(reads=["model.bin"])[0] == 3
     os.unlink(s.layout.link("last"))
     os.symlink("epochs/007", s.layout.link("last"))  # 'last' to a checkpoint that is gone: only now list
     with pytest.raises(AssertionError, match="epochs/ was listed"):
@@ -356,11 +356,11 @@ def test_a_save_cut_before_last_moved_resumes_the_previous_last(tmp_path):
     ckpts = tmp_path / "save" / "ckpts"
     os.unlink(ckpts / "last")
     os.symlink("epochs/002", ckpts / "last")  # the state a kill between the rename and the link move leaves
-    assert s.find_valid(keep=["model.bin"])[0] == 2
+    assert s.find_valid(reads=["model.bin"])[0] == 2
     _commit(s, 3, b"weights-3-redone")
     assert os.readlink(ckpts / "last") == "epochs/003"
     assert (ckpts / "epochs" / "003" / "model.bin").read_bytes() == b"weights-3-redone"
-    assert s.find_valid(keep=["model.bin"])[0] == 3
+    assert s.find_valid(reads=["model.bin"])[0] == 3
 
 
 def test_find_valid_returns_none_when_nothing_is_valid(tmp_path):
@@ -389,7 +389,7 @@ def test_recommit_of_an_existing_epoch_replaces_it(tmp_path):
     s = _open(tmp_path)
     first = _commit(s, 1, b"old")
     second = _commit(s, 1, b"new-lineage")
-    assert s.verify(1, keep=["model.bin"])[1] == {"model.bin": b"new-lineage"}
+    assert s.verify(1, reads=["model.bin"])[1] == {"model.bin": b"new-lineage"}
     assert second.generation > first.generation
     assert s.epochs() == [1]
 

@@ -48,9 +48,9 @@ def test_a_step_checkpoint_with_a_malformed_sidecar_is_skipped_and_superseded(tm
     sidecar = Path(store.layout.step_dir(step.generation)) / "ckpt-info.json"
     sidecar.write_bytes(b"{not json")
     seen: list[str] = []
-    ops = OpsLog(None, None)
-    ops.warning = seen.append  # type: ignore[method-assign]
-    chosen = select_checkpoint(CkptConfig(directory=str(tmp_path)), ops, keep=[], steps=True)
+    log = OpsLog(None, None)
+    log.warning = seen.append  # type: ignore[method-assign]
+    chosen = select_checkpoint(CkptConfig(directory=str(tmp_path)), log, reads=[], steps=True)
     assert chosen.sidecar.step is None and chosen.epoch == 1
     assert any("skipping step checkpoint" in m and "not valid JSON" in m for m in seen), seen
     assert store.steps.supersede(2) == [step.generation]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.core.keep import KeepExponential, KeepLatest, keep_policy, prune_plan
 from candle_ckpt.core.policy import BestState, is_improvement, resolve_mode
+from candle_ckpt.core.retention import KeepExponential, KeepLatest, prune_plan, retention_policy
 
 # ---------------------------------------------------------------------------
 # resolve_mode
@@ -185,9 +185,9 @@ def test_best_state_rejects_bad_mode() -> None:
 
 
 def test_keep_policy_factory() -> None:
-    """keep_policy maps linear/exponential to the matching class and limit."""
-    linear = keep_policy("linear", 3)
-    exponential = keep_policy("exponential", 7)
+    """retention_policy maps linear/exponential to the matching class and limit."""
+    linear = retention_policy("linear", 3)
+    exponential = retention_policy("exponential", 7)
     assert isinstance(linear, KeepLatest)
     assert linear.limit == 3
     assert isinstance(exponential, KeepExponential)
@@ -197,7 +197,7 @@ def test_keep_policy_factory() -> None:
 def test_keep_policy_rejects_bad_mode() -> None:
     """An unknown keep mode raises ValueError naming ckpt_keep_mode."""
     with pytest.raises(ValueError, match="ckpt_keep_mode"):
-        keep_policy("logarithmic", 3)
+        retention_policy("logarithmic", 3)
 
 
 @pytest.mark.parametrize("mode", ["linear", "exponential"])
@@ -205,7 +205,7 @@ def test_keep_policy_rejects_bad_mode() -> None:
 def test_keep_policy_rejects_bad_limit(mode: str, limit: object) -> None:
     """A limit below 1 (or not an int) raises ValueError naming ckpt_keep_limit."""
     with pytest.raises(ValueError, match="ckpt_keep_limit"):
-        keep_policy(mode, limit)  # type: ignore[arg-type]
+        retention_policy(mode, limit)  # type: ignore[arg-type]
 
 
 def test_keep_latest_example() -> None:
@@ -332,7 +332,11 @@ def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[i
 def test_every_keep_mode_of_the_schema_has_a_rule() -> None:
     """The schema's ckpt_keep_mode choices (also the CLI's --keep-mode) and the keep rules name the same modes."""
     from candle_ckpt.config.schema import KEEP_MODES
-    from candle_ckpt.core.keep import _RULES, keep_policy
+    from candle_ckpt.core.retention import _RULES, retention_policy
 
     assert set(_RULES) == set(KEEP_MODES)
-    assert {type(keep_policy(mode, 3)).__name__ for mode in KEEP_MODES} == {"KeepLatest", "KeepExponential", "KeepAll"}
+    assert {type(retention_policy(mode, 3)).__name__ for mode in KEEP_MODES} == {
+        "KeepLatest",
+        "KeepExponential",
+        "KeepAll",
+    }

@@ -36,10 +36,10 @@ def test_the_record_travels_on_the_model_and_only_serves_its_directory(tmp_path)
 
 def test_an_applied_optimizer_state_disarms_its_never_applied_warning(tmp_path):
     """take_optimizer() detaches the guard, so collecting the model says nothing."""
-    ops = OpsLog(str(tmp_path / "ckpt.log"))
+    log = OpsLog(str(tmp_path / "ckpt.log"))
     model = Model()
     record = _resumed(str(tmp_path), optimizer=ParkedOptimizer([np.zeros(2)]))
-    record.pending.guard(model, ops, "epochs/003")
+    record.pending.guard(model, log, "epochs/003")
     parked = record.pending.take_optimizer()
     assert len(parked.values) == 1 and record.pending.optimizer is None
     del model
@@ -49,9 +49,9 @@ def test_an_applied_optimizer_state_disarms_its_never_applied_warning(tmp_path):
 
 def test_an_optimizer_state_never_taken_is_reported_when_the_model_goes(tmp_path, capfd):
     """Without take_optimizer(), collecting the model logs and prints that the optimizer state was never applied."""
-    ops = OpsLog(str(tmp_path / "ckpt.log"))
+    log = OpsLog(str(tmp_path / "ckpt.log"))
     model = Model()
-    _resumed(str(tmp_path), optimizer=ParkedOptimizer([np.zeros(2)])).pending.guard(model, ops, "epochs/003")
+    _resumed(str(tmp_path), optimizer=ParkedOptimizer([np.zeros(2)])).pending.guard(model, log, "epochs/003")
     del model
     gc.collect()
     assert "epochs/003 was never applied" in (tmp_path / "ckpt.log").read_text()

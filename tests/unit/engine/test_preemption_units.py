@@ -141,7 +141,7 @@ def test_a_released_watcher_hands_a_late_signal_to_the_previous_handler():
 
 
 def test_watcher_keeps_a_handler_the_program_installed():
-    """A Python handler the program installed is neither replaced nor removed; kept names the signal."""
+    """A Python handler the program installed is neither replaced nor removed; left_alone names the signal."""
 
     def mine(signum, frame):
         pass
@@ -149,7 +149,7 @@ def test_watcher_keeps_a_handler_the_program_installed():
     old = signal.signal(signal.SIGUSR2, mine)
     try:
         watcher = PreemptionWatcher(signal_numbers(("SIGUSR2",)))
-        assert watcher.arm() == [] and watcher.kept == ["SIGUSR2"]
+        assert watcher.arm() == [] and watcher.left_alone == ["SIGUSR2"]
         assert signal.getsignal(signal.SIGUSR2) is mine
         watcher.disarm()
         assert signal.getsignal(signal.SIGUSR2) is mine
@@ -239,16 +239,16 @@ def test_restart_prefers_a_valid_step_checkpoint_newer_than_last(tmp_path):
     side = _step(store, 1, 3)
     store.close()
     cfg = CkptConfig(directory=str(tmp_path / "job"))
-    ops = OpsLog(None, None)
-    chosen = select_checkpoint(cfg, ops, keep=["model.bin"], steps=True)
-    assert (chosen.epoch, chosen.sidecar.step, bytes(chosen.kept["model.bin"])) == (1, 3, b"step")
-    assert select_checkpoint(cfg, ops, keep=[]).sidecar.step is None
-    assert select_checkpoint(cfg, ops, keep=[], epoch=1, steps=True).sidecar.step is None
+    log = OpsLog(None, None)
+    chosen = select_checkpoint(cfg, log, reads=["model.bin"], steps=True)
+    assert (chosen.epoch, chosen.sidecar.step, bytes(chosen.contents["model.bin"])) == (1, 3, b"step")
+    assert select_checkpoint(cfg, log, reads=[]).sidecar.step is None
+    assert select_checkpoint(cfg, log, reads=[], epoch=1, steps=True).sidecar.step is None
     path = Path(store.layout.step_dir(side.generation)) / "model.bin"
     path.write_bytes(b"stop")  # same size, other bytes
     with pytest.raises(CorruptCheckpoint):
         store.steps.verify(side.generation)
-    assert select_checkpoint(cfg, ops, keep=[], steps=True).sidecar.step is None
+    assert select_checkpoint(cfg, log, reads=[], steps=True).sidecar.step is None
 
 
 def test_a_step_checkpoint_before_any_epoch_is_found(tmp_path):
@@ -256,7 +256,7 @@ def test_a_step_checkpoint_before_any_epoch_is_found(tmp_path):
     store = _store(tmp_path)
     _step(store, 0, 2)
     store.close()
-    chosen = select_checkpoint(CkptConfig(directory=str(tmp_path / "job")), OpsLog(None, None), keep=[], steps=True)
+    chosen = select_checkpoint(CkptConfig(directory=str(tmp_path / "job")), OpsLog(None, None), reads=[], steps=True)
     assert (chosen.epoch, chosen.sidecar.step) == (0, 2)
 
 

@@ -72,8 +72,8 @@ def run_fault(root: Path, kinds: tuple[str, ...], k: int) -> tuple[FaultFS, Chec
     assert engine.store.epochs() == [1, 2], where
     assert sorted(os.listdir(ckpts)) == ["best", "epochs", "last", "lock"], where
     for epoch in (1, 2):
-        _, kept = engine.store.verify(epoch, keep=["model.weights.h5"])
-        assert kept["model.weights.h5"] == payload(epoch), where
+        _, contents = engine.store.verify(epoch, reads=["model.weights.h5"])
+        assert contents["model.weights.h5"] == payload(epoch), where
     return fs, engine
 
 
@@ -98,8 +98,8 @@ def test_eio_from_any_fsync_fails_the_save_and_is_never_trusted(tmp_path: Path) 
         created = [p for o, p in fs.ops if o == "create"]
         assert [os.path.basename(p) for p in created[:3]] == ["model.weights.h5", "model.keras", "ckpt-info.json"]
         assert read_link(str(root / "ckpts" / "last")) == "epochs/003"
-        _, kept = engine.store.verify(3, keep=["model.weights.h5"])
-        assert kept["model.weights.h5"] == payload(3)
+        _, contents = engine.store.verify(3, reads=["model.weights.h5"])
+        assert contents["model.weights.h5"] == payload(3)
         engine.store.close()
     _figure("fsync_fault_points", total)
 

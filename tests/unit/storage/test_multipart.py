@@ -185,8 +185,8 @@ def test_a_rank_verifies_only_the_files_it_reads(tmp_path: Path) -> None:
     part = Path(reader.layout.epoch_dir(1)) / "part-00001.bin"
     part.write_bytes(b"\0" + part.read_bytes()[1:])
     mine = {MANIFEST, "part-00000.bin", "train.state.p00000.npz"}
-    side, kept = reader.verify(1, only=mine, keep=["train.state.p00000.npz"])
-    assert kept["train.state.p00000.npz"] == b"rank 0 state"
+    side, contents = reader.verify(1, only=mine, reads=["train.state.p00000.npz"])
+    assert contents["train.state.p00000.npz"] == b"rank 0 state"
     with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32"):
         reader.verify(1, only={"part-00001.bin"})
     with pytest.raises(CorruptCheckpoint, match="has no part-00009.bin"):

@@ -18,8 +18,8 @@ from candle_ckpt.keras import internals
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
 from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import restore_candle_h5
-from candle_ckpt.keras.plan import build_optimizer, make_plan
-from candle_ckpt.keras.preflight import check_model, read_optimizer_state
+from candle_ckpt.keras.plan import make_plan
+from candle_ckpt.keras.preflight import build_optimizer, check_model, read_optimizer_state
 from candle_ckpt.keras.sharded import load_sharded, train_state_part
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
@@ -68,7 +68,7 @@ class KerasModelAdapter:
     used by ``restart()`` and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`."""
 
     # A sharded checkpoint (written by several processes) restores here too: its manifest and process 0's state.
-    keep_files = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE, MANIFEST, train_state_part(0))
+    reads = (L.MODEL_FILE, L.WEIGHTS_FILE, L.EXTRA_FILE, TRAIN_STATE_FILE, MANIFEST, train_state_part(0))
 
     def __init__(self, model) -> None:
         require_model(model, "model")
@@ -79,7 +79,7 @@ class KerasModelAdapter:
     def capture(self, cfg: CkptConfig) -> Capture:
         return capture_model(self.state, cfg)
 
-    def restore(self, chosen, ops, where: str) -> None:
+    def restore(self, chosen, log, where: str) -> None:
         """Load a verified checkpoint (a :class:`~candle_ckpt.engine.resume.Chosen`) into the model.
 
         The weights come from the sidecar's ``model_file``: ``model.keras``
@@ -88,46 +88,46 @@ class KerasModelAdapter:
         Raises:
             NoValidCheckpoint: the checkpoint has no Keras 3 weights.
         """
-        side, kept = chosen.sidecar, chosen.kept
+        side, contents = chosen.sidecar, chosen.contents
         self.pending = Pending()
         if isinstance(side, CandleSidecar):  # written by ECP-CANDLE itself: its model.h5
-            values = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), ops, where)
+            values = restore_candle_h5(self.state.model, os.path.join(where, side.model_file), log, where)
             if values is not None:  # not compiled yet: the callback applies it when fit begins
                 self.pending = Pending(optimizer=ParkedOptimizer(values))
             return
         if side.model_file == MANIFEST:  # written by several processes: read into this process's variables
             build_optimizer(self.state.model)
-            self.pending = load_sharded(self.state.model, kept, where, ops)
+            self.pending = load_sharded(self.state.model, contents, where, log)
             return
-        if side.model_file not in kept:
+        if side.model_file not in contents:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
         model = self.state.model
         build_optimizer(model)  # raises if the model is not built
-        extra = kept.get(L.EXTRA_FILE)
+        extra = contents.get(L.EXTRA_FILE)
         # One walk of the model's saveables serves the preflight and the random-layer variables.
         plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
         extra_vars = self.state.extra_variables(plan)
         optimizer = None
         with (
             format_changed(side.keras_version, where),
-            weights_view(kept[side.model_file], side.model_file, where) as weights,
+            weights_view(contents[side.model_file], side.model_file, where) as weights,
         ):
             # All or nothing: every shape, dtype and count is checked before the first assignment.
             check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan)
             if getattr(model, "optimizer", None) is None:
                 # restart() before compile(): the optimizer does not exist yet. Its state
-                # is kept and applied when it does (the callback, at the latest when fit starts).
+                # is parked and applied when it does (the callback, at the latest when fit starts).
                 arrays = read_optimizer_state(weights)
                 optimizer = ParkedOptimizer(arrays) if arrays is not None else None
             self.state.restore(weights)
         if extra is not None:
             self.state.restore_extra(bytes(extra), extra_vars)
         elif extra_vars:
-            ops.warning(
+            log.warning(
                 f"restart: {where} has no {L.EXTRA_FILE}; the random-layer seed states "
                 "start fresh, so the resumed run will not be bit-identical"
             )
-        train_state = bytes(kept[TRAIN_STATE_FILE]) if TRAIN_STATE_FILE in kept else None
+        train_state = bytes(contents[TRAIN_STATE_FILE]) if TRAIN_STATE_FILE in contents else None
         self.pending = Pending(optimizer=optimizer, train_state=train_state)
 
 
@@ -154,7 +154,7 @@ def format_changed(saved: str | None, where: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def weights_view(data: Any, name: str, where: str) -> Iterator[Any]:
-    """The ``.weights.h5`` bytes of a kept checkpoint file, without a copy.
+    """The ``.weights.h5`` bytes of a checkpoint file read by a restore, without a copy.
 
     ``data`` itself for a ``.weights.h5``; for a ``.keras`` archive, a view of
     its stored weights member, released on exit (so the mmap can be closed).

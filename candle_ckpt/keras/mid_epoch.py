@@ -14,7 +14,7 @@ from candle_ckpt.keras import fit_hooks
 
 
 def resume_mid_epoch(
-    model: Any, iterator: Any, train: Any, resumed: Any, engine: CheckpointEngine, ops: OpsLog, epoch: int
+    model: Any, iterator: Any, train: Any, resumed: Any, engine: CheckpointEngine, log: OpsLog, epoch: int
 ) -> None:
     """Before the first epoch of a fit resumed from a step checkpoint: skip the steps it had done.
 
@@ -28,7 +28,7 @@ def resume_mid_epoch(
     side = resumed.sidecar
     if epoch != side.epoch or iterator is None:
         why = "its epoch iterator could not be found" if iterator is None else f"fit starts at epoch {epoch + 1}"
-        ops.warning(
+        log.warning(
             f"restart: the checkpoint was taken after step {side.step} of epoch {side.epoch + 1} but {why}: "
             f"the epoch runs from its first batch and the run will not be bit-identical "
             f"(pass initial_epoch={side.epoch} to fit)"
@@ -44,7 +44,7 @@ def resume_mid_epoch(
         restored = train.restore_mid()
         if engine.load is not None:
             engine.load.update(skipped_steps=done, skip_s=round(seconds, 6))
-        ops.info(
+        log.info(
             f"restart: skipped the {done} steps of epoch {epoch + 1} done before the checkpoint in {seconds:.3f} s "
             f"(their batches {'drawn, not trained on' if consume else 'were already consumed'}); "
             f"restored {', '.join(restored)}"

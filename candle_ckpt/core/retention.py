@@ -1,4 +1,4 @@
-"""Keep rules: which checkpoints to retain, as pure functions of epoch numbers.
+"""The retention policy: which checkpoints to retain (the ``ckpt_keep_*`` rules), as pure functions of epoch numbers.
 
 Each policy is a small class named after its rule with one pure method,
 ``select(epochs, protected)``, that sees epoch numbers (records), never files;
@@ -13,10 +13,10 @@ from typing import Protocol
 
 from candle_ckpt.config.schema import KEEP_MODES
 
-__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "KeepPolicy", "keep_policy", "prune_plan"]
+__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "RetentionPolicy", "retention_policy", "prune_plan"]
 
 
-class KeepPolicy(Protocol):
+class RetentionPolicy(Protocol):
     """A retention rule over epoch numbers."""
 
     limit: int
@@ -129,7 +129,7 @@ class KeepAll(_Limited):
 _RULES: dict[str, type[_Limited]] = {"linear": KeepLatest, "exponential": KeepExponential, "all": KeepAll}
 
 
-def keep_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll:
+def retention_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll:
     """Build a keep policy from CANDLE-style configuration.
 
     Args:
