@@ -15,12 +15,13 @@ state in all. One JSON per size is written into ``--out-dir`` (default: ``$OUT``
   on the training thread), ``writer_wait_s`` (the training thread waiting for the previous write:
   the writer cannot keep up when an epoch is shorter than a write) and ``save_s`` (one commit);
 - ``bytes_per_ckpt`` and ``bytes_ratio``: the bytes of the newest checkpoint's directory, against the
-  state; ``kept`` and ``bytes_on_disk``: how many checkpoints the directory holds at the end, and
-  all their bytes (candle_ckpt keeps ``best`` on top of ``ckpt_keep_limit`` when it is older than the
-  last two);
+  state; ``checkpoints``, ``kept`` and ``bytes_on_disk``: the checkpoints the directory holds at the
+  end, and all their bytes (candle_ckpt keeps ``best`` on top of ``ckpt_keep_limit`` when it is older
+  than the last two: dividing all the bytes by 2 once made 3 checkpoints look like 1.5x the state);
 - ``restart_s``: the time to restore the last checkpoint into a fresh model whose optimizer is already
   built (for every contender: ``fit`` builds it anyway; building it is Keras's cost, not a
-  checkpoint's), by candle_ckpt's ``restart()`` or Keras's ``model.load_weights`` of the Orbax
+  checkpoint's), its files written back and dropped from the page cache first (a restart reads the
+  disk, as after a crash), by candle_ckpt's ``restart()`` or Keras's ``model.load_weights`` of the Orbax
   directory; ``restored_equal``: whether every weight and optimizer variable then equals the
   trained model's, bit for bit, on both processes.
 
@@ -58,17 +59,35 @@ def _du(path: str) -> int:
     return total
 
 
-def _newest(contender: str, directory: str) -> tuple[str | None, int]:
-    """The newest checkpoint's directory, and how many checkpoints ``directory`` holds."""
+def _newest(contender: str, directory: str) -> tuple[str | None, list[str]]:
+    """The newest checkpoint's directory, and the checkpoints ``directory`` holds (candle_ckpt: ``last``/``best``
+    marked)."""
     if contender.startswith("candle"):
-        epochs = os.path.join(directory, "ckpts", "epochs")
-        kept = len(os.listdir(epochs)) if os.path.isdir(epochs) else 0
-        last = os.path.join(directory, "ckpts", "last")
-        return (os.path.realpath(last) if os.path.lexists(last) else None), kept
+        ckpts = os.path.join(directory, "ckpts")
+        names = sorted(os.listdir(os.path.join(ckpts, "epochs"))) if os.path.isdir(ckpts) else []
+        links = {n: os.path.basename(os.readlink(os.path.join(ckpts, n))) for n in ("last", "best")}
+        held = [name + "".join(f" ({n})" for n, target in links.items() if target == name) for name in names]
+        return os.path.realpath(os.path.join(ckpts, "last")), held
     if not os.path.isdir(directory):  # the run without checkpoints
-        return None, 0
+        return None, []
     steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
-    return (os.path.join(directory, str(steps[0])) if steps else None), len(steps)
+    return (os.path.join(directory, str(steps[0])) if steps else None), [str(n) for n in sorted(steps)]
+
+
+def _evict(directory: str) -> None:
+    """Write back, then drop from the page cache, every file under ``directory``: a restart reads from the disk,
+    as after a crash or on another node (without it, a contender whose files are still cached would read memory)."""
+    os.sync()
+    for root, _, files in os.walk(directory):
+        for name in files:
+            full = os.path.join(root, name)
+            if os.path.islink(full):
+                continue
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def _values(model) -> list:
@@ -116,6 +135,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
     jax.distributed.initialize(f"localhost:{port}", 2, rank)
     import keras
     import numpy as np
+    from jax.experimental import multihost_utils
 
     import candle_ckpt
 
@@ -155,6 +175,8 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
         trained = _values(model)
         fresh = _model(mib)
         fresh.optimizer.build(fresh.trainable_variables)  # fit builds it anyway: not part of a restore
+        _evict(directory)
+        multihost_utils.sync_global_devices("evicted")  # both processes start the restore from a cold cache
         start = time.perf_counter()
         try:
             if ours is not None:
@@ -210,7 +232,8 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
         if result["restored_equal"] is not None:
             result["restored_equal"] = all(r["restored_equal"] for r in ranks)
             result["restored_differ"] = sorted({name for r in ranks for name in r["restored_differ"]})
-        newest, result["kept"] = _newest(contender, directory)
+        newest, result["checkpoints"] = _newest(contender, directory)
+        result["kept"] = len(result["checkpoints"])
         result["bytes_per_ckpt"] = _du(newest) if newest else 0
         result["bytes_on_disk"] = _du(directory)
         return result
