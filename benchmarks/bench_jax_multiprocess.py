@@ -2,15 +2,17 @@
 
 Usage::
 
-    python3 benchmarks/bench_jax_multiprocess.py [--mib 256 1024] [--epochs 6] [--out-dir DIR]
+    python3 benchmarks/bench_jax_multiprocess.py [--mib 256 1024] [--epochs 8] [--steps 2] [--out-dir DIR]
 
 Each contender runs the same job: 2 processes x 2 CPU devices (gloo), ModelParallel with the big
 kernels sharded over all 4 devices, Adam (so the state is about 3x the weights), ``--mib`` MiB of
-state in all. One JSON per size is written into ``--out-dir`` (default: ``$OUT`` if set), named
-``jax-multiprocess-<mib>.json``. Per contender it reports, from process 0:
+state in all, ``--steps`` steps of 8 samples per epoch. One JSON per size is written into
+``--out-dir`` (default: ``$OUT`` if set), named ``jax-multiprocess-<mib>.json``. Per contender it
+reports, from process 0:
 
 - ``stall_s``: the mean extra wall time of an epoch end over the run without checkpointing (the
-  first epoch, which compiles, is left out). For candle_ckpt also, from ``callback.stats()``:
+  first epoch, which compiles, is left out, and so is the last, whose end also waits for the last
+  write of an async contender: that wait is ``end_wait_s``). For candle_ckpt also, from ``callback.stats()``:
   ``async_writer`` (True: the writes ran on the background writer), ``snapshot_s`` (the copy taken
   on the training thread), ``writer_wait_s`` (the training thread waiting for the previous write:
   the writer cannot keep up when an epoch is shorter than a write) and ``save_s`` (one commit);
@@ -204,7 +206,7 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"bench-{contender}-") as tmp:
         directory, out, port = os.path.join(tmp, "ck"), os.path.join(tmp, "out.json"), _free_port()
         env = dict(os.environ, KERAS_BACKEND="jax", JAX_NUM_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3")
-        args = ["--mib", str(mib), "--epochs", str(epochs), "--child"]
+        args = ["--mib", str(mib), "--epochs", str(epochs), "--steps", str(STEPS), "--child"]
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, *args, str(rank), str(port), contender, directory, out],
@@ -243,14 +245,15 @@ def bench(mib: int, epochs: int, timeout_s: float) -> dict:
     """Every contender at ``mib`` MiB of state; the report of that size."""
     load_before = os.getloadavg()
     results = {c: run(c, mib, epochs, timeout_s) for c in CONTENDERS}
-    base = results["none"]["epochs_s"][1:]
-    report = {"mib": mib, "epochs": epochs, "processes": 2, "devices_per_process": 2}
+    base = results["none"]["epochs_s"][1:-1]
+    report = {"mib": mib, "epochs": epochs, "steps_per_epoch": STEPS, "processes": 2, "devices_per_process": 2}
     report["load_average_before"] = load_before
     report["load_average_after"] = os.getloadavg()
     orbax = results["orbax"]
     for r in results.values():
-        ends = r["epochs_s"][1:]
+        ends = r["epochs_s"][1:-1]
         r["stall_s"] = (sum(ends) / len(ends)) - (sum(base) / len(base))
+        r["end_wait_s"] = r["epochs_s"][-1] - results["none"]["epochs_s"][-1]
         r["bytes_ratio"] = r["bytes_per_ckpt"] / r["state_bytes"] if r["bytes_per_ckpt"] else None
     for name in ("candle_sync", "candle_async"):
         r = results[name]
@@ -283,18 +286,23 @@ def summary(report: dict) -> str:
 
 
 def main() -> None:
+    global STEPS  # noqa: PLW0603 (the children get it on their command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[256])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--out", default=None, help="one JSON file (a single --mib only)")
     parser.add_argument("--out-dir", default=os.environ.get("OUT"), help="a JSON per size (default: $OUT)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per epoch (more: a longer epoch)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", nargs=5, default=None)
     args = parser.parse_args()
+    STEPS = args.steps
     if args.child:
         rank, port, contender, directory, out = args.child
         child(int(rank), int(port), contender, directory, args.mib[0], args.epochs, out)
         return
+    if args.epochs < 3:
+        parser.error("--epochs must be at least 3 (the first and the last epoch are not averaged)")
     if args.out and len(args.mib) > 1:
         parser.error("--out takes one size; use --out-dir for several")
     for mib in args.mib:
