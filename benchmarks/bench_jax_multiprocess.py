@@ -206,6 +206,7 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"bench-{contender}-") as tmp:
         directory, out, port = os.path.join(tmp, "ck"), os.path.join(tmp, "out.json"), _free_port()
         env = dict(os.environ, KERAS_BACKEND="jax", JAX_NUM_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3")
+        env["JAX_PLATFORMS"] = "cpu"  # 2 CPU devices per process, on a GPU host too
         args = ["--mib", str(mib), "--epochs", str(epochs), "--steps", str(STEPS), "--child"]
         procs = [
             subprocess.Popen(
