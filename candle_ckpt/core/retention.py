@@ -33,7 +33,7 @@ def _check_limit(limit: int) -> None:
 
 
 class _Limited:
-    """A keep policy with one knob, ``limit`` (an int >= 1)."""
+    """A retention policy with one knob, ``limit`` (an int >= 1)."""
 
     def __init__(self, limit: int) -> None:
         """Create the policy.
@@ -130,7 +130,7 @@ _RULES: dict[str, type[_Limited]] = {"linear": KeepLatest, "exponential": KeepEx
 
 
 def retention_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | KeepAll:
-    """Build a keep policy from CANDLE-style configuration.
+    """Build the retention policy from CANDLE-style configuration.
 
     Args:
         mode: ``"linear"`` (:class:`KeepLatest`), ``"exponential"``
@@ -161,7 +161,7 @@ def prune_plan(
 
     Args:
         epochs: Epoch numbers that currently exist (duplicates are merged).
-        select: A keep policy's ``select(epochs, protected)``, such as ``KeepLatest(5).select``.
+        select: A retention policy's ``select(epochs, protected)``, such as ``KeepLatest(5).select``.
         protected: Epochs that must be kept if present.
 
     Returns:

@@ -11,8 +11,8 @@ for the length of one ``fit`` / ``train()`` and calls it at two points:
   periodic step checkpoints of ``ckpt_save_steps`` where the loop asks for them;
 - :meth:`PreemptionController.epoch_end` after the epoch's checkpoint: a
   request that came at the epoch's last step, or from a loop that never calls
-  ``step_end``, is answered by that epoch's checkpoint (forced if the keep
-  policy skipped it).
+  ``step_end``, is answered by that epoch's checkpoint (forced if the save
+  rule skipped it).
 
 Then the same sequence for all of them: the save, ``engine.finish()`` (the
 write is durable, or its error raised), the sidecar of what was committed,
@@ -267,7 +267,7 @@ class PreemptionController:
 
         Args:
             epoch: Completed epochs.
-            saved: Whether the keep policy saved this epoch.
+            saved: Whether the save rule saved this epoch.
             force: ``force(reason)`` saves this epoch anyway (called only if not ``saved``).
             last_epoch: The job is done: a request is only logged (every worker knows this alike).
 

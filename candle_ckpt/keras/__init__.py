@@ -1,3 +1,4 @@
-"""The Keras 3 adapter: the only package that knows Keras internals (state), the fit
-callback, ``restart()``, ``JobRunner`` and partial loads.
+"""The Keras 3 adapter (``adapter``): capture and restore of a model, the fit
+callback, ``restart()``, ``JobRunner`` and partial loads. Keras's private parts
+are reached through ``internals`` only.
 """

@@ -1,4 +1,13 @@
-"""Build a :class:`~candle_ckpt.engine.engine.Capture` from a Keras model's host snapshot."""
+"""The Keras 3 adapter: a model captured into a checkpoint, and a checkpoint restored into it.
+
+:func:`capture_model` builds the :class:`~candle_ckpt.engine.capture.Capture` of a
+model's host snapshot (``model.keras`` or ``model.weights.h5``);
+:class:`KerasModelAdapter` is what ``restart()`` and
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState` hand the engine
+(an :class:`~candle_ckpt.engine.resume.Adapter`). Its ``restore`` loads a verified
+checkpoint, all or nothing (:mod:`candle_ckpt.keras.preflight`), from our own
+format, a sharded one or ECP-CANDLE's ``model.h5``.
+"""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.core.fileobj import SeekableFile
-from candle_ckpt.keras.h5read import _BufferFile
+from candle_ckpt.keras.h5read import BufferFile
 
 WEIGHTS_MEMBER = "model.weights.h5"  # the name keras.models.load_model looks for
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # the fixed part of a zip local file header
@@ -123,7 +123,7 @@ def weights_member_range(data: Any, name: str = "model.keras") -> tuple[int, int
         ValueError: ``data`` is not a zip, has no ``model.weights.h5``, or
             stores it compressed (a ``.keras`` that candle_ckpt did not write).
     """
-    source = _BufferFile(data)
+    source = BufferFile(data)
     try:
         with zipfile.ZipFile(source) as zf:
             info = zf.getinfo(WEIGHTS_MEMBER)

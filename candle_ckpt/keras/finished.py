@@ -1,8 +1,9 @@
-"""A finished run, rerun unchanged: ``fit`` trains nothing and one line says so.
+"""A finished run, rerun unchanged: ``fit`` trains nothing and one line says so (Keras 3).
 
-A run is finished when ``EarlyStopping`` ended it (recorded in the checkpoint
-of the epoch it stopped after, see :func:`stopped_by`) or when its checkpoint
-has reached ``fit``'s ``epochs``. Rerunning the same command then restores
+The rule and its line are :mod:`candle_ckpt.engine.finished`'s. A run is
+finished when ``EarlyStopping`` ended it (recorded in the checkpoint of the
+epoch it stopped after, see :func:`stopped_by`) or when its checkpoint has
+reached ``fit``'s ``epochs``. Rerunning the same command then restores
 that checkpoint and trains no further: without this, ``EarlyStopping`` would
 start counting again and train more epochs than the first run did.
 
@@ -19,6 +20,7 @@ import keras
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.resume import Resumed
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.train_state import unpack
@@ -50,18 +52,13 @@ def stop_if_finished(
     """At ``on_train_begin``: if the run is finished, make ``fit`` run no epoch and say so in one line."""
     if resumed is None:
         return False
-    side = resumed.sidecar
     epochs = epochs if isinstance(epochs, int) else cfg.epochs
     done = unpack(train_state)[0].get("finished") if train_state is not None else None
-    if done and side.step is None and cfg.restart_epoch is None:
-        why = f"{done['by']} ended it after epoch {done['epoch']}"
-        how = f"to train on from there on purpose, set ckpt_restart_epoch={side.epoch}"
-    elif isinstance(epochs, int) and side.epoch >= epochs:
-        why = f"its checkpoint is of epoch {side.epoch} and fit() was called with epochs={epochs}"
-        how = f"to train on, pass epochs > {side.epoch}"
-    else:
+    ended = (done["by"], done["epoch"]) if done else None
+    line = finished_line(resumed.sidecar, where, ended=ended, epochs=epochs, restart_epoch=cfg.restart_epoch)
+    if line is None:
         return False
-    log.warning(f"the run is finished: {why} ({where}); this fit() trains nothing; {how}")
+    log.warning(line)
     if isinstance(epochs, int):
         internals.set_first_epoch(model, epochs)
     return True

@@ -18,7 +18,7 @@ from candle_ckpt.core.fileobj import SeekableFile
 from candle_ckpt.keras import internals
 
 
-class _BufferFile(SeekableFile, io.BytesIO):
+class BufferFile(SeekableFile, io.BytesIO):
     """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
 
     ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
@@ -64,7 +64,7 @@ def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:
 
     Uses Keras's own loader, strictly: a missing or mismatched variable raises.
     """
-    source = _BufferFile(weights)
+    source = BufferFile(weights)
     try:
         _load_weights_from(obj, source, objects_to_skip)
     finally:
@@ -85,7 +85,7 @@ class _ReadStore(internals.H5IOStore):
     variable is left pointing into a file mapping.
     """
 
-    def __init__(self, source: _BufferFile) -> None:
+    def __init__(self, source: BufferFile) -> None:
         super().__init__(source, mode="r")
         self._buffer = source._view
         self._share = keras.backend.backend() in _COPYING_BACKENDS

@@ -27,7 +27,7 @@ import numpy as np
 
 from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.h5read import _BufferFile
+from candle_ckpt.keras.h5read import BufferFile
 from candle_ckpt.keras.plan import Entry, make_plan
 
 # How many differing variables an error names (the rest are counted).
@@ -170,7 +170,7 @@ def check_model(
         build_optimizer(model)
     if plan is None:
         plan = make_plan(model, optimizers=has_optimizer)
-    source = _BufferFile(weights)
+    source = BufferFile(weights)
     try:
         with h5py.File(source, "r") as h5:
             diffs, compared = compare_entries(plan, h5) if has_optimizer else _layers_only(plan, h5)
@@ -189,7 +189,7 @@ def _layers_only(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
 
 def read_optimizer_state(weights: Any) -> list[np.ndarray] | None:
     """The checkpoint's optimizer variables (``optimizer/vars/0..n-1``) as owned arrays, or None."""
-    source = _BufferFile(weights)
+    source = BufferFile(weights)
     try:
         with h5py.File(source, "r") as h5:
             saved = _saved_vars(h5, "optimizer")

@@ -28,8 +28,9 @@ from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.preempt_control import PreemptionController, plain_logs
-from candle_ckpt.engine.resume import Chosen, load_chosen, select_checkpoint
+from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
     STATE_FILES,
     STATE_H5,
@@ -238,13 +239,9 @@ class JobRunner:
         done = False
         try:
             if self.resumed_from is None:
-                if self.init_fn is not None:
-                    self.init_fn()
-                for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
-                    o.ensure_built()
-                self.epoch = 0
-                self.engine.save(0, {}, lambda: self._capture(0), reason="init")
-            logs = self._run_epochs(logs)
+                logs = self._fresh_start()
+            elif not self._finished(logs):
+                logs = self._run_epochs(None if self._explicit else logs, asked=True)
             done = True
         finally:
             try:
@@ -264,8 +261,47 @@ class JobRunner:
             self.exit_fn()
         return dict(logs or {})
 
-    def _run_epochs(self, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-        while not self._should_stop(self.epoch, logs):
+    def _fresh_start(self) -> Mapping[str, Any] | None:
+        """No checkpoint: ``init_fn``, epoch 0 saved, then the epochs."""
+        if self.init_fn is not None:
+            self.init_fn()
+        for o in self.objects:  # a usage error, not a save failure for ckpt_on_error=warn to hide
+            o.ensure_built()
+        self.epoch = 0
+        self.engine.save(0, {}, lambda: self._capture(0), reason="init")
+        return self._run_epochs(None)
+
+    @property
+    def _explicit(self) -> bool:
+        """The epoch to resume was asked for (``resume_from_epoch``, ``ckpt_restart_epoch``): it trains on."""
+        return self.resume_from_epoch is not None or self.cfg.restart_epoch is not None
+
+    def _finished(self, logs: Mapping[str, Any] | None) -> bool:
+        """A resumed run that is finished (engine/finished.py): say so in one line; the loop then runs no epoch.
+
+        A stop condition that holds on the restored logs ended the run, unless the epoch was asked
+        for explicitly (``resume_from_epoch``, ``ckpt_restart_epoch``): that request trains on.
+        """
+        side = self._chosen_sidecar
+        if side is None and self.workers is not None and self.workers.resumed is not None:
+            side = self.workers.resumed.sidecar
+        if side is None or self.resumed_step is not None:
+            return False  # nothing restored, or a mid-epoch checkpoint: its epoch is not over
+        held = not self._explicit and logs is not None and any(bool(cond(self.epoch, logs)) for cond in self.conditions)
+        ended = ("a stop condition", self.epoch) if held else None
+        limit = min((n for n in self.limits if self.epoch >= n), default=None)
+        where = checkpoint_dir(L.Layout.of(self.cfg), side)
+        line = finished_line(
+            side, where, ended=ended, epochs=limit, call="train()", limit=f"the runner's epoch limit is {limit}"
+        )
+        if line is not None:
+            self.log.warning(line)
+        return line is not None
+
+    def _run_epochs(self, logs: Mapping[str, Any] | None, asked: bool = False) -> Mapping[str, Any] | None:
+        """Run epochs until a stop condition holds (``asked``: they were asked before the first, and held not)."""
+        while asked or not self._should_stop(self.epoch, logs):
+            asked = False
             epoch = self.epoch
             if epoch != self.resumed_from:
                 self.step = 0

@@ -46,7 +46,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.keras.preflight import build_in_scope
-from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, _to_host, backend_name
+from candle_ckpt.keras.state import KERAS_VERSION, HostSnapshot, ModelState, backend_name, to_host
 from candle_ckpt.storage.store import FileSpec
 
 STATE_JSON = "loop_state.json"
@@ -130,7 +130,7 @@ def loop_state_files(
     for key, value in state.items():
         kind = kinds.get(key) or state_kind(key, value)
         if kind == "keras":
-            keras_entries.append((f"loop_state/{key}", {"name": key}, [("0", _to_host(state_variable(value)))]))
+            keras_entries.append((f"loop_state/{key}", {"name": key}, [("0", to_host(state_variable(value)))]))
             doc["keras"].append(key)
         elif kind == "rng":
             doc["numpy_rngs"][key] = value.bit_generator.state

@@ -78,7 +78,7 @@ def _backend_view(inner: Any) -> np.ndarray | None:
     return view
 
 
-def _to_host(value: Any) -> np.ndarray:
+def to_host(value: Any) -> np.ndarray:
     """An owned host copy of a variable or array (safe to keep while training goes on)."""
     return np.array(_host_view(value)[0], copy=True)
 
@@ -172,7 +172,7 @@ class ModelState:
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         plan = self.plan()
         # Tiny (a few ints per random layer): always an owned copy.
-        extra = [(v.path, _to_host(v)) for v in self.extra_variables(plan)]
+        extra = [(v.path, to_host(v)) for v in self.extra_variables(plan)]
         keepalive: list[Any] = []
         entries = []
         for e in plan:

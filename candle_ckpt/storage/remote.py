@@ -11,7 +11,7 @@ Upload (:class:`RemoteMirror`, driven by the engine's ``after_commit`` hook):
   first and ``ckpt-info.json`` LAST: a remote checkpoint is complete exactly
   when its sidecar exists. Re-uploading an epoch first deletes the remote
   sidecar, so a half-replaced checkpoint is never visible either;
-* the remote keeps what the local keep policy keeps (applied to the remote
+* the remote keeps what the local retention policy keeps (applied to the remote
   epochs, ``best``/``last``/the new upload protected); a deletion removes the
   sidecar first;
 * ``ckpt_upload_mode=end`` uploads nothing during training and ``best`` and
@@ -34,6 +34,7 @@ variables (for s3fs: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -52,8 +53,56 @@ from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
-from candle_ckpt.storage.remote_layout import open_remote, read_remote_sidecar, remote_epochs, remote_path
+from candle_ckpt.storage.reader import parse_sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
+
+
+def open_remote(cfg: CkptConfig):
+    """Return ``(filesystem, root path)`` for ``ckpt_upload_url``.
+
+    Raises:
+        ValueError: the URL's protocol is unknown to fsspec or its backend is
+            not installed (the message names ``ckpt_upload_url``).
+    """
+    import fsspec.core
+
+    options = json.loads(cfg.upload_options) if cfg.upload_options else {}
+    try:
+        fs, root = fsspec.core.url_to_fs(cfg.upload_url, **options)
+    except (ValueError, ImportError) as err:
+        raise ValueError(f"ckpt_upload_url {cfg.upload_url!r} cannot be opened with fsspec: {err}") from None
+    return fs, root.rstrip("/")
+
+
+def remote_path(*parts: str) -> str:
+    """Join URL path parts with single slashes (fsspec paths use ``/`` on every platform)."""
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+
+
+def remote_epochs(fs, root: str) -> list[int]:
+    """Epoch numbers of ``<root>/epochs/NNN`` directories (complete or not), ascending."""
+    try:
+        fs.invalidate_cache()
+        names = fs.ls(remote_path(root, "epochs"), detail=False)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        base = name.rstrip("/").rsplit("/", 1)[-1]
+        epoch = L.parse_epoch(base)
+        if epoch is not None and L.epoch_name(epoch) == base:
+            found.append(epoch)
+    return sorted(set(found))
+
+
+def read_remote_sidecar(fs, root: str, epoch: int) -> Sidecar:
+    """Read and validate a remote sidecar; CorruptCheckpoint if absent or bad."""
+    path = remote_path(root, "epochs", L.epoch_name(epoch), L.SIDECAR)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise CorruptCheckpoint(path, "sidecar is missing (upload incomplete)") from None
+    return parse_sidecar(raw, path, epoch)
 
 
 def _copy_from(path: str) -> Callable[[Any], None]:
@@ -133,7 +182,7 @@ class RemoteMirror:
         cfg: The job's configuration (URL, options, mode, timeout).
         store: The local store (its layout, links and epochs).
         log: ``ckpt.log``.
-        select: The keep policy's ``select(epochs, protected)``, applied to the remote epochs.
+        select: The retention policy's ``select(epochs, protected)``, applied to the remote epochs.
     """
 
     def __init__(

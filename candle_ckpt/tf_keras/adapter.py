@@ -14,7 +14,12 @@ protocol (``work/``, CRC32s, sidecar, links):
 * ``optimizer.npz``: the optimizer's variables (``iterations``, slots) by
   position, with their names; legacy H5 weights do not hold them;
 * ``model.h5`` unless ``ckpt_save_weights_only``: the full model
-  (``tf_keras.models.load_model`` reads it; without the optimizer).
+  (``tf_keras.models.load_model`` reads it; without the optimizer);
+* ``random_layers.npz`` when random layers draw from ``tf.random.Generator``
+  states (:mod:`~candle_ckpt.tf_keras.random_state`).
+
+A resumed ``fit`` on arrays reads the batches the uninterrupted one would
+(``internals.fast_forward_input``): tf_keras's default ``shuffle=True`` resumes exactly.
 
 Every worker of a multi-worker job goes through
 :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`.
@@ -34,17 +39,19 @@ import tf_keras
 
 import candle_ckpt.tf_keras.exactness as exactness
 import candle_ckpt.tf_keras.internals as internals
+import candle_ckpt.tf_keras.random_state as random_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.distributed.agreement import make_controller
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.preempt_control import plain_logs
-from candle_ckpt.engine.resume import resumed_of
+from candle_ckpt.engine.resume import checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.tf_keras.optimizer_state import (
@@ -75,12 +82,15 @@ def _bytes_writer(data: bytes):
 class TfKerasModelAdapter:
     """Capture / restore one tf_keras model (see ``KerasModelAdapter`` for the protocol)."""
 
-    reads = (WEIGHTS_FILE, OPTIMIZER_FILE)
+    reads = (WEIGHTS_FILE, OPTIMIZER_FILE, random_state.RANDOM_FILE)
+    required = (WEIGHTS_FILE, OPTIMIZER_FILE)
 
     def __init__(self, model) -> None:
         self.model = model
         # State restore() could not apply yet (see candle_ckpt.engine.pending).
         self.pending = Pending()
+        # (callback, completed epochs) when a callback ended the run at the epoch being saved (engine/finished.py).
+        self.finished: tuple[str, int] | None = None
 
     def capture(self, cfg: CkptConfig) -> Capture:
         """Serialize on the calling thread (the training thread), so the next step cannot change it."""
@@ -98,6 +108,10 @@ class TfKerasModelAdapter:
 
         files = [FileSpec(WEIGHTS_FILE, _bytes_writer(weights)), FileSpec(OPTIMIZER_FILE, write_optimizer)]
         nbytes = len(weights) + sum(a.nbytes for a in arrays)
+        rng = random_state.capture(model)
+        if rng is not None:
+            files.append(FileSpec(random_state.RANDOM_FILE, _bytes_writer(rng)))
+            nbytes += len(rng)
         if not cfg.save_weights_only:
             full = _h5_bytes(lambda h5: internals.save_model_to_h5(h5, model))
             files.append(FileSpec(FULL_MODEL_FILE, _bytes_writer(full)))
@@ -109,6 +123,7 @@ class TfKerasModelAdapter:
             snapshot_s=time.perf_counter() - start,
             keras_version=f"tf_keras {tf_keras.__version__}",
             backend="tensorflow",
+            extra={"finished": list(self.finished)} if self.finished is not None else {},
         )
 
     def build_optimizer(self) -> None:
@@ -123,7 +138,7 @@ class TfKerasModelAdapter:
             ValueError: the checkpoint does not match the model.
         """
         contents = chosen.contents
-        missing = [n for n in self.reads if n not in contents]
+        missing = [n for n in self.required if n not in contents]
         if missing:
             raise NoValidCheckpoint(f"checkpoint {where} has no {', '.join(missing)} (not a tf_keras checkpoint?)")
         model = self.model
@@ -133,20 +148,26 @@ class TfKerasModelAdapter:
             names = [str(n) for n in npz["names"]]
             values = [npz[f"v{i}"] for i in range(len(names))]
         self.pending = Pending()
+        rng = contents.get(random_state.RANDOM_FILE)
+        generators = random_state.check(model, bytes(rng) if rng is not None else None, where)
         if getattr(model, "optimizer", None) is None:
             # restart() before compile(): the optimizer does not exist yet; the
             # callback applies its state when fit starts (apply_optimizer_state).
             with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
                 internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
             self.pending = Pending(optimizer=ParkedOptimizer(values, names))
-            return
-        build_optimizer(model)
-        variables = optimizer_variables(model)
-        check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
-        with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
-            internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
-        for value, var in zip(values, variables, strict=True):  # checked above
-            var.assign(value)
+        else:
+            build_optimizer(model)
+            variables = optimizer_variables(model)
+            check_optimizer_state(variables, names, values, f"{where}/{OPTIMIZER_FILE}")
+            with h5py.File(io.BytesIO(contents[WEIGHTS_FILE]), "r") as h5:
+                internals.load_weights_from_h5(h5, model)  # checks every layer before assigning
+            for value, var in zip(values, variables, strict=True):  # checked above
+                var.assign(value)
+        random_state.assign(generators)
+        unsaved = random_state.unsaved(model, rng, where)
+        if unsaved is not None:
+            log.warning(unsaved)
 
     def apply_optimizer_state(self, parked: ParkedOptimizer, where: str) -> None:
         """Assign optimizer state parked by a restore before ``compile()``, all or nothing."""
@@ -193,6 +214,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
         self._inexact: list[str] = []  # why a resume of this fit is not bit-identical (tf_keras/exactness.py)
         self._inexact_said = False
+        self._unhook = None  # undoes the save after every callback's on_epoch_end (internals.after_epoch_end)
+        self._callbacks: list[Any] = []  # the other callbacks of this fit
+        self._finished = False  # this fit is a finished run's rerun: it trains nothing (engine/finished.py)
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -208,7 +232,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         # First: a fit that raises releases the lock, and an earlier fit's release under way ends here.
-        self._guard.arm(internals.hook_frame())
+        hook = internals.hook_frame()
+        self._guard.arm(hook)
         self.state.open()  # the writer lock (chief), held while this fit runs
         resumed = resumed_of(self.model, self.cfg.directory)
         if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
@@ -225,7 +250,34 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.log)
         self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
         self._sigterm.arm(state.engine.writer)
-        self._inexact = exactness.inexact_causes(self.model, internals.fit_arguments(self.model))  # said at a save
+        fit_args = internals.fit_arguments(self.model)
+        forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
+        self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
+        self._hook_epoch_end(hook)
+        self._finished = self._stop_if_finished(side)
+
+    def _hook_epoch_end(self, hook) -> None:
+        """Save after every callback's on_epoch_end (EarlyStopping's decision included), whatever the order."""
+        listed = internals.callback_list(hook)
+        self._callbacks = [c for c in listed.callbacks if c is not self] if listed is not None else []
+        self._unhook = internals.after_epoch_end(listed, self._epoch_end) if listed is not None else None
+
+    def _stop_if_finished(self, side) -> bool:
+        """A finished run's rerun: say so in one line and make this fit run no epoch."""
+        if side is None:
+            return False
+        ended = side.extra.get("finished")
+        epochs = (self.params or {}).get("epochs")
+        where = checkpoint_dir(self.state.layout, side)
+        line = finished_line(
+            side, where, ended=tuple(ended) if ended else None, epochs=epochs, restart_epoch=self.cfg.restart_epoch
+        )
+        if line is None:
+            return False
+        self.state.log.warning(line)
+        if isinstance(epochs, int) and not internals.set_first_epoch(self.model, epochs):
+            self.state.log.warning("BackupAndRestore sets where this fit starts: it may train further")
+        return True
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
@@ -255,22 +307,18 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if self._unhook is None:  # fit's callback list was not found: save here, before the callbacks after this one
+            self._epoch_end(epoch, logs)
+
+    def _epoch_end(self, epoch: int, logs=None) -> None:
         if self._sync is not None and self._sync.stopped:
             return  # preempted in mid-epoch: that step's checkpoint is the newest state
         if self._inexact and self.cfg.save_interval and not self._inexact_said:
             self._inexact_said = True
             self.state.log.warning(exactness.inexact_message(self._inexact))
-        # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
+        self.state.adapter.finished = self._ended_by(epoch)  # recorded by this epoch's saves only
         try:
-            saved = self.state.back_up(epoch + 1, logs or {})
-            if self._sync is not None:
-
-                def force(reason: str) -> bool:
-                    return self.state.back_up(epoch + 1, logs or {}, reason=reason)
-
-                last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
-                if self._sync.epoch_end(epoch + 1, bool(saved), force, last_epoch=last):
-                    self.model.stop_training = True
+            self._back_up(epoch, logs)
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
             self._close_sync()
@@ -279,8 +327,43 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 self._guard.disarm()
                 self.state.close()
             raise
+        finally:
+            self.state.adapter.finished = None
+
+    def _back_up(self, epoch: int, logs) -> None:
+        # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
+        saved = self.state.back_up(epoch + 1, logs or {})
+        if self._sync is not None:
+
+            def force(reason: str) -> bool:
+                return self.state.back_up(epoch + 1, logs or {}, reason=reason)
+
+            last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
+            if self._sync.epoch_end(epoch + 1, bool(saved), force, last_epoch=last):
+                self.model.stop_training = True
+
+    def _ended_by(self, epoch: int) -> tuple[str, int] | None:
+        """``("EarlyStopping", epoch + 1)`` if an EarlyStopping ended the run at this epoch, else None.
+
+        A stop for another reason (a time budget, a preemption) leaves the run unfinished.
+        """
+        if not getattr(self.model, "stop_training", False):
+            return None
+        for cb in self._callbacks:
+            if isinstance(cb, tf_keras.callbacks.EarlyStopping) and cb.stopped_epoch == epoch:
+                return type(cb).__name__, epoch + 1
+        return None
+
+    def _unhook_fit(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        if self._finished:
+            self._finished = False
+            internals.set_first_epoch(self.model, None)
 
     def on_train_end(self, logs=None) -> None:
+        self._unhook_fit()
         self._guard.disarm()
         try:
             self.state.delete_backup()  # waits for the last write, removes a non-chief's scratch, unlocks
@@ -299,6 +382,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
 
     def _fit_ended(self) -> None:
         """Release what a fit that raised held: the signals (back on the main thread soon) and the lock."""
+        self._unhook_fit()
         sync = self._sync
         if sync is not None:
             sync.watcher.release()

@@ -1,16 +1,20 @@
 """What a tf_keras resume cannot reproduce, said once at the first save.
 
-For a tf_keras (Keras 2) model the weights and the optimizer resume exactly,
-but two sources of randomness do not:
+A tf_keras (Keras 2) model resumes exactly: its weights, its optimizer, the
+order of ``fit``'s default ``shuffle=True`` on arrays (a resumed ``fit``
+skips the batches of the epochs before it in a pipeline built as the
+uninterrupted run's, see ``internals.fast_forward_input``) and the
+``tf.random.Generator`` states of random layers
+(:mod:`~candle_ckpt.tf_keras.random_state`). Two things remain:
 
-* ``fit(shuffle=True)`` (the default) on arrays shuffles them in tf_keras's
-  own ``tf.data`` pipeline, with a stateful op seeded once per ``fit``;
-* random layers (``Dropout``, ``GaussianNoise``, ...) draw from stateful TF1
-  random kernels, whose position lives inside the kernel.
+* random layers (``Dropout``, ``GaussianNoise``, ...) draw by default from
+  TF1 stateful kernels, whose position lives inside the kernel and cannot
+  be read or set; ``tf_keras.backend.experimental.enable_tf_random_generator()``,
+  called before the model is built, gives them generators whose state is saved;
+* shuffled array input whose pipeline the callback could not reach (``fit``
+  not found on the stack, or an input adapter that makes a new iterator
+  every epoch).
 
-Neither state can be read or set from outside, so a resumed run draws other
-numbers than the uninterrupted one. Keras 3 does not have this problem
-(``candle_ckpt.keras`` saves its generators and the input's position).
 :func:`inexact_causes` names what applies to this ``fit``; the callback says
 it in one warning, at the first save.
 """
@@ -22,14 +26,30 @@ from typing import Any
 import candle_ckpt.tf_keras.internals as internals
 
 
-def inexact_causes(model: Any, fit_args: dict[str, Any] | None) -> list[str]:
-    """What makes a resumed tf_keras ``fit`` differ from the uninterrupted one (empty: it resumes exactly)."""
+def inexact_causes(model: Any, fit_args: dict[str, Any] | None, forwarded: bool = False) -> list[str]:
+    """What makes a resumed tf_keras ``fit`` differ from the uninterrupted one (empty: it resumes exactly).
+
+    Args:
+        model: The model being fitted.
+        fit_args: The locals of its ``fit`` (``internals.fit_arguments``), None if not found.
+        forwarded: This (resumed) fit's input was fast-forwarded to its first epoch.
+    """
     causes = []
-    if fit_args is not None and fit_args["shuffle"] and _is_arrays(fit_args["x"]):
-        causes.append(f"fit(shuffle={fit_args['shuffle']!r}) shuffles the arrays every epoch")
+    if fit_args is not None and fit_args["shuffle"] and _is_arrays(fit_args["x"]) and not forwarded:
+        handler = fit_args.get("data_handler")
+        adapter = getattr(handler, "_adapter", None)
+        if adapter is None or adapter.should_recreate_iterator():
+            causes.append(
+                f"fit(shuffle={fit_args['shuffle']!r}) shuffles the arrays every epoch in an input pipeline "
+                f"({type(adapter).__name__}) whose position a resumed fit cannot skip to"
+            )
     random_layers = internals.random_layers(model)
     if random_layers:
-        causes.append(f"random layers ({', '.join(random_layers)}) draw new numbers at every step")
+        causes.append(
+            f"random layers ({', '.join(random_layers)}) draw from stateful TF1 random kernels, whose state cannot "
+            "be saved; call tf_keras.backend.experimental.enable_tf_random_generator() before building the model: "
+            "they then draw from tf.random.Generator states, which the checkpoint keeps"
+        )
     return causes
 
 
@@ -46,8 +66,6 @@ def _is_arrays(x: Any) -> bool:
 def inexact_message(causes: list[str]) -> str:
     """The one warning for a tf_keras fit whose resume is not bit-identical."""
     return (
-        f"tf_keras model: a resumed run will not be bit-identical to an uninterrupted one: {'; '.join(causes)}; "
-        "these draw from stateful TensorFlow random ops whose state candle_ckpt cannot save for tf_keras (Keras 2) "
-        "models (the weights and optimizer state resume exactly); for an exact resume train with Keras 3, whose "
-        "callback saves the random and input state, or pass fit(shuffle=False) and use no random layers"
+        f"tf_keras model: a resumed run will not be bit-identical to an uninterrupted one: {'; '.join(causes)} "
+        "(the weights, the optimizer state and the order of fit's shuffle resume exactly)"
     )

@@ -77,10 +77,10 @@ def hook_frame() -> FrameType:
 
 
 def fit_arguments(model: Any) -> dict[str, Any] | None:
-    """The ``x`` and ``shuffle`` of the tf_keras ``fit`` of ``model`` running now (its frame's locals), or None.
+    """The locals of the tf_keras ``fit`` of ``model`` running now (``x``, ``shuffle``, ``data_handler``, ...), or None.
 
     Relies on: ``Model.fit``'s frame (locals ``self``, ``x``, ``shuffle``) within 10 frames of ``on_train_begin``
-    -- tripwire ``test_worker_state.py::test_tf_keras_fit_says_once_why_its_resume_is_not_exact``.
+    -- tripwire ``test_tfk_exactness.py::test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical``.
     """
     frame: FrameType | None = sys._getframe(1)
     for _ in range(10):
@@ -88,14 +88,146 @@ def fit_arguments(model: Any) -> dict[str, Any] | None:
         if frame is None:
             return None
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model and "shuffle" in frame.f_locals:
-            return {"x": frame.f_locals.get("x"), "shuffle": frame.f_locals.get("shuffle")}
+            return dict(frame.f_locals)
     return None
 
 
-def random_layers(model: Any) -> list[str]:
-    """The class names of the model's layers that draw random numbers (``Dropout``, ``GaussianNoise``, ...).
+def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
+    """Make a resumed ``fit`` on arrays read the batches an uninterrupted ``fit`` from epoch 0 reads from its
+    ``initial_epoch`` on; False where its input is not such a pipeline (nothing changed).
 
-    Relies on: ``BaseRandomLayer._random_generator``
+    tf_keras shuffles arrays with a stateful ``tf.random.shuffle`` in its own ``tf.data`` pipeline, one
+    iterator for all the epochs of a ``fit``: epoch N reads the N-th permutation of a kernel seeded from the
+    global seed. The pipeline is built again for every epoch from 0 (in the strategy's scope, as ``fit`` does)
+    and its first ``initial_epoch`` epochs of batches are skipped; the iterator ``fit`` makes starts after them.
+
+    Relies on: ``fit``'s locals ``data_handler``, ``x``, ``y``, ``sample_weight``, ``batch_size``,
+    ``steps_per_epoch``, ``shuffle``, ``class_weight``; ``DataHandler(..., distribute=False)``,
+    ``DataHandler._dataset``, ``_epochs``, ``_initial_epoch``, ``_inferred_steps``, ``_steps_per_execution``,
+    ``_adapter.should_recreate_iterator()``
+    -- tripwire ``test_tfk_exactness.py::test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical``.
+    """
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter
+
+    handler = fit_locals.get("data_handler")
+    first = getattr(handler, "_initial_epoch", 0)
+    if handler is None or not first or handler._adapter.should_recreate_iterator():
+        return False
+    again = data_adapter.DataHandler(
+        x=fit_locals["x"],
+        y=fit_locals["y"],
+        sample_weight=fit_locals["sample_weight"],
+        batch_size=fit_locals["batch_size"],
+        steps_per_epoch=fit_locals["steps_per_epoch"],
+        initial_epoch=0,
+        epochs=handler._epochs,
+        shuffle=fit_locals["shuffle"],
+        class_weight=fit_locals["class_weight"],
+        model=model,
+        steps_per_execution=handler._steps_per_execution,
+        distribute=False,
+    )
+    dataset = again._dataset.skip(first * again._inferred_steps)
+    if not isinstance(handler._dataset, tf.data.Dataset):  # fit distributes its input: so does this one
+        dataset = tf.distribute.get_strategy().experimental_distribute_dataset(dataset)
+    handler._dataset = dataset
+    return True
+
+
+def random_generators(model: Any) -> list[tuple[str, str, Any]]:
+    """``(layer name, rng type, tf.random.Generator or None)`` of every layer of ``model`` that draws random numbers.
+
+    The rng type is tf_keras's: ``"stateful"`` (a ``tf.random.Generator``, under
+    ``tf_keras.backend.experimental.enable_tf_random_generator()``), ``"stateless"`` or ``"legacy_stateful"``
+    (TF1 stateful kernels, the default; no generator).
+
+    Relies on: ``BaseRandomLayer._random_generator`` (``backend.RandomGenerator``: ``_rng_type``,
+    ``_maybe_init()``, ``_generator``)
+    -- tripwire ``test_tfk_exactness.py::test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical``.
+    """
+    found = []
+    for layer in model.submodules:
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None or not hasattr(rng, "_rng_type"):
+            continue
+        found.append((layer.name, rng._rng_type, getattr(rng, "_generator", None)))
+    return found
+
+
+def random_layers(model: Any) -> list[str]:
+    """The class names of the model's layers that draw from TF1 stateful kernels (``Dropout``, ... by default).
+
+    Relies on: ``BaseRandomLayer._random_generator._rng_type``
     -- tripwire ``test_worker_state.py::test_tf_keras_fit_says_once_why_its_resume_is_not_exact``.
     """
-    return sorted({type(layer).__name__ for layer in model.submodules if getattr(layer, "_random_generator", None)})
+    legacy = []
+    for layer in model.submodules:
+        rng = getattr(layer, "_random_generator", None)
+        if rng is not None and getattr(rng, "_rng_type", "legacy_stateful") == "legacy_stateful":
+            legacy.append(type(layer).__name__)
+    return sorted(set(legacy))
+
+
+def callback_list(hook: FrameType) -> Any:
+    """The tf_keras ``CallbackList`` that called the hook whose frame is ``hook``, or None.
+
+    Relies on: ``CallbackList.on_train_begin`` calling each callback's (its frame's local ``self``)
+    -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
+    """
+    import tf_keras
+
+    caller = hook.f_back
+    found = caller.f_locals.get("self") if caller is not None else None
+    return found if isinstance(found, tf_keras.callbacks.CallbackList) else None
+
+
+def after_epoch_end(callbacks: Any, then: Any) -> Any:
+    """Make ``callbacks`` (a ``CallbackList``) call ``then(epoch, logs)`` after every callback's ``on_epoch_end``;
+    return the undo.
+
+    Relies on: ``Model.fit`` calling ``callbacks.on_epoch_end(epoch, logs)`` on the list (an instance attribute
+    wins over the method) -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
+    """
+    original = callbacks.on_epoch_end
+
+    def on_epoch_end(epoch: int, logs: Any = None) -> None:
+        original(epoch, logs)
+        then(epoch, logs)
+
+    callbacks.on_epoch_end = on_epoch_end
+
+    def undo() -> None:
+        if callbacks.__dict__.get("on_epoch_end") is on_epoch_end:
+            del callbacks.on_epoch_end
+
+    return undo
+
+
+class _FirstEpoch:
+    """Stands in for tf_keras's fault-tolerance state: ``fit`` starts at ``epoch`` whatever its ``initial_epoch``."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: Any, initial_epoch: int, mode: Any) -> tuple:
+        return self.epoch, 0
+
+
+def set_first_epoch(model: Any, epoch: int | None) -> bool:
+    """Make the tf_keras ``fit`` that is starting begin at ``epoch`` (None: undo); False if another owner
+    (``BackupAndRestore``) holds the seam.
+
+    Relies on: ``Model._training_state`` and ``fit`` asking its
+    ``maybe_load_initial_counters_from_ckpt(steps, initial_epoch, mode)`` after ``on_train_begin``
+    -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
+    """
+    current = getattr(model, "_training_state", None)
+    if epoch is None:
+        if isinstance(current, _FirstEpoch):
+            model._training_state = None
+        return True
+    if current is not None and not isinstance(current, _FirstEpoch):
+        return False
+    model._training_state = _FirstEpoch(epoch)
+    return True

@@ -1,8 +1,9 @@
 """Issue 26 item 3: a tf_keras job SIGKILLed in the middle of epoch 3 and resumed, in fresh processes.
 
-Without random layers and with ``shuffle=False`` the resumed run is bit-identical; with fit's
-default ``shuffle=True`` and a ``Dropout`` layer it cannot be (stateful TF random ops), and the
-checkpoint log says so in one warning at the first save, naming both causes and the remedies.
+``fit`` runs with its defaults (``shuffle=True``) and validation data. Without random layers, or with
+a ``Dropout`` under ``enable_tf_random_generator()``, the resumed run is bit-identical. A ``Dropout``
+as it comes draws from TF1 stateful kernels, whose state cannot be saved: the checkpoint log says so
+in one warning at the first save, naming the cause and the remedy.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from jobserver import JobServer
+from testkit import assert_said_once, checkpoint_files, finished_line
 
 pytestmark = pytest.mark.tf_only
 
 WARNING = (
-    "WARNING tf_keras model: a resumed run will not be bit-identical to an uninterrupted one: fit(shuffle=True) "
-    "shuffles the arrays every epoch; random layers (Dropout) draw new numbers at every step; these draw from "
-    "stateful TensorFlow random ops whose state candle_ckpt cannot save for tf_keras (Keras 2) models (the "
-    "weights and optimizer state resume exactly); for an exact resume train with Keras 3, whose callback saves "
-    "the random and input state, or pass fit(shuffle=False) and use no random layers"
+    "WARNING tf_keras model: a resumed run will not be bit-identical to an uninterrupted one: random layers "
+    "(Dropout) draw from stateful TF1 random kernels, whose state cannot be saved; call "
+    "tf_keras.backend.experimental.enable_tf_random_generator() before building the model: they then draw from "
+    "tf.random.Generator states, which the checkpoint keeps (the weights, the optimizer state and the order of "
+    "fit's shuffle resume exactly)"
 )
 
 
@@ -37,25 +39,53 @@ def server(tmp_path_factory):
 def _runs(server, tmp_path: Path, setup: str) -> tuple[np.lib.npyio.NpzFile, np.lib.npyio.NpzFile, list[str]]:
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     lines, status = server.run(setup, "full", str(full), str(full) + ".npz")
-    assert status == 0 and lines[-1] == "done 0", lines
+    assert status == 0 and lines[-1] == "done 0 ran 5", lines
     lines, status = server.run(setup, "kill", str(resumed), str(resumed) + ".npz")
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (lines, status)
     lines, status = server.run(setup, "resume", str(resumed), str(resumed) + ".npz")
-    assert status == 0 and lines[-1] == "done 2", lines
+    assert status == 0 and lines[-1] == "done 2 ran 3", lines
     log = (resumed / "ckpt.log").read_text().splitlines()
     return np.load(str(full) + ".npz"), np.load(str(resumed) + ".npz"), log
 
 
-def test_tf_keras_without_shuffle_or_random_layers_resumes_bit_identical(server, tmp_path):
-    """shuffle=False, no Dropout: killed in epoch 3 and resumed after epoch 2, every array equals the
-    uninterrupted run's byte for byte, and no warning about exactness is logged."""
-    a, b, log = _runs(server, tmp_path, "plain")
+@pytest.mark.parametrize("setup", ["plain", "generator", "mirrored"])
+def test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical(server, tmp_path, setup):
+    """fit's default shuffle=True, validation data, and no random layer or a Dropout under
+    enable_tf_random_generator() (also under a MirroredStrategy, which distributes fit's input): killed in
+    epoch 3 and resumed after epoch 2, every array equals the uninterrupted run's byte for byte, and no
+    warning about exactness is logged."""
+    a, b, log = _runs(server, tmp_path, setup)
     assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
     assert not [line for line in log if "bit-identical" in line]
+    saved = tmp_path / "resumed" / "ckpts" / "epochs" / "002" / "random_layers.npz"
+    assert saved.is_file() == (setup != "plain")
 
 
-def test_tf_keras_with_shuffle_and_dropout_says_why_once_per_run(server, tmp_path):
-    """fit's default shuffle=True and Dropout: each run of the job logs the warning once, at its first save."""
-    _, _, log = _runs(server, tmp_path, "defaults")
+def test_tf_keras_with_a_tf1_dropout_says_why_once_per_run(server, tmp_path):
+    """A Dropout as it comes (TF1 stateful kernels): the resumed run differs, and each run of the job logs the
+    warning once, at its first save, naming the cause and the remedy."""
+    a, b, log = _runs(server, tmp_path, "defaults")
+    assert [k for k in a.files if a[k].tobytes() != b[k].tobytes()] != []
     assert [line for line in log if "bit-identical" in line] == [line for line in log if line.endswith(WARNING)]
     assert len([line for line in log if line.endswith(WARNING)]) == 2  # the killed run's and the resumed run's
+
+
+@pytest.mark.parametrize(("setup", "stopped"), [("early_stopping", 3), ("plain", 5)])
+def test_a_finished_tf_keras_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
+    """A tf_keras run that EarlyStopping (after the checkpoint callback in the list) ended after epoch 3 of 5,
+    or that reached its epochs, rerun unchanged in a fresh process: fit begins no epoch, the weights stay
+    bit-identical, no checkpoint file changes and ckpt.log says so in one line naming the checkpoint and how
+    to train on."""
+    directory = tmp_path / "job"
+    lines, status = server.run(setup, "full", str(directory), str(tmp_path / "first.npz"))
+    assert status == 0 and lines[-1] == f"done 0 ran {stopped}", lines
+    before = checkpoint_files(directory)
+    lines, status = server.run(setup, "resume", str(directory), str(tmp_path / "again.npz"))
+    assert status == 0 and lines[-1] == f"done {stopped} ran 0", lines
+    a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
+    assert a.files == b.files and [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
+    assert checkpoint_files(directory) == before
+    where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
+    expected = finished_line(where, stopped, "EarlyStopping" if setup == "early_stopping" else None)
+    assert_said_once(directory / "ckpt.log", expected, "run is finished")
+    assert where.is_dir()

@@ -5,7 +5,7 @@ Usage::
     python runner_loops.py DIR EPOCHS OUT.npz [SLEEP_S]
         run the loop under a JobRunner checkpointing into DIR until EPOCHS,
         save every weight, optimizer variable and loop-state value to OUT.npz
-        and print "resumed_from=N init_calls=K". SLEEP_S (default 0) is slept
+        and print "resumed_from=N init_calls=K epochs_run=E". SLEEP_S (default 0) is slept
         at the end of every epoch so a test can kill the process mid-run.
 
 Two models (generator, discriminator), two standalone Adam optimizers
@@ -58,6 +58,7 @@ class GanLoop:
             "history": [],
         }
         self.init_calls = 0
+        self.epochs_run = 0  # counted by run()'s epoch_fn
 
     def objects(self) -> dict[str, Any]:
         return {
@@ -140,6 +141,7 @@ def run(directory: str, epochs: int, *, sleep_s: float = 0.0, **overrides: Any):
     loop = GanLoop()
 
     def epoch_fn(epoch: int) -> dict[str, float]:
+        loop.epochs_run += 1
         logs = loop.epoch(epoch)
         if sleep_s:
             time.sleep(sleep_s)
@@ -164,4 +166,4 @@ if __name__ == "__main__":
     sleep_s = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     loop, runner, _ = run(directory, epochs, sleep_s=sleep_s)
     np.savez(out, **loop.final_arrays())
-    print(f"resumed_from={runner.resumed_from} init_calls={loop.init_calls}", flush=True)
+    print(f"resumed_from={runner.resumed_from} init_calls={loop.init_calls} epochs_run={loop.epochs_run}", flush=True)

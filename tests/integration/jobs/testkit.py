@@ -51,3 +51,32 @@ def make_params(tmp_path: str | os.PathLike[str], **overrides: Any) -> dict[str,
     }
     params.update(overrides)
     return params
+
+
+def checkpoint_files(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``directory`` but ckpt.log and the writer's lock file, with its bytes and mtime."""
+    return {
+        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name not in ("ckpt.log", "lock")
+    }
+
+
+def finished_line(where: Path, epoch: int, stopped_by: str | None) -> str:
+    """The line a finished ``fit``'s rerun logs (``engine/finished.py``): after ``stopped_by`` or the last epoch."""
+    if stopped_by:
+        why = f"{stopped_by} ended it after epoch {epoch}"
+        how = f"to train on from there on purpose, set ckpt_restart_epoch={epoch}"
+    else:
+        why, how = (
+            f"its checkpoint is of epoch {epoch} and fit() was called with epochs={epoch}",
+            f"to train on, pass epochs > {epoch}",
+        )
+    return f"WARNING the run is finished: {why} ({where}); this fit() trains nothing; {how}"
+
+
+def assert_said_once(log_file: Path, expected: str, *about: str) -> None:
+    """``log_file`` has one line ending with ``expected`` and no other line containing any of ``about``."""
+    log = log_file.read_text().splitlines()
+    assert [line for line in log if any(a in line for a in about)] == [line for line in log if line.endswith(expected)]
+    assert len([line for line in log if line.endswith(expected)]) == 1

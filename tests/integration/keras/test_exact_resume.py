@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jobserver import JobServer  # noqa: E402
 from locations import FIGURES, job_script  # noqa: E402
+from testkit import assert_said_once, finished_line  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("exact_job", job_script("exact_job.py"))
 job = importlib.util.module_from_spec(_spec)
@@ -117,13 +118,6 @@ def test_a_finished_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
     a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
     assert [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
     where = directory / "ckpts" / "epochs" / f"{stopped:03d}"
-    if setup == "early_stopping":
-        why, how = "EarlyStopping ended it after epoch 4", "to train on from there on purpose, set ckpt_restart_epoch=4"
-    else:
-        why, how = "its checkpoint is of epoch 5 and fit() was called with epochs=5", "to train on, pass epochs > 5"
-    expected = f"WARNING the run is finished: {why} ({where}); this fit() trains nothing; {how}"
-    log = (directory / "ckpt.log").read_text().splitlines()
-    assert [line for line in log if "run is finished" in line or "no epoch" in line] == [
-        line for line in log if line.endswith(expected)
-    ]
-    assert len([line for line in log if line.endswith(expected)]) == 1 and where.is_dir()
+    expected = finished_line(where, stopped, "EarlyStopping" if setup == "early_stopping" else None)
+    assert_said_once(directory / "ckpt.log", expected, "run is finished", "no epoch")
+    assert where.is_dir()

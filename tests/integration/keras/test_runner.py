@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from locations import REPO, job_script
 
@@ -18,6 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import runner_loops as RL  # noqa: E402
+from testkit import assert_said_once, checkpoint_files  # noqa: E402
 
 from candle_ckpt import JobRunner, NoValidCheckpoint  # noqa: E402
 
@@ -200,6 +202,62 @@ def test_stop_condition_on_logs(tmp_path: Path) -> None:
     runner.train()
     assert runner.epoch == 2
     assert sorted(os.listdir(tmp_path / "s" / "ckpts" / "epochs")) == ["000", "001", "002"]
+
+
+def test_a_finished_runner_job_rerun_trains_nothing(tmp_path: Path) -> None:
+    """A runner job run to its epochs, then the same command again in a fresh process: it restores epoch 3,
+    runs no epoch, ends with the same arrays, changes no checkpoint file and ckpt.log says so in one line."""
+    d, out, again = tmp_path / "job", tmp_path / "out.npz", tmp_path / "again.npz"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    first = subprocess.run([sys.executable, str(JOB), str(d), "3", str(out)], env=env, capture_output=True, text=True)
+    assert first.returncode == 0 and "epochs_run=3" in first.stdout, first.stderr[-2000:]
+    before = checkpoint_files(d)
+    rerun = subprocess.run([sys.executable, str(JOB), str(d), "3", str(again)], env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "resumed_from=3 init_calls=0 epochs_run=0" in rerun.stdout
+    with np.load(out) as a, np.load(again) as b:
+        assert_same(dict(a), dict(b))
+    assert checkpoint_files(d) == before
+    where = d / "ckpts" / "epochs" / "003"
+    expected = (
+        f"WARNING the run is finished: its checkpoint is of epoch 3 and the runner's epoch limit is 3 ({where}); "
+        "this train() trains nothing; to train on, pass epochs > 3"
+    )
+    assert_said_once(d / "ckpt.log", expected, "run is finished")
+    assert where.is_dir()
+
+
+def test_a_runner_a_stop_condition_ended_trains_on_only_when_asked(tmp_path: Path) -> None:
+    """A callable stop condition ends the run after epoch 2; the same runner again trains nothing and says so
+    in one line; asked for epoch 2 explicitly (ckpt_restart_epoch=2, as the line says) it trains on."""
+    d = tmp_path / "s"
+
+    def job(**overrides: Any) -> tuple[list[int], JobRunner]:
+        loop, ran = RL.GanLoop(), []
+        runner = JobRunner(
+            RL.params(str(d), 50, **overrides),
+            epoch_fn=lambda epoch: ran.append(epoch) or loop.epoch(epoch),
+            objects=loop.objects(),
+            state=loop.state,
+            stop_conditions=[50, lambda epoch, logs: epoch >= 2 and "g_loss" in logs],
+            logger=None,
+        )
+        runner.train()
+        return ran, runner
+
+    ran, _ = job()
+    assert ran == [0, 1]
+    before = checkpoint_files(d)
+    ran, runner = job()
+    assert ran == [] and runner.epoch == 2 and checkpoint_files(d) == before
+    where = d / "ckpts" / "epochs" / "002"
+    expected = (
+        f"WARNING the run is finished: a stop condition ended it after epoch 2 ({where}); this train() trains "
+        "nothing; to train on from there on purpose, set ckpt_restart_epoch=2"
+    )
+    assert_said_once(d / "ckpt.log", expected, "run is finished")
+    ran, runner = job(ckpt_restart_epoch=2)
+    assert ran == [2] and runner.resumed_from == 2 and runner.epoch == 3
 
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
