@@ -4,12 +4,14 @@ A group is the processes of one job that write one checkpoint together. Rank 0
 is the primary: it holds the writer lock, decides, commits and prunes. The
 others write their parts into the same ``work/`` and wait for its word.
 
-Three meeting points are enough for the commit and the restore, none of them a
+Four meeting points are enough for the commit and the restore, none of them a
 device collective (so a writer thread may use them):
 
 - :meth:`Group.barrier`: every rank waits until all have arrived;
 - :meth:`Group.broadcast`: every rank gets the primary's string;
-- :meth:`Group.all_agree`: every rank gets True iff every rank said ok.
+- :meth:`Group.all_agree`: every rank gets True iff every rank said ok;
+- :meth:`Group.exchange`: every rank gets every rank's string (a preemption
+  request carries its reason this way).
 
 Each meeting point has a ``name`` unique in the job's life (e.g.
 ``"save/3/parts-written"``) and a timeout; a rank that does not come in time

@@ -60,9 +60,10 @@ EXIT_SIGNAL, EXIT_RETURN = "signal", "return"
 class Agreement(Protocol):
     """How the processes of one job learn, at the same call, whether any of them must stop."""
 
-    def step_end(self, local: bool) -> bool: ...  # called after every step (may talk only every k-th)
+    # ``local``: this process's request, its reason (or True), or a false value.
+    def step_end(self, local: bool | str | None) -> bool: ...  # called after every step (may talk only every k-th)
 
-    def now(self, local: bool) -> bool: ...  # agree at once
+    def now(self, local: bool | str | None) -> bool: ...  # agree at once
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -70,10 +71,10 @@ class Agreement(Protocol):
 class _Solo:
     """One process: its own flag is the answer."""
 
-    def step_end(self, local: bool) -> bool:
+    def step_end(self, local: bool | str | None) -> bool:
         return bool(local)
 
-    def now(self, local: bool) -> bool:
+    def now(self, local: bool | str | None) -> bool:
         return bool(local)
 
     def stats(self) -> dict[str, Any]:
@@ -84,10 +85,13 @@ SOLO: Agreement = _Solo()
 
 
 class GroupAgreement:
-    """An :class:`Agreement` over a ``Group`` (``all_agree(name, ok, timeout_s)``: True iff every rank said ok).
+    """An :class:`Agreement` over a ``Group`` (``exchange(name, value, timeout_s)``: every rank's value).
 
-    "Any rank must stop" is "not every rank may go on". Every ``every`` steps
-    one ``all_agree`` runs; the steps between answer False and the flag waits.
+    Every ``every`` steps one ``exchange`` runs, in which each rank posts its
+    request's reason (``"SIGTERM"``, ``"deadline"``) or that it may go on; the
+    steps between answer False and the flag waits. When any rank asked,
+    :attr:`requested` is ``(rank, reason)`` of the lowest such rank, the same on
+    every rank, so every process records the real reason, not just "peer".
 
     Args:
         group: The processes (``rank``, ``size``, ``all_agree``).
@@ -100,21 +104,27 @@ class GroupAgreement:
             raise ValueError(f"ckpt_preempt_check must be an int > 0 (steps); got {every!r}")
         self.group, self.every, self.timeout_s = group, every, float(timeout_s)
         self.steps, self.checks, self.check_s = 0, 0, 0.0
+        self.requested: tuple[int, str] | None = None
 
-    def step_end(self, local: bool) -> bool:
+    def step_end(self, local: bool | str | None) -> bool:
         self.steps += 1
         if self.group.size > 1 and self.steps % self.every:
             return False
         return self.now(local)
 
-    def now(self, local: bool) -> bool:
+    def now(self, local: bool | str | None) -> bool:
+        """``local``: this rank's request (its reason, or True), or a false value; True when any rank asked."""
         if self.group.size <= 1:
             return bool(local)
         start = time.perf_counter()
-        go_on = self.group.all_agree(f"preempt/{self.checks}", not local, self.timeout_s)
+        mine = "0" if not local else f"1:{local if isinstance(local, str) else 'request'}"
+        said = self.group.exchange(f"preempt/{self.checks}", mine, self.timeout_s)
         self.checks += 1
         self.check_s += time.perf_counter() - start
-        return not go_on
+        asked = [(rank, value[2:]) for rank, value in enumerate(said) if value.startswith("1:")]
+        if asked and self.requested is None:
+            self.requested = asked[0]
+        return bool(asked)
 
     def stats(self) -> dict[str, Any]:
         mean = self.check_s / self.checks if self.checks else 0.0
@@ -228,8 +238,10 @@ class PreemptionController:
         saves = [r["snapshot_s"] + r["save_s"] for r in self.engine.records[-3:]]
         return self._step_s + max(saves, default=0.0)
 
-    def _local(self) -> bool:
-        return self.watching and self.watcher.due(self.need_s()) is not None
+    def _local(self) -> str | None:
+        """This process's request (its reason), or None."""
+        trigger = self.watcher.due(self.need_s()) if self.watching else None
+        return trigger.reason if trigger is not None else None
 
     def step_end(self, epoch: int, step: int, save: Callable[[str], Any], *, last: bool = False) -> bool:
         """After step ``step`` (1-based) of epoch index ``epoch``: save and stop if due; True once training must stop.
@@ -289,7 +301,10 @@ class PreemptionController:
 
     def _finish(self, epoch: int, step: int | None, save: Callable[[str], Any]) -> None:
         """Save, make it durable, record and log it; then raise :class:`PreemptExit` unless told to return."""
-        trigger = self.watcher.pending or self.watcher.trigger("peer")  # "peer": another worker was asked
+        trigger, asked = self.watcher.pending, None
+        if trigger is None:  # another worker was asked: its reason if the agreement carries it, else "peer"
+            asked = getattr(self.agreement, "requested", None)
+            trigger = self.watcher.trigger(asked[1] if asked else "peer")
         self.saved_at, self.mid_epoch = (epoch, step or 0), step is not None
         start = time.monotonic()
         side = save(trigger.reason if step is not None else f"preempt:{trigger.reason}")
@@ -300,9 +315,11 @@ class PreemptionController:
         code = exit_status(self.cfg.preempt_exit_code, trigger)
         record = preempt_record(trigger, epoch, step, path, code)
         record.update(save_s=round(time.monotonic() - start, 6), agreement=self.agreement.stats())
+        if asked:
+            record["requested_by"] = asked[0]  # the rank that was asked
         self.engine.preempt = record
         what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else ""
-        what = what or "no checkpoint could be committed"
+        what = (what or "no checkpoint could be committed") + (f" at process {asked[0]}'s request" if asked else "")
         self.log.warning(preempt_message(trigger, self.who + what, epoch, step, code))
         if code is not None:
             raise PreemptExit(code)

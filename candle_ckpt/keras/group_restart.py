@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -90,8 +91,8 @@ def _where(layout: L.Layout, said: str) -> str:
     return layout.step_dir(int(generation)) if kind == "step" else layout.epoch_dir(int(epoch))
 
 
-def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: Any, rank: int) -> Chosen:
-    """The checkpoint the primary chose, verified on this process: of a sharded one, only what it reads."""
+def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
+    """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
     if kind == "step":
@@ -104,15 +105,15 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], model: An
                 "(is ckpt_directory on a file system shared by every process?)"
             )
     if side.model_file == MANIFEST:  # the manifest, this process's state and the parts of its slices
-        needed = files_to_read(model, where, rank)
-        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in needed}),
-                                  reads=reads, mapped=True)  # fmt: skip
+        wanted = needed(where)
+        contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in wanted}),
+                                      reads=reads, mapped=True)  # fmt: skip
     else:
         contents = store.verify_files(where, side, reads=reads, mapped=True)
     return Chosen(int(epoch), side, contents)
 
 
-def _primary_store(cfg: CkptConfig, model: Any, rejected: dict[str, str]) -> CheckpointStore:
+def _primary_store(cfg: CkptConfig, needed: Callable[[str], set[str]], rejected: dict[str, str]) -> CheckpointStore:
     """The primary's store for choosing: of a sharded checkpoint it checks the CRC of the files it reads (and the
     size of every file), the others check theirs; a checkpoint another process rejected is skipped, with why."""
     store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
@@ -120,22 +121,46 @@ def _primary_store(cfg: CkptConfig, model: Any, rejected: dict[str, str]) -> Che
     def scope(directory: str, side: Any) -> set[str] | None:
         if directory in rejected:
             raise CorruptCheckpoint(directory, rejected[directory])
-        return files_to_read(model, directory, 0) if side.model_file == MANIFEST else None
+        return needed(directory) if side.model_file == MANIFEST else None
 
     store.crc_scope = scope
     return store
 
 
-def _agree_on_choice(cfg: CkptConfig, log: OpsLog, model: Any, group: Group, name: str, reads: tuple[str, ...]):
-    """The checkpoint every process verified, or None: the primary chooses, each verifies what it reads; if one
-    cannot, the primary rejects that checkpoint and chooses again (``name/N``: round N), every process with it."""
+def agree_on_checkpoint(
+    cfg: CkptConfig,
+    log: OpsLog,
+    group: Group,
+    name: str,
+    reads: tuple[str, ...],
+    needed: Callable[[str], set[str]],
+    epoch: int | None = None,
+) -> Chosen | None:
+    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere.
+
+    Each process checks the CRC of the files it reads (the primary while choosing, and only the size of the
+    others' files); if one cannot, the primary rejects that checkpoint, logging every process's reason, and
+    chooses again (round N meets at ``name/N``), every process with it.
+
+    Args:
+        name: This restore's meeting point prefix (:func:`~candle_ckpt.engine.group_commit.meeting`).
+        reads: The files this process loads into memory.
+        needed: ``needed(where)``: the files of the sharded checkpoint ``where`` this process reads.
+        epoch: Exactly this epoch (``ckpt_restart_epoch`` otherwise), as ``select_checkpoint``.
+
+    Returns:
+        The verified checkpoint (the same on every process), or None when there is none.
+
+    Raises:
+        NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
+    """
     rejected: dict[str, str] = {}
-    store = _primary_store(cfg, model, rejected) if group.rank == 0 else None
+    store = _primary_store(cfg, needed, rejected) if group.rank == 0 else None
     for attempt in itertools.count():
         key, chosen, said = f"{name}/{attempt}", None, None
         if group.rank == 0:
             try:
-                chosen = select_checkpoint(cfg, log, reads=reads, mapped=True, steps=True, store=store)
+                chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True, store=store)
                 said = _choice(chosen)
             except Exception as err:  # told to the others before raising, so none waits for nothing
                 group.broadcast(f"{key}/choice", f"error:{err}", group_timeout())
@@ -148,7 +173,7 @@ def _agree_on_choice(cfg: CkptConfig, log: OpsLog, model: Any, group: Group, nam
         failure = ""
         if chosen is None:
             try:
-                chosen = _verify_choice(cfg, said, reads, model, group.rank)
+                chosen = _verify_choice(cfg, said, reads, needed)
             except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
                 failure = f"process {group.rank}: {err}"
                 log.warning(f"restart: {failure}; every process falls back together")
@@ -176,9 +201,10 @@ def restart_group(
         build_optimizer(model)
     name = meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
+    reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = _agree_on_choice(cfg, log, model, group, name, adapter.reads)
+    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
     if chosen is None:
         return None
     record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")

@@ -29,8 +29,12 @@ from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
-from candle_ckpt.engine.preempt_control import PreemptionController, plain_logs
+from candle_ckpt.engine.group_commit import group_timeout, meeting
+from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
+from candle_ckpt.keras.group_restart import agree_on_checkpoint
+from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
+from candle_ckpt.keras.runner_group import reads as group_reads
 from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
     STATE_FILES,
     STATE_H5,
@@ -42,6 +46,7 @@ from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this mo
     restore_runner,
     state_kind,
 )
+from candle_ckpt.storage.sharded import MANIFEST
 
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
 
@@ -72,6 +77,11 @@ class JobRunner:
             checkpoints go through :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`
             (the chief commits, every worker restores the chief's choice).
             ``epoch_fn`` must then return the same (all-reduced) logs on every worker.
+            A job of several JAX processes (``jax.distributed``, ``jax.process_count() > 1``)
+            needs no argument: run the same runner on every process with the same
+            ``ckpt_directory``; each writes its shards and its own ``state`` into every
+            checkpoint, process 0 commits (:mod:`candle_ckpt.keras.runner_group`), and
+            ``epoch_fn`` must return the same logs on every process.
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
         verbose: Print progress (with ``logger="DEFAULT"``).
         fs: The file-system seam every change on disk goes through
@@ -119,6 +129,9 @@ class JobRunner:
         self.fs = fs
         self.strategy = strategy
         self.workers = None  # the WorkerTrainingState of a distributed run
+        self.group = None  # the processes of a multi-process JAX job (each writes its part of every checkpoint)
+        self._agree: Callable[[bool], bool] | None = None  # all processes read their part (a group restore)
+        self._meeting = ""  # the group restore's meeting point prefix
         self.engine: CheckpointEngine | None = None
         self.epoch = 0
         self.step = 0  # steps done in the epoch in progress (counted by step_end)
@@ -140,19 +153,43 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def reads(self) -> list[str]:
-        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES)
+        rank = self.group.rank if self.group is not None else 0
+        return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(group_reads(rank))
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
 
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
+        if self.group is not None:  # this process's part: its shards and its own loop state
+            copy = self.cfg.async_save and step is None  # a step checkpoint is written at once
+            return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group.rank, copy)
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
-        self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
+        rank = self.group.rank if self.group is not None else 0
+        if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
+            self._restored_at = restore_runner_sharded(
+                self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
+            )
+            return
+        if self.group is None:
+            self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
+            return
+        # A one-process checkpoint under several processes: every process loads the same files (mapped
+        # by the group's verification: read here as bytes), then they meet.
+        contents = {name: bytes(data) for name, data in chosen.contents.items()}
+        if self.group.rank != 0:
+            log.warning(
+                f"restart: {where} was written by one process: process {self.group.rank} continues with "
+                "that process's loop state (its RNG states and positions)"
+            )
+        self._restored_at = restore_runner(self.objects, self.state, chosen._replace(contents=contents), log, where)
+        self.group.barrier(f"{self._meeting}/loaded", group_timeout())
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
+        if self.group is not None:
+            return self._resume_group()
         if self.workers is not None:
             found = self.workers.restore(epoch=self.resume_from_epoch)
             self.load = self.workers.load
@@ -165,6 +202,22 @@ class JobRunner:
         if chosen is None:
             return None
         self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start)
+        self._chosen_sidecar = chosen.sidecar
+        return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
+
+    def _resume_group(self) -> Mapping[str, Any] | None:
+        """Every process restores the checkpoint the primary chose, verified on every process (all or none)."""
+        group, start = self.group, time.perf_counter()
+        self._meeting = name = meeting("restore")
+        needed = files_for(self.objects, self.state, self.kinds, group.rank)
+        chosen = agree_on_checkpoint(
+            self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch
+        )
+        if chosen is None:
+            return None
+        self._agree = lambda ok: group.all_agree(f"{name}/read", ok, group_timeout())
+        who = f"process {group.rank}"
+        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start, who)
         self._chosen_sidecar = chosen.sidecar
         return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
 
@@ -215,11 +268,11 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        if jax_group() is not None:  # not silently wrong: every process would take the lock and write alone
-            raise NotImplementedError(
-                "JobRunner does not yet checkpoint a job of several JAX processes (jax.process_count() > 1); "
-                "use model.fit with CandleCheckpointCallback and restart(), which do (docs/multi-worker.rst)"
-            )
+        self.group = jax_group() if self.strategy is None else None
+        if self.group is not None:
+            # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
+            layout = L.Layout.of(self.cfg)
+            self.log = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
         if self.strategy is not None:
             from candle_ckpt.distributed.worker_state import WorkerTrainingState
 
@@ -232,7 +285,7 @@ class JobRunner:
             logs = self._resume()
             # The engine is made after the resume: it continues best-tracking from the
             # restored sidecar and protects that checkpoint from pruning.
-            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, group=self.group)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         self._sync = self._make_sync()
@@ -327,6 +380,9 @@ class JobRunner:
             sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
             sync = PreemptionController(self.cfg, self.engine, self.log)
+            if self.group is not None and sync.enabled:  # the processes agree: the same step, or none
+                sync.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
+                sync.who = f"process {self.group.rank} "
         sync.arm()
         return sync
 

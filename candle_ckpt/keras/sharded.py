@@ -67,10 +67,16 @@ def state_variables(model: Any) -> dict[str, Any]:
     return found
 
 
+def variables_of(source: Any) -> dict[str, Any]:
+    """``source`` if it is already ``{path: variable}``, else :func:`state_variables` of the model ``source``."""
+    return source if isinstance(source, dict) else state_variables(source)
+
+
 def _shards(value: Any, copy: bool) -> list[tuple[Any, np.ndarray]]:
     """``(index, host data)`` of each shard of ``value`` this process writes: its replica 0 shards."""
     shards = getattr(value, "addressable_shards", None)
-    if shards is None:  # a host value: one process holds it whole
+    if shards is None or (getattr(value, "is_fully_addressable", False) and _processes() > 1):
+        # A host value, or an array local to each process of a multi-process job: the primary's is written.
         return [(None, np.array(value, copy=copy))]
     out = []
     for shard in shards:
@@ -80,10 +86,16 @@ def _shards(value: Any, copy: bool) -> list[tuple[Any, np.ndarray]]:
     return out
 
 
+def _processes() -> int:
+    import jax  # noqa: PLC0415 (only reached with a JAX array)
+
+    return int(jax.process_count())
+
+
 def capture_chunks(model: Any, rank: int, copy: bool) -> tuple[list[Chunk], dict[str, str]]:
-    """This process's chunks of every variable, and every variable's sharding (as text)."""
+    """This process's chunks of every variable of ``model`` (or of ``{path: variable}``), and their shardings."""
     chunks, sharding = [], {}
-    for path, v in state_variables(model).items():
+    for path, v in variables_of(model).items():
         value = v.value
         sharding[path] = str(getattr(value, "sharding", "host"))
         shape = tuple(int(n) for n in v.shape)
@@ -171,12 +183,14 @@ def _np_dtype(name: str) -> Any:
 def read_sharded(model: Any, where: str) -> dict[str, tuple[Any, Any]]:
     """Every variable's slices of this process, as ``(variable, array in its current sharding)``; nothing assigned.
 
+    ``model``: a model, or ``{path: variable}``.
+
     Raises:
         ModelMismatch: the checkpoint's variables, shapes or dtypes differ from the model's.
     """
     import jax  # noqa: PLC0415 (this module is imported by one-process jobs too)
 
-    variables = state_variables(model)
+    variables = variables_of(model)
     arrays = {}
     with ShardedReader(where) as reader:
         if not set(variables) <= set(reader.variables):
@@ -198,6 +212,27 @@ def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
     """Assign what :func:`read_sharded` read."""
     for v, value in arrays.values():
         v.assign(value)
+
+
+def read_all_or_none(read: Callable[[], Any], where: str, agree: Callable[[bool], bool] | None) -> Any:
+    """``read()`` on this process, then ``agree(ok)`` with the others: what it read once every process has read its
+    part; raises (so nothing is assigned anywhere) when this one or another could not.
+
+    Raises:
+        NoValidCheckpoint: another process could not read its part of ``where``; this one's own error otherwise.
+    """
+    result, failure = None, None
+    try:
+        result = read()
+    except Exception as err:  # told to the others first: every process loads, or none
+        failure = err
+    if agree is not None and not agree(failure is None):
+        if failure is not None:
+            raise failure
+        raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
+    if failure is not None:
+        raise failure
+    return result
 
 
 def load_sharded(
@@ -222,18 +257,7 @@ def load_sharded(
             f"{where} is a sharded (multi-process) checkpoint, whose optimizer state is stored like the "
             "weights: call model.compile(...) before restart()"
         )
-    arrays, failure = None, None
-    try:
-        arrays = read_sharded(model, where)
-    except Exception as err:  # told to the others first: every process loads, or none
-        failure = err
-    if agree is not None and not agree(failure is None):
-        if failure is not None:
-            raise failure
-        raise NoValidCheckpoint(f"another process could not read {where} (see its log); nothing was loaded")
-    if failure is not None:
-        raise failure
-    assign_all(arrays)
+    assign_all(read_all_or_none(lambda: read_sharded(model, where), where, agree))
     data = contents.get(train_state_part(rank))
     if data is None:
         log.warning(
@@ -251,7 +275,7 @@ def files_to_read(model: Any, where: str, rank: int) -> set[str]:
     Raises:
         CheckpointError: the manifest cannot be read (the verification then fails, naming it).
     """
-    variables = state_variables(model)
+    variables = variables_of(model)
     needed = {MANIFEST, train_state_part(rank)}
     with ShardedReader(where) as reader:
         if not set(variables) <= set(reader.variables):

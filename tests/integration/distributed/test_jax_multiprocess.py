@@ -148,8 +148,8 @@ def test_one_process_checkpoint_restores_under_two(reference, tmp_path):
 
 
 def test_sigterm_to_one_process_saves_the_same_step_everywhere(reference, tmp_path):
-    """SIGTERM to process 1 only: both save the same step checkpoint and exit 143 (128 + SIGTERM, the default);
-    the rerun ends bit-identical."""
+    """SIGTERM to process 1 only: both save the same step checkpoint, recorded as SIGTERM (the primary's record
+    names process 1 as the one asked), and exit 143 (128 + SIGTERM, the default); the rerun ends bit-identical."""
     _, want, _ = reference["dp"]
     ck, bound = tmp_path / "ck", _bound(reference)
     job = JaxJob(tmp_path, "t", "dp", ck, EPOCHS, extra={1: ["--pause-at=1:1:3"]}, timeout_s=bound)
@@ -160,10 +160,10 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere(reference, tmp_pa
     steps = sorted((ck / "ckpts" / "steps").iterdir())
     assert len(steps) == 1
     side = json.loads((steps[0] / "ckpt-info.json").read_text())
-    assert side["epoch"] == 1 and side["step"] >= 2 and side["reason"] == "peer"  # at process 1's request
+    assert side["epoch"] == 1 and side["step"] >= 2 and side["reason"] == "SIGTERM"  # the request's own reason
     assert {"part-00000.bin", "part-00001.bin", "train.state.p00001.npz"} <= set(side["files"])
-    for i in (0, 1):
-        said = f"process {i} committed {steps[0]} (epoch 2, step {side['step']})"
+    for i, by in ((0, " at process 1's request"), (1, "")):
+        said = f"SIGTERM: process {i} committed {steps[0]}{by} (epoch 2, step {side['step']})"
         assert said in job.output(i) and "exiting with status 143" in job.output(i)
     rerun = JaxJob(tmp_path, "u", "dp", ck, EPOCHS, timeout_s=bound)
     rerun.succeed()

@@ -18,7 +18,7 @@ from locations import REPO, job_script
 
 
 class JaxJob(WorkerCluster):
-    """``n`` processes of ``jax_mp_job.py DIST DIR EPOCHS OUT PORT RANK N [flags]``; ``extra[i]``: rank ``i``'s flags.
+    """``n`` processes of ``script DIST DIR EPOCHS OUT PORT RANK N [flags]``; ``extra[i]``: rank ``i``'s flags.
 
     Logs go to ``<name>-p<i>.log`` in ``tmp``, final arrays to ``<name>-p<i>.npz``. Waiting, killing, exit
     codes and the saved arrays are :class:`~cluster.WorkerCluster`'s; only the launch differs.
@@ -26,7 +26,7 @@ class JaxJob(WorkerCluster):
 
     def __init__(
         self, tmp: Path, name: str, dist: str, directory: Path, epochs: int, n: int = 2, extra=None,
-        timeout_s: float = 240, env: dict | None = None,
+        timeout_s: float = 240, env: dict | None = None, script: str = "jax_mp_job.py",
     ) -> None:  # fmt: skip
         self.timeout_s = timeout_s
         self.started = time.monotonic()
@@ -39,7 +39,7 @@ class JaxJob(WorkerCluster):
         base.update(env or {})
         self.procs: list[subprocess.Popen] = []
         for i in range(n):
-            args = [sys.executable, str(job_script("jax_mp_job.py")), dist, str(directory), str(epochs)]
+            args = [sys.executable, str(job_script(script)), dist, str(directory), str(epochs)]
             args += [str(self.outs[i]), str(port), str(i), str(n), *((extra or {}).get(i, []))]
             with open(self.logs[i], "wb") as log:
                 self.procs.append(subprocess.Popen(args, env=base, stdout=log, stderr=subprocess.STDOUT))

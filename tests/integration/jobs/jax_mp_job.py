@@ -2,7 +2,10 @@
 
 Usage::
 
+    srun -n N python jax_mp_job.py DIST DIR EPOCHS OUT{rank}.npz slurm - - [flags]   (under Slurm)
+
     python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
+        [--pause-epoch-end=E] [--heartbeat=S]
 
 DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
 ``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
@@ -13,6 +16,8 @@ Every process runs the same code: ``restart(params, model)`` before ``fit``, the
 weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
 ``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
 ``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
+``--pause-epoch-end=E`` prints ``PAUSED`` in ``on_epoch_end`` of epoch E, before that epoch's checkpoint, and sleeps.
+``--heartbeat=S``: ``jax.distributed.initialize(heartbeat_timeout_seconds=S)`` (how soon a dead peer is noticed).
 """
 
 from __future__ import annotations
@@ -95,15 +100,35 @@ def Pause(epoch: int, batch: int, seconds: int = 600):
     return _Pause()
 
 
+def PauseAtEpochEnd(epoch: int, seconds: int = 600):
+    """A callback that prints PAUSED in ``on_epoch_end`` of ``epoch`` (before its checkpoint) and sleeps."""
+    import keras
+
+    class _Pause(keras.callbacks.Callback):
+        def on_epoch_end(self, e, logs=None):
+            if e == epoch:
+                print("PAUSED", flush=True)
+                time.sleep(seconds)
+
+    return _Pause()
+
+
 def main() -> None:
     dist, directory, epochs, out, port, rank, nproc = sys.argv[1:8]
-    rank, nproc = int(rank), int(nproc)
     flags = sys.argv[8:]
     import jax
 
-    if nproc > 1:
+    if port == "slurm":  # one task of `srun -n N`: jax.distributed reads Slurm's environment by itself
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"localhost:{port}", nproc, rank)
+        jax.distributed.initialize()
+        rank, nproc = jax.process_index(), jax.process_count()
+        out = out.replace("{rank}", str(rank))
+    rank, nproc = int(rank), int(nproc)
+    if nproc > 1 and port != "slurm":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        beat = next((int(f.split("=")[1]) for f in flags if f.startswith("--heartbeat=")), None)
+        extra = {} if beat is None else {"heartbeat_timeout_seconds": beat}
+        jax.distributed.initialize(f"localhost:{port}", nproc, rank, **extra)
     import keras
 
     import candle_ckpt
@@ -131,6 +156,9 @@ def main() -> None:
     pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
     if pause is not None:
         callbacks.append(Pause(*(int(s) for s in pause.split(":"))))
+    at_end = next((f.split("=")[1] for f in flags if f.startswith("--pause-epoch-end=")), None)
+    if at_end is not None:
+        callbacks.append(PauseAtEpochEnd(int(at_end)))
     x, y = make_data()
     if dist == "dp":  # the batch is split over the processes: each feeds its own part of every global batch
         x, y = x[rank::nproc], y[rank::nproc]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.group import ThreadGroup
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.distributed.agreement import SaveAgreement, make_controller
@@ -183,50 +184,30 @@ def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
     assert not PreemptionController(cfg, Engine(), OpsLog(None)).enabled
 
 
-class ThreadGroup:
-    """A Group of ``size`` threads in one process: ``all_agree`` is a barrier over the ranks' flags."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self._flags, self._barrier = size, {}, threading.Barrier(size)
-        self._lock = threading.Lock()
-
-    def rank_view(self, rank: int) -> ThreadGroup:
-        view = object.__new__(ThreadGroup)
-        view.__dict__.update(self.__dict__, rank=rank)
-        return view
-
-    def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
-        with self._lock:
-            self._flags.setdefault(name, []).append(ok)
-        self._barrier.wait(timeout_s)
-        answer = all(self._flags[name])
-        self._barrier.wait(timeout_s)
-        return answer
-
-
 def test_a_group_agreement_stops_every_rank_at_the_same_step() -> None:
-    """GroupAgreement (the JAX coordination service's all_agree, here threads): one rank's signal at step 3,
-    checks every 2 steps: every rank saves step 4 and exits 143, the others with reason 'peer'."""
+    """GroupAgreement (the JAX coordination service's exchange, here threads): one rank's signal at step 3,
+    checks every 2 steps: every rank saves step 4; the others record the signal's name as the reason, at rank 1's
+    request, and exit 143 (a peer's request counts as SIGTERM)."""
     group, results = ThreadGroup(3), {}
 
     def rank(r: int) -> None:
         engine = Engine()
-        pre = controller(engine, GroupAgreement(group.rank_view(r), every=2, timeout_s=30), ckpt_preempt_check=2)
+        pre = controller(engine, GroupAgreement(group.members[r], every=2, timeout_s=30), ckpt_preempt_check=2)
         try:
             for step in range(1, 9):
                 if r == 1 and step == 3:
                     pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
                 pre.step_end(0, step, engine.save(0, step))
         except SystemExit as exc:
-            results[r] = (exc.code, engine.saved)
+            results[r] = (exc.code, engine.saved, engine.preempt.get("requested_by"))
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert results[1] == (128 + signal.SIGUSR1, [(0, 4, {}, "SIGUSR1")])
-    assert results[0] == results[2] == (143, [(0, 4, {}, "peer")])
+    assert results[1] == (128 + signal.SIGUSR1, [(0, 4, {}, "SIGUSR1")], None)
+    assert results[0] == results[2] == (143, [(0, 4, {}, "SIGUSR1")], 1)
 
 
 def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> None:

@@ -1,0 +1,103 @@
+"""A multi-process JAX job under a real one-node Slurm: ``srun -n 2`` and ``jax.distributed.initialize()``.
+
+The sbatch script runs ``srun`` with two tasks of ``jax_mp_job.py`` (DataParallel, 2 CPU devices per
+task, gloo), each calling ``jax.distributed.initialize()`` with no argument, so JAX reads Slurm's
+environment for the coordinator, the process count and the rank. While both tasks pause in mid-epoch
+the test sends ``scancel --signal=TERM``: both tasks save the same step and exit 143, the script requeues
+the job (the README's recipe), and the requeued job resumes and completes. Each task's final weights
+and optimizer variables must equal, bit for bit, those of the same rank in an uninterrupted 2-process
+run on localhost (outside Slurm). Every wait is bounded by a multiple of that run's measured time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from locations import REPO, job_script
+from slurm_cluster import missing, start_cluster
+
+pytest.importorskip("jax")
+from jax_cluster import JaxJob  # noqa: E402
+from pace import wait_s  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,  # a Slurm cluster and three multi-process runs
+    pytest.mark.skipif(os.environ.get("KERAS_BACKEND") != "jax", reason="runs in the JAX pass (KERAS_BACKEND=jax)"),
+]
+
+EPOCHS = 4
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+SCRIPT = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=job.log
+
+srun {python} {job} dp ck {epochs} out{{rank}}.npz slurm - - --pause-at=2:1:{pause} & step=$!
+trap 'scancel --signal=TERM "$SLURM_JOB_ID"' TERM  # a SIGTERM to this shell: to the step
+while wait "$step"; status=$?; kill -0 "$step" 2>/dev/null; do :; done  # until it exits
+if [ "$status" -eq 143 ]; then
+    echo "preempted (status $status): requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$status"
+"""
+
+
+def _log(folder) -> str:
+    return (folder / "job.log").read_text(errors="replace") if (folder / "job.log").exists() else ""
+
+
+def test_srun_two_tasks_preempted_requeued_end_bit_identical(tmp_path):
+    """scancel --signal=TERM to a running ``srun -n 2`` JAX job: both tasks save the same step and exit 143, the job
+    is requeued, resumes on both tasks and completes with each rank's arrays equal to an uninterrupted run's."""
+    why = missing()
+    if why:
+        pytest.skip(f"no Slurm here: {why}")
+    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
+    bound = max(300.0, 8 * ref.succeed())
+    cluster = start_cluster(tmp_path / "state")
+    try:
+        folder = tmp_path / "job"
+        folder.mkdir()
+        # Both tasks pause after batch 1 of epoch 2 (index) long enough for the signal to land in mid-epoch.
+        pause = int(wait_s(5))
+        (folder / "job.sh").write_text(
+            SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"), epochs=EPOCHS, pause=pause)
+        )
+        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
+        env.update(cluster.env, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+        proc = subprocess.run(
+            ["sbatch", "--parsable", "job.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=30
+        )
+        assert proc.returncode == 0, proc.stderr
+        job = proc.stdout.strip().split(";")[0]
+        end, acted, info = time.monotonic() + bound, False, {}
+        while time.monotonic() < end:
+            info = cluster.job(job)
+            if not acted and info.get("JobState") == "RUNNING" and "PAUSED" in _log(folder):
+                cluster.cmd("scancel", "--signal=TERM", job)
+                acted = True
+            if info.get("JobState") in FINAL:
+                break
+            time.sleep(1.0)
+        else:
+            cluster.cmd("scancel", job, check=False)
+        log = _log(folder)
+        assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"{info}\n{log[-4000:]}"
+        assert acted and int(info.get("Restarts", "0")) >= 1, f"never requeued: {info}\n{log[-4000:]}"
+        for rank in (0, 1):
+            assert f"SIGTERM: process {rank} committed " in log and "(epoch 3, step " in log, log[-4000:]
+        assert "requeueing job" in log and log.count("DONE") == 2, log[-4000:]
+        for rank in (0, 1):
+            got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
+            assert sorted(got) == sorted(want)
+            assert [k for k in got if not np.array_equal(got[k], want[k])] == [], f"rank {rank} differs"
+    finally:
+        cluster.stop()
