@@ -3,9 +3,9 @@
 Layers, each a subpackage, with imports pointing one way (see docs/architecture.rst):
 ``cli``/``keras``/``tf_keras``/``distributed`` (adapters) -> ``engine`` -> ``storage``
 -> ``core``, with ``config`` beside ``core``. Only the adapters import keras or
-tensorflow; they
-(``CandleCheckpointCallback``, ``restart``, ``JobRunner``, ``load_weights``,
-``WorkerTrainingState``) are imported lazily on first use. With
+tensorflow. Every public name (the adapters' ``CandleCheckpointCallback``,
+``restart``, ``JobRunner``, ``load_weights``, ``WorkerTrainingState``; the
+errors; CANDLE's parameter helpers) is imported on first use. With
 ``TF_USE_LEGACY_KERAS=1`` (tf.keras is tf_keras), ``CandleCheckpointCallback``
 is the tf_keras one (:mod:`candle_ckpt.tf_keras.adapter`); ``restart`` serves both
 kinds of model.
@@ -13,25 +13,28 @@ kinds of model.
 
 from __future__ import annotations
 
-from typing import Any
-
-from candle_ckpt.config.candle_params import ModelType, ParamRequired, ParamType, param
-from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
-from candle_ckpt.core.errors import (
-    CheckpointError,
-    CheckpointSaveError,
-    CheckpointUploadError,
-    CorruptCheckpoint,
-    DirectoryLocked,
-    GroupTimeout,
-    LayoutMismatch,
-    ModelMismatch,
-    NoValidCheckpoint,
-)
-
 __version__ = "0.1.0"
 
+# Every public name is imported on first use, so that ``import candle_ckpt`` costs almost nothing: the
+# ``candle-ckpt`` command handles Ctrl-C from its entry module's first statement, which runs after this
+# package's body (a literal dict and two functions: keep it so, no imports and no calls).
 _LAZY = {
+    "ModelType": "candle_ckpt.config.candle_params",
+    "ParamRequired": "candle_ckpt.config.candle_params",
+    "ParamType": "candle_ckpt.config.candle_params",
+    "param": "candle_ckpt.config.candle_params",
+    "ckpt_defs": "candle_ckpt.config.cli_args",
+    "ckpt_parser": "candle_ckpt.config.cli_args",
+    "str2bool": "candle_ckpt.config.cli_args",
+    "CheckpointError": "candle_ckpt.core.errors",
+    "CheckpointSaveError": "candle_ckpt.core.errors",
+    "CheckpointUploadError": "candle_ckpt.core.errors",
+    "CorruptCheckpoint": "candle_ckpt.core.errors",
+    "DirectoryLocked": "candle_ckpt.core.errors",
+    "GroupTimeout": "candle_ckpt.core.errors",
+    "LayoutMismatch": "candle_ckpt.core.errors",
+    "ModelMismatch": "candle_ckpt.core.errors",
+    "NoValidCheckpoint": "candle_ckpt.core.errors",
     "CandleCheckpointCallback": "candle_ckpt.keras.callback",
     "restart": "candle_ckpt.keras.restart",
     "JobRunner": "candle_ckpt.keras.runner",
@@ -86,7 +89,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
         import os
@@ -99,3 +102,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'candle_ckpt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

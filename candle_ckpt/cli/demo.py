@@ -15,8 +15,7 @@ import sys
 import time
 from typing import Any
 
-from candle_ckpt.cli.console import import_keras_quietly, saved_so_far
-from candle_ckpt.cli.parser import DEMO_DIRECTORY
+from candle_ckpt.cli.console import DEMO_DIRECTORY, import_keras_quietly, interrupted_demo, sigint_seen, watch_sigint
 
 PROG = "python3 -m candle_ckpt.cli.demo"
 
@@ -74,6 +73,7 @@ def _train(args: argparse.Namespace, where: str) -> int:
         print(f"demo: all {args.epochs} epochs are done (checkpoint of epoch {initial_epoch} in {where}).")
         print(f"demo: to train on, pass more epochs (--epochs {initial_epoch + 10}); to start over, remove {where}")
         return 0
+    _stop_if_interrupted()
     start = f"resuming after epoch {initial_epoch}" if info else "starting from scratch"
     print(f"demo: {start}; training to epoch {args.epochs}; checkpoints in {where}", flush=True)
     ckpt = candle.CandleCheckpointCallback(params)
@@ -81,6 +81,7 @@ def _train(args: argparse.Namespace, where: str) -> int:
     class Pause(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             time.sleep(args.sleep)
+            _stop_if_interrupted()
 
     model.fit(
         x,
@@ -96,6 +97,12 @@ def _train(args: argparse.Namespace, where: str) -> int:
     ckpt.report_final()
     print(f"demo: done; inspect the checkpoints with: candle-ckpt list {args.ckpt_directory}")
     return 0
+
+
+def _stop_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that some code dropped (the import system's weakref callbacks)."""
+    if sigint_seen():
+        raise KeyboardInterrupt
 
 
 _BACKENDS = ("tensorflow", "jax", "torch", "keras")
@@ -119,11 +126,20 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     Errors are one line naming the checkpoint directory; Ctrl-C ends it with
     one line saying what was saved and how to resume.
     """
-    args = build_parser(prog).parse_args(argv)
-    where = os.path.abspath(args.ckpt_directory)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # Started from a background shell, SIGINT comes ignored: the demo still stops on Ctrl-C / kill -INT.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with watch_sigint(demo=True):  # started from a background shell, SIGINT comes ignored: still stop on it
+            args = build_parser(prog).parse_args(argv)
+            return _checked(args, os.path.abspath(args.ckpt_directory))
+    except Exception:
+        if not sigint_seen():  # numpy's import turns a KeyboardInterrupt into an ImportError
+            raise
+    except KeyboardInterrupt:
+        pass
+    return interrupted_demo(sys.argv[1:] if argv is None else list(argv))
+
+
+def _checked(args: argparse.Namespace, where: str) -> int:
+    """:func:`_train`, with a missing backend or a checkpoint directory it cannot use as one line each."""
     from candle_ckpt.core.errors import CheckpointError
 
     try:
@@ -133,10 +149,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             raise
         print(_no_backend(err.name.split(".")[0]), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\ndemo: interrupted; {saved_so_far(where)}; run the same command again to resume", file=sys.stderr)
-        return 130
     except (CheckpointError, ValueError, TypeError, OSError) as err:
+        _stop_if_interrupted()
         message = " ".join(f"{type(err).__name__}: {err}".split())
         print(
             f"demo: error with checkpoint directory {where}: {message}\n"
@@ -147,4 +161,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # answered: Ctrl-C during TensorFlow's teardown changes nothing
+    if _code == 130:
+        from candle_ckpt.cli.console import end_interrupted
+
+        end_interrupted()
+    sys.exit(_code)

@@ -7,22 +7,29 @@ Exit codes: 0 success; 1 corruption found (``verify``, ``list --verify``, or a
 ``rollback`` target that fails verification); 2 any other error (usage, not a
 checkpoint directory, unknown epoch, unreadable sidecar, directory in use);
 130 interrupted. Errors are one line on stderr, never a traceback.
+
+Ctrl-C is answered from :func:`main`'s first line: this module and the packages
+above it import nothing heavy at their top (numpy, the store and the commands are
+imported inside :func:`main`), so a SIGINT at any moment after the interpreter has
+started ends the command with its one line and status 130.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from candle_ckpt.cli.common import DEBUG_ENV, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, CliError
-from candle_ckpt.cli.parser import build_parser
-from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.cli.console import interrupted, sigint_seen, watch_sigint
+
+PROG = "candle-ckpt"  # also candle_ckpt.cli.common.PROG (imported here only inside main)
+EXIT_ERROR = 2
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
     """Run ``candle_ckpt.cli.demo.main(argv)``; the demo parses its own options (and its --help)."""
+    from candle_ckpt.cli.common import CliError
+
     try:
         import candle_ckpt.cli.demo as demo  # imports keras lazily, only here
     except ModuleNotFoundError as err:
@@ -38,7 +45,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
 
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
-        return EXIT_OK
+        return 0
     if isinstance(exc.code, int):
         return exc.code
     print(exc.code, file=sys.stderr)
@@ -47,6 +54,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 def _route_library_warnings() -> None:
     """Show the store's warnings (e.g. an unsafe ``last`` link it ignores) as one tagged line each."""
+    import logging
+
     log = logging.getLogger("candle_ckpt")
     if any(getattr(h, "_candle_ckpt_cli", False) for h in log.handlers):
         return
@@ -66,9 +75,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``candle-ckpt`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["demo"]:
-            # The demo owns its options (and its --help): pass them through untouched.
+        with watch_sigint(demo=argv[:1] == ["demo"]):  # the demo stops on Ctrl-C even started in the background
+            return _run(argv)
+    except KeyboardInterrupt:
+        return interrupted(argv)
+    except Exception:
+        if sigint_seen():  # numpy's import turns a KeyboardInterrupt into an ImportError
+            return interrupted(argv)
+        raise
+
+
+def _run(argv: list[str]) -> int:
+    from candle_ckpt.cli.common import CliError
+    from candle_ckpt.core.errors import CheckpointError
+
+    try:
+        if argv[:1] == ["demo"]:  # the demo owns its options (and its --help): passed through untouched
             return cmd_demo(argv[1:])
+        from candle_ckpt.cli.parser import build_parser
+
         args = build_parser().parse_args(argv)
         _route_library_warnings()
         return args.func(args)
@@ -83,13 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err), EXIT_ERROR)
     except (OSError, ValueError) as err:
         return _fail(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err), EXIT_ERROR)
-    except KeyboardInterrupt:
-        # Every command is safe to stop: reads change nothing, rollback is one atomic link
-        # move, and a prune stopped half-way leaves whole checkpoints (run it again to finish).
-        return _fail("interrupted; nothing is left half-done (run the command again to finish)", EXIT_INTERRUPTED)
     except SystemExit as exc:  # argparse --help / --version
         return _exit_code(exc)
     except Exception as err:
+        from candle_ckpt.cli.common import DEBUG_ENV
+
+        if sigint_seen():  # e.g. numpy's import turns a KeyboardInterrupt into an ImportError
+            return interrupted(argv)
         if os.environ.get(DEBUG_ENV):
             raise
         return _fail(f"internal error: {type(err).__name__}: {err} (set {DEBUG_ENV}=1 for the traceback)", EXIT_ERROR)

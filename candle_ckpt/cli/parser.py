@@ -9,6 +9,7 @@ from typing import NamedTuple, NoReturn
 from candle_ckpt import __version__
 from candle_ckpt.cli import commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
+from candle_ckpt.cli.console import DEMO_DIRECTORY
 from candle_ckpt.config.schema import KEEP_MODES
 from candle_ckpt.core import layout as L
 
@@ -16,7 +17,6 @@ EXIT_HELP = (
     "exit status: 0 ok, 1 corruption found, 2 error (usage, not a checkpoint directory, unknown epoch, ...), "
     "130 interrupted (Ctrl-C)"
 )
-DEMO_DIRECTORY = "./candle_ckpt_demo"
 
 
 class Parser(argparse.ArgumentParser):

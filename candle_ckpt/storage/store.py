@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -56,6 +58,7 @@ class CheckpointStore(CheckpointReader):
         super().__init__(directory, fs=fs, checksum=checksum, flat=flat)
         self._generation: int | None = None
         self._lock = WriterLock(self.layout.lock)
+        self._released_by = ""  # who last released the lock: named when a commit then finds it gone
         self.steps = StepCheckpoints(self)  # ckpts/steps/GGG: mid-epoch checkpoints (see storage.steps)
 
     def __enter__(self) -> CheckpointStore:
@@ -122,6 +125,8 @@ class CheckpointStore(CheckpointReader):
 
         A closed store can still be read, and :meth:`open_for_write` opens it again.
         """
+        if self._lock.held:
+            self._released_by = _release_site()
         self._lock.release()
 
     def clean_debris(self) -> list[str]:
@@ -162,7 +167,8 @@ class CheckpointStore(CheckpointReader):
             CheckpointError: the store is not open for writing (``what`` names the commit).
         """
         if not self._lock.held or self._generation is None:
-            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before {what}")
+            why = f" (the writer lock was released by {self._released_by})" if self._released_by else ""
+            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before {what}{why}")
         generation = self._generation
         self._generation += 1
         return generation
@@ -265,3 +271,11 @@ class CheckpointStore(CheckpointReader):
         """
         links = (self.link_epoch("best"), self.link_epoch("last"))
         return prune_plan(self.epochs(), select, [e for e in (*links, *protected) if e is not None])
+
+
+def _release_site() -> str:
+    """The thread and the calls that release a lock, innermost first (issue 27: a lock released in the middle of a
+    fit, cause unconfirmed: the next occurrence names its releaser)."""
+    calls = traceback.extract_stack()[-8:-2]
+    where = " < ".join(f"{os.path.basename(c.filename)}:{c.lineno} {c.name}" for c in reversed(calls))
+    return f"thread {threading.current_thread().name}: {where}"

@@ -3,7 +3,7 @@
 Every command runs in a subprocess as ``python -m candle_ckpt ...`` with
 ``PYTHONPATH`` set to the root of the repository holding this file. That is the
 same entry point as the installed ``candle-ckpt`` console script
-(``candle_ckpt.cli.main:main``, via ``candle_ckpt/__main__.py``), but the installed
+(``candle_ckpt.__main__:run``), but the installed
 script imports the package from wherever it was ``pip install -e``-ed, which
 need not be the tree under test (a worktree, a CI checkout); ``-m`` with an
 explicit ``PYTHONPATH`` always runs this tree's code.
@@ -597,7 +597,7 @@ def test_every_option_has_help_text() -> None:
     """Each argument of each subcommand carries a help string (nothing undocumented in --help)."""
     import argparse
 
-    from candle_ckpt.cli.main import build_parser
+    from candle_ckpt.cli.parser import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert sorted(sub.choices) == sorted([*HELP_MENTIONS, "demo"])

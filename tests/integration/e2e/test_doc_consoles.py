@@ -1,8 +1,11 @@
-"""docs/cli.rst's ``list``, ``verify`` and ``info`` examples are what the commands print (issue 27, item 5).
+"""docs/cli.rst's ``list``, ``verify``, ``info``, ``rollback``, ``prune`` and ``plot`` examples are what the
+commands print (issue 27, item 5).
 
 The README's Quickstart runs with ``--epochs 6`` into ``./save``, as the examples'
-job did; every ``$ candle-ckpt list|verify|info ./save`` line of docs/cli.rst's console
-blocks then runs there, in the order of the page (a ``# ... flipped`` or
+job did; every ``$ candle-ckpt list|verify|info|rollback|prune|plot ./save`` line of
+docs/cli.rst's console blocks then runs there (a rollback, a real prune or a plot on a
+copy of the folder, so that later examples see the page's ``./save``), in the order of
+the page (a ``# ... flipped`` or
 ``# ... damaged`` comment flips one byte of epoch 4's ``model.keras`` first, once;
 ``# ckpt-info.json edited by hand`` changes a value of its sidecar),
 and its output must match the lines under it: the same words and layout, where
@@ -14,14 +17,17 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from test_readme import README, blocks, run
+from doclines import LOG_EXAMPLES, blocks, log_examples, matches
+from test_readme import README, run
 
 CLI_RST = README.parent / "docs" / "cli.rst"
-CHECKED = ("list", "verify", "info")
+CHECKED = ("list", "verify", "info", "rollback", "prune", "plot")
+CHANGES = ("rollback", "prune", "plot")  # run on a copy of the job: the page's later examples see its ./save
 DOC_JOB = "/home/me/job"
 
 
@@ -37,23 +43,6 @@ def examples() -> list[tuple[str, list[str]]]:
     return found
 
 
-def shape(line: str) -> str:
-    """A line with what changes between runs masked: dates, times, CRCs, numbers; runs of blanks as one."""
-    line = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\+\d{4})?", "<time>", line)
-    line = re.sub(r"\b[0-9a-f]{8}\b", "<crc>", line)
-    line = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "<n>", line)
-    return " ".join(line.split())
-
-
-def matches(expected: list[str], got: list[str]) -> bool:
-    """Whether ``got`` has the shape of ``expected``, where a line ``...`` is any number of lines."""
-    if not expected:
-        return not got
-    if expected[0].strip() == "...":
-        return any(matches(expected[1:], got[i:]) for i in range(len(got) + 1))
-    return bool(got) and shape(expected[0]) == shape(got[0]) and matches(expected[1:], got[1:])
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
     """The Quickstart trained to epoch 6 in a fresh folder (the folder the examples' ``./save`` is in)."""
@@ -65,9 +54,10 @@ def job(tmp_path_factory) -> Path:
     return folder
 
 
-def test_cli_rst_list_verify_and_info_examples_are_real_output(job: Path) -> None:
-    """Each list/verify/info example of docs/cli.rst, run on the Quickstart's checkpoints, prints lines of the
-    shape shown (paths, words, columns, rows), and exits with the status shown."""
+def test_cli_rst_examples_are_real_output(job: Path, tmp_path: Path) -> None:
+    """Each list/verify/info/rollback/prune/plot example of docs/cli.rst, run on the Quickstart's checkpoints (a
+    rollback, a prune or a plot on a copy of them), prints lines of the shape shown (paths, words, columns, rows),
+    and exits with the status shown."""
     status, damaged, checked = None, False, 0
     for command, expected in examples():
         words = command.split("#")[0].split()
@@ -89,13 +79,17 @@ def test_cli_rst_list_verify_and_info_examples_are_real_output(job: Path) -> Non
             doc = json.loads(sidecar.read_text())
             doc["time_elapsed"] += 1.0  # its sidecar_crc32 left as it was
             sidecar.write_text(json.dumps(doc))
-        proc = run([sys.executable, "-m", "candle_ckpt", *words[1:]], job)
-        got = (proc.stdout + proc.stderr).replace(str(job), DOC_JOB).splitlines()
+        where = job
+        if words[1] in CHANGES and "--dry-run" not in words:
+            where = tmp_path / f"copy{checked}" / "job"
+            shutil.copytree(job, where, symlinks=True)
+        proc = run([sys.executable, "-m", "candle_ckpt", *words[1:]], where)
+        got = (proc.stdout + proc.stderr).replace(str(where), DOC_JOB).splitlines()
         assert matches(expected, got), (
             f"$ {command}\n--- docs/cli.rst:\n" + "\n".join(expected) + ("\n--- real output:\n" + "\n".join(got))
         )
         status, checked = proc.returncode, checked + 1
-    assert checked >= 5 and damaged
+    assert checked >= 11 and damaged
 
 
 def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> None:
@@ -118,3 +112,12 @@ def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> 
     pre.step_end(0, 1, lambda reason: None)
     engine.close()
     assert set(re.findall(r'"(\w+)":', preempt_doc)) == set(engine.stats()["preempt"])
+
+
+def test_every_log_line_example_in_docs_is_checked_by_the_test_that_writes_it() -> None:
+    """Each log-line example of docs/ (a literal block starting with a level) is in doclines.LOG_EXAMPLES, and the
+    test named there compares it with the line its real run wrote (assert_log_example for that page)."""
+    found = log_examples()
+    assert found and set(found) <= set(LOG_EXAMPLES), sorted(set(found) - set(LOG_EXAMPLES))
+    for (page, _), test in LOG_EXAMPLES.items():
+        assert f'assert_log_example("{page}", ' in (README.parent / test).read_text(), (page, test)

@@ -26,29 +26,13 @@ from pathlib import Path
 import docutils.core
 import docutils.nodes
 import pytest
+from doclines import blocks, doctree
 from locations import REPO
 
 ROOT = REPO
 README = ROOT / "README.rst"
 DOCS = sorted((ROOT / "docs").glob("*.rst"))
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-
-
-def doctree(path: Path) -> docutils.nodes.document:
-    """Parse ``path``; any docutils warning or error raises (halt_level 2)."""
-    return docutils.core.publish_doctree(
-        path.read_text(),
-        source_path=str(path),
-        settings_overrides={"halt_level": 2, "report_level": 2, "warning_stream": False},
-    )
-
-
-def blocks(path: Path, kind: str | None = None) -> list[docutils.nodes.literal_block]:
-    """The literal blocks of ``path``; with ``kind``, only the code blocks of that language."""
-    found = list(doctree(path).findall(docutils.nodes.literal_block))
-    if kind is None:
-        return found
-    return [b for b in found if kind in b.get("classes", [])]
 
 
 def run(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:

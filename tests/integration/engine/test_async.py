@@ -20,6 +20,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from doclines import assert_log_example
 from locations import REPO, job_script
 from pace import wait_s
 from testkit import build_model  # noqa: E402
@@ -319,7 +320,8 @@ def test_train_end_joins_the_writer(tmp_path):
 
 
 def test_a_writer_that_cannot_keep_up_is_reported_once(tmp_path):
-    """When epoch ends find the writer busy, ckpt.log says once how long training waited and the speed needed."""
+    """When epoch ends find the writer busy, ckpt.log says once how long training waited and the speed needed,
+    in a line of the shape docs/performance.rst shows."""
     fs = ScriptedFS({("fsync", n): lambda: time.sleep(0.6) for n in (1, 2, 3)})
     cb = CandleCheckpointCallback(params(tmp_path, 4), verbose=False, fs=fs)
     fit(build_model(7), cb, 4)
@@ -336,6 +338,7 @@ def test_a_writer_that_cannot_keep_up_is_reported_once(tmp_path):
         slow[0],
     )
     assert found, slow[0]
+    assert_log_example("performance.rst", slow[0])
     scale = {"B": 1e-3, "kB": 1.0, "MB": 1e3, "GB": 1e6}
     g = found.groups()
     epoch, waited, written = float(g[0]), float(g[1]), float(g[2])

@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from doclines import assert_log_example  # noqa: E402
 from jobserver import JobServer  # noqa: E402
 from locations import FIGURES, job_script  # noqa: E402
 from testkit import assert_said_once, finished_line  # noqa: E402
@@ -109,7 +110,8 @@ def test_job_server_reports_a_crashed_child(server, tmp_path):
 def test_a_finished_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
     """A run that EarlyStopping ended (after epoch 4 of 5), or that reached its epochs, rerun unchanged in a fresh
     process: fit trains no epoch, the weights stay bit-identical and ckpt.log says so in one line naming the
-    checkpoint (which exists) and how to train on. Also the tripwire of fit_hooks.set_first_epoch."""
+    checkpoint (which exists) and how to train on, as docs/exactness.rst shows it. Also the tripwire of
+    fit_hooks.set_first_epoch."""
     directory = tmp_path / "job"
     lines, status = server.run(setup, "full", str(directory), str(tmp_path / "first.npz"))
     assert status == 0 and lines[-1] == f"done 0 {stopped}", lines
@@ -121,3 +123,6 @@ def test_a_finished_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
     expected = finished_line(where, stopped, "EarlyStopping" if setup == "early_stopping" else None)
     assert_said_once(directory / "ckpt.log", expected, "run is finished", "no epoch")
     assert where.is_dir()
+    if setup == "early_stopping":
+        log = (directory / "ckpt.log").read_text().splitlines()
+        assert_log_example("exactness.rst", next(line for line in log if line.endswith(expected)))

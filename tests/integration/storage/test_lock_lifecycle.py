@@ -207,3 +207,19 @@ def test_a_callback_that_forwards_its_hooks_to_ours_keeps_the_lock_for_the_whole
     fit(build_model(), Forwarding(candle.CandleCheckpointCallback(params, logger=None)), 3)
     assert CheckpointStore(d).epochs() == [1, 2, 3]
     assert lock_is_free(d)
+
+
+def test_a_commit_after_the_lock_was_released_names_who_released_it(tmp_path: Path) -> None:
+    """A store whose lock another thread let go: the commit's error names that thread and its calls (issue 27: the
+    lock seen released mid-fit three times, cause unconfirmed; the next occurrence says who did it)."""
+    import threading
+
+    from candle_ckpt.core.errors import CheckpointError
+
+    store = CheckpointStore(tmp_path / "job")
+    store.open_for_write()
+    releaser = threading.Thread(target=store.close, name="candle_ckpt-fit-guard")
+    releaser.start()
+    releaser.join()
+    with pytest.raises(CheckpointError, match=r"released by thread candle_ckpt-fit-guard: .*threading\.py:\d+ run"):
+        store.take_generation("commit()")
