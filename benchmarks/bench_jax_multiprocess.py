@@ -2,19 +2,32 @@
 
 Usage::
 
-    python3 benchmarks/bench_jax_multiprocess.py [--mib 256] [--epochs 5] [--out results/jax-mp.json]
+    python3 benchmarks/bench_jax_multiprocess.py [--mib 256 1024] [--epochs 8] [--steps 2] [--out-dir DIR]
 
 Each contender runs the same job: 2 processes x 2 CPU devices (gloo), ModelParallel with the big
 kernels sharded over all 4 devices, Adam (so the state is about 3x the weights), ``--mib`` MiB of
-state in all. Per contender it reports, from process 0:
+state in all, ``--steps`` steps of 8 samples per epoch. One JSON per size is written into
+``--out-dir`` (default: ``$OUT`` if set), named ``jax-multiprocess-<mib>.json``. Per contender it
+reports, from process 0:
 
 - ``stall_s``: the mean extra wall time of an epoch end over the run without checkpointing (the
-  first epoch, which compiles, is left out);
-- ``bytes_per_ckpt`` and ``bytes_ratio``: what one checkpoint holds on disk, against the state;
-- ``restart_s``: the time to restore the last checkpoint into a fresh model (candle_ckpt:
-  ``restart()``; Orbax: ``model.load_weights`` of its directory, or the error Keras raised).
+  first epoch, which compiles, is left out, and so is the last, whose end also waits for the last
+  write of an async contender: that wait is ``end_wait_s``). For candle_ckpt also, from ``callback.stats()``:
+  ``async_writer`` (True: the writes ran on the background writer), ``snapshot_s`` (the copy taken
+  on the training thread), ``writer_wait_s`` (the training thread waiting for the previous write:
+  the writer cannot keep up when an epoch is shorter than a write) and ``save_s`` (one commit);
+- ``bytes_per_ckpt`` and ``bytes_ratio``: the bytes of the newest checkpoint's directory, against the
+  state; ``checkpoints``, ``kept`` and ``bytes_on_disk``: the checkpoints the directory holds at the
+  end, and all their bytes (candle_ckpt keeps ``best`` on top of ``ckpt_keep_limit`` when it is older
+  than the last two: dividing all the bytes by 2 once made 3 checkpoints look like 1.5x the state);
+- ``restart_s``: the time to restore the last checkpoint into a fresh model whose optimizer is already
+  built (for every contender: ``fit`` builds it anyway; building it is Keras's cost, not a
+  checkpoint's), its files written back and dropped from the page cache first (a restart reads the
+  disk, as after a crash), by candle_ckpt's ``restart()`` or Keras's ``model.load_weights`` of the Orbax
+  directory; ``restored_equal``: whether every weight and optimizer variable then equals the
+  trained model's, bit for bit, on both processes.
 
-The machine's load average is recorded with the result: the machine is shared.
+The machine's load average is recorded with the result: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -46,6 +59,49 @@ def _du(path: str) -> int:
             if not os.path.islink(full):
                 total += os.path.getsize(full)
     return total
+
+
+def _newest(contender: str, directory: str) -> tuple[str | None, list[str]]:
+    """The newest checkpoint's directory, and the checkpoints ``directory`` holds (candle_ckpt: ``last``/``best``
+    marked)."""
+    if contender.startswith("candle"):
+        ckpts = os.path.join(directory, "ckpts")
+        names = sorted(os.listdir(os.path.join(ckpts, "epochs"))) if os.path.isdir(ckpts) else []
+        links = {n: os.path.basename(os.readlink(os.path.join(ckpts, n))) for n in ("last", "best")}
+        held = [name + "".join(f" ({n})" for n, target in links.items() if target == name) for name in names]
+        return os.path.realpath(os.path.join(ckpts, "last")), held
+    if not os.path.isdir(directory):  # the run without checkpoints
+        return None, []
+    steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+    return (os.path.join(directory, str(steps[0])) if steps else None), [str(n) for n in sorted(steps)]
+
+
+def _evict(directory: str) -> None:
+    """Write back, then drop from the page cache, every file under ``directory``: a restart reads from the disk,
+    as after a crash or on another node (without it, a contender whose files are still cached would read memory)."""
+    os.sync()
+    for root, _, files in os.walk(directory):
+        for name in files:
+            full = os.path.join(root, name)
+            if os.path.islink(full):
+                continue
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _values(model) -> list:
+    """This process's shards of every weight and optimizer variable, in order, on the host."""
+    import numpy as np
+
+    out = []
+    for v in list(model.weights) + list(model.optimizer.variables):
+        value = v.value
+        shards = getattr(value, "addressable_shards", None)
+        out.append([np.asarray(s.data) for s in shards] if shards is not None else [np.asarray(value)])
+    return out
 
 
 def _model(mib: int):
@@ -81,6 +137,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
     jax.distributed.initialize(f"localhost:{port}", 2, rank)
     import keras
     import numpy as np
+    from jax.experimental import multihost_utils
 
     import candle_ckpt
 
@@ -98,31 +155,50 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
 
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_keep_limit": 2}
     callbacks: list = [Clock()]
+    ours = None
     if contender.startswith("candle"):
         params["ckpt_async"] = contender == "candle_async"
-        callbacks.append(candle_ckpt.CandleCheckpointCallback(params, verbose=False))
+        ours = candle_ckpt.CandleCheckpointCallback(params, verbose=False)
+        callbacks.append(ours)
     elif contender == "orbax":
         callbacks.append(keras.callbacks.OrbaxCheckpoint(directory, save_freq="epoch", max_to_keep=2))
     model.fit(x, x, batch_size=BATCH, epochs=epochs, validation_data=(x, x), verbose=0, callbacks=callbacks)
     end = time.perf_counter()
     state = sum(int(np.prod(v.shape)) * 4 for v in list(model.weights) + list(model.optimizer.variables))
-    restart_s = None
-    fresh = _model(mib)
-    start = time.perf_counter()
-    if contender.startswith("candle"):
-        candle_ckpt.restart(params, fresh, verbose=False)
-        restart_s = time.perf_counter() - start
-    elif contender == "orbax":
+    result: dict = {"state_bytes": state, "restart_s": None, "restored_equal": None}
+    if ours is not None:
+        stats = ours.stats()
+        saves = stats["saves"]  # the primary's commits (the other process writes its part, the primary commits)
+        result["async_writer"] = stats["async"]
+        result["writer_wait_s"] = sum(stats["writer_wait_s"]) / max(1, len(stats["writer_wait_s"]))
+        result["snapshot_s"] = sum(r["snapshot_s"] for r in saves) / max(1, len(saves))
+        result["save_s"] = sum(r["save_s"] for r in saves) / max(1, len(saves))
+    if contender != "none":
+        trained = _values(model)
+        fresh = _model(mib)
+        fresh.optimizer.build(fresh.trainable_variables)  # fit builds it anyway: not part of a restore
+        _evict(directory)
+        multihost_utils.sync_global_devices("evicted")  # both processes start the restore from a cold cache
+        start = time.perf_counter()
         try:
-            fresh.load_weights(directory)  # Keras reads its Orbax directory's newest step
-            restart_s = time.perf_counter() - start
-        except Exception as err:  # Keras's own restore of its Orbax directory; recorded, not hidden
-            restart_s = f"error: {type(err).__name__}: {err}"[:300]
+            if ours is not None:
+                candle_ckpt.restart(params, fresh, verbose=False)
+            else:
+                fresh.load_weights(directory)  # Keras reads its Orbax directory's newest step
+            result["restart_s"] = time.perf_counter() - start
+            names = [v.path for v in list(fresh.weights) + list(fresh.optimizer.variables)]
+            differ = [
+                name
+                for name, a, b in zip(names, trained, _values(fresh), strict=True)
+                if len(a) != len(b) or not all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+            ]
+            result["restored_equal"], result["restored_differ"] = not differ, differ
+        except Exception as err:  # a contender's restore that fails is recorded, not hidden
+            result["restart_s"] = f"error: {type(err).__name__}: {err}"[:300]
     if rank == 0:
-        epochs_s = [b - a for a, b in zip(times, times[1:] + [end], strict=True)]
-        kept = 2 if contender != "none" else 0
-        with open(out, "w") as f:
-            json.dump({"epochs_s": epochs_s, "state_bytes": state, "kept": kept, "restart_s": restart_s}, f)
+        result["epochs_s"] = [b - a for a, b in zip(times, times[1:] + [end], strict=True)]
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
 
 
 def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
@@ -130,7 +206,8 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"bench-{contender}-") as tmp:
         directory, out, port = os.path.join(tmp, "ck"), os.path.join(tmp, "out.json"), _free_port()
         env = dict(os.environ, KERAS_BACKEND="jax", JAX_NUM_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3")
-        args = ["--mib", str(mib), "--epochs", str(epochs), "--child"]
+        env["JAX_PLATFORMS"] = "cpu"  # 2 CPU devices per process, on a GPU host too
+        args = ["--mib", str(mib), "--epochs", str(epochs), "--steps", str(STEPS), "--child"]
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, *args, str(rank), str(port), contender, directory, out],
@@ -150,43 +227,97 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
                     p.wait()
         if any(p.returncode for p in procs):
             raise RuntimeError(f"{contender} failed: {errs[0][-2000:]} {errs[1][-2000:]}")
-        with open(out) as f:
-            result = json.load(f)
-        result["bytes_per_ckpt"] = _du(directory) / result["kept"] if result["kept"] else 0
+        ranks = []
+        for rank in (0, 1):
+            with open(f"{out}.{rank}") as f:
+                ranks.append(json.load(f))
+        result = ranks[0]
+        if result["restored_equal"] is not None:
+            result["restored_equal"] = all(r["restored_equal"] for r in ranks)
+            result["restored_differ"] = sorted({name for r in ranks for name in r["restored_differ"]})
+        newest, result["checkpoints"] = _newest(contender, directory)
+        result["kept"] = len(result["checkpoints"])
+        result["bytes_per_ckpt"] = _du(newest) if newest else 0
+        result["bytes_on_disk"] = _du(directory)
         return result
 
 
+def bench(mib: int, epochs: int, timeout_s: float) -> dict:
+    """Every contender at ``mib`` MiB of state; the report of that size."""
+    load_before = os.getloadavg()
+    results = {c: run(c, mib, epochs, timeout_s) for c in CONTENDERS}
+    base = results["none"]["epochs_s"][1:-1]
+    report = {"mib": mib, "epochs": epochs, "steps_per_epoch": STEPS, "processes": 2, "devices_per_process": 2}
+    report["load_average_before"] = load_before
+    report["load_average_after"] = os.getloadavg()
+    orbax = results["orbax"]
+    for r in results.values():
+        ends = r["epochs_s"][1:-1]
+        r["stall_s"] = (sum(ends) / len(ends)) - (sum(base) / len(base))
+        r["end_wait_s"] = r["epochs_s"][-1] - results["none"]["epochs_s"][-1]
+        r["bytes_ratio"] = r["bytes_per_ckpt"] / r["state_bytes"] if r["bytes_per_ckpt"] else None
+    for name in ("candle_sync", "candle_async"):
+        r = results[name]
+        r["stall_vs_orbax"] = r["stall_s"] / orbax["stall_s"] if orbax["stall_s"] > 0 else None
+        both = isinstance(r["restart_s"], float) and isinstance(orbax["restart_s"], float) and orbax["restart_s"] > 0
+        r["restart_vs_orbax"] = r["restart_s"] / orbax["restart_s"] if both else None
+    report["contenders"] = results
+    return report
+
+
+def summary(report: dict) -> str:
+    """One line per contender: stall, bytes and restart, against Orbax's."""
+    lines = [f"{report['mib']} MiB of state, {report['epochs']} epochs:"]
+    for name, r in report["contenders"].items():
+        if name == "none":
+            continue
+        restart = f"{r['restart_s']:.3f} s" if isinstance(r["restart_s"], float) else str(r["restart_s"])
+        line = f"  {name:13s} stall {r['stall_s']:.3f} s"
+        if "stall_vs_orbax" in r:
+            line += f" ({r['stall_vs_orbax']:.2f}x Orbax's)" if r["stall_vs_orbax"] is not None else ""
+        line += f", bytes {r['bytes_ratio']:.4f}x the state, restart {restart}"
+        line += f" (restored bit for bit: {r['restored_equal']})"
+        if "async_writer" in r:
+            line += (
+                f"; async writer {r['async_writer']}, snapshot {r['snapshot_s']:.3f} s, "
+                f"wait for the previous write {r['writer_wait_s']:.3f} s, one commit {r['save_s']:.3f} s"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main() -> None:
+    global STEPS  # noqa: PLW0603 (the children get it on their command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--mib", type=int, nargs="+", default=[256])
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--out", default=None, help="one JSON file (a single --mib only)")
+    parser.add_argument("--out-dir", default=os.environ.get("OUT"), help="a JSON per size (default: $OUT)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per epoch (more: a longer epoch)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", nargs=5, default=None)
     args = parser.parse_args()
+    STEPS = args.steps
     if args.child:
         rank, port, contender, directory, out = args.child
-        child(int(rank), int(port), contender, directory, args.mib, args.epochs, out)
+        child(int(rank), int(port), contender, directory, args.mib[0], args.epochs, out)
         return
-    load_before = os.getloadavg()
-    results = {c: run(c, args.mib, args.epochs, args.timeout) for c in CONTENDERS}
-    base = results["none"]["epochs_s"][1:]
-    report = {"mib": args.mib, "epochs": args.epochs, "processes": 2, "devices_per_process": 2}
-    report["load_average_before"] = load_before
-    report["load_average_after"] = os.getloadavg()
-    for r in results.values():
-        ends = r["epochs_s"][1:]
-        r["stall_s"] = (sum(ends) / len(ends)) - (sum(base) / len(base))
-        r["bytes_ratio"] = r["bytes_per_ckpt"] / r["state_bytes"] if r["bytes_per_ckpt"] else None
-    for name in ("candle_sync", "candle_async"):
-        orbax = results["orbax"]["stall_s"]
-        results[name]["stall_vs_orbax"] = results[name]["stall_s"] / orbax if orbax > 0 else None
-    report["contenders"] = results
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    if args.epochs < 3:
+        parser.error("--epochs must be at least 3 (the first and the last epoch are not averaged)")
+    if args.out and len(args.mib) > 1:
+        parser.error("--out takes one size; use --out-dir for several")
+    for mib in args.mib:
+        report = bench(mib, args.epochs, args.timeout)
+        text = json.dumps(report, indent=1)
+        print(text)
+        print(summary(report), file=sys.stderr)
+        paths = [args.out] if args.out else []
+        if args.out_dir:
+            os.makedirs(args.out_dir, exist_ok=True)
+            paths.append(os.path.join(args.out_dir, f"jax-multiprocess-{mib}.json"))
+        for path in paths:
+            with open(path, "w") as f:
+                f.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ class Group(Protocol):
         """Return True on every rank iff every rank passed ``ok=True``."""
 
     def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
-        """Return every rank's ``value``, in rank order, on every rank."""
+        """Return every rank's ``value``, in rank order, on every rank (e.g. why each could not go on)."""
 
 
 class _Solo:

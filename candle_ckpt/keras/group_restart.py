@@ -4,10 +4,16 @@ Call it on every process (the same script everywhere). The order:
 
 1. the primary (process 0) chooses the checkpoint exactly as a one-process
    ``restart()`` does (``last``, the CRC fallback to older ones, a newer step
-   checkpoint) and broadcasts its choice over the job's group;
-2. every other process verifies that exact checkpoint (size and CRC of its
-   files) on its side, and ``all_agree`` tells every process whether all did:
-   if one failed, every process raises and none loads anything;
+   checkpoint), except that of a sharded checkpoint it checks the CRC of the
+   files it will read itself (the manifest, its training state, the parts
+   holding its slices) and only the size of the others; it broadcasts its
+   choice over the job's group;
+2. every other process verifies the files of that exact checkpoint it will
+   read (size and CRC), and the processes ``exchange`` the outcome: if one
+   failed, the primary rejects that checkpoint (logging why, in every
+   process's words) and chooses again, every process with it, until all
+   agree or nothing is left. No byte is CRC-checked twice, and no process
+   reads a part it does not need;
 3. each process reads its slices (a sharded checkpoint) or the whole file (a
    one-process ``model.keras``) into the variables' current shardings, and only
    when every process has read its part does any process assign.
@@ -18,6 +24,7 @@ including this process's training state (``train.state.pRRRRR.npz``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -27,7 +34,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
+from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout, meeting
@@ -78,6 +85,12 @@ def _choice(chosen: Chosen | None) -> str:
     return f"{kind}:{chosen.epoch}:{chosen.sidecar.generation}"
 
 
+def _where(layout: L.Layout, said: str) -> str:
+    """The directory of the checkpoint a choice names (``epoch:E:G`` or ``step:E:G``)."""
+    kind, epoch, generation = said.split(":")
+    return layout.step_dir(int(generation)) if kind == "step" else layout.epoch_dir(int(epoch))
+
+
 def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
@@ -100,6 +113,20 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: C
     return Chosen(int(epoch), side, contents)
 
 
+def _primary_store(cfg: CkptConfig, needed: Callable[[str], set[str]], rejected: dict[str, str]) -> CheckpointStore:
+    """The primary's store for choosing: of a sharded checkpoint it checks the CRC of the files it reads (and the
+    size of every file), the others check theirs; a checkpoint another process rejected is skipped, with why."""
+    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+
+    def scope(directory: str, side: Any) -> set[str] | None:
+        if directory in rejected:
+            raise CorruptCheckpoint(directory, rejected[directory])
+        return needed(directory) if side.model_file == MANIFEST else None
+
+    store.crc_scope = scope
+    return store
+
+
 def agree_on_checkpoint(
     cfg: CkptConfig,
     log: OpsLog,
@@ -111,6 +138,10 @@ def agree_on_checkpoint(
 ) -> Chosen | None:
     """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere.
 
+    Each process checks the CRC of the files it reads (the primary while choosing, and only the size of the
+    others' files); if one cannot, the primary rejects that checkpoint, logging every process's reason, and
+    chooses again (round N meets at ``name/N``), every process with it.
+
     Args:
         name: This restore's meeting point prefix (:func:`~candle_ckpt.engine.group_commit.meeting`).
         reads: The files this process loads into memory.
@@ -121,35 +152,40 @@ def agree_on_checkpoint(
         The verified checkpoint (the same on every process), or None when there is none.
 
     Raises:
-        NoValidCheckpoint: the primary could not choose, or a process could not verify (on every process).
+        NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
     """
-    chosen, said = None, None
-    if group.rank == 0:
-        try:
-            chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True)
-            said = _choice(chosen)
-        except Exception as err:  # told to the others before raising, so none waits for nothing
-            said = f"error:{err}"
-            group.broadcast(f"{name}/choice", said, group_timeout())
-            raise
-    said = group.broadcast(f"{name}/choice", said, group_timeout())
-    if said.startswith("error:"):
-        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
-    if said == "none":
-        return None
-    failure = None
-    if chosen is None:
-        try:
-            chosen = _verify_choice(cfg, said, reads, needed)
-        except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
-            failure = err
-    if not group.all_agree(f"{name}/verified", failure is None, group_timeout()):
-        detail = f": {failure}" if failure is not None else " (see its log)"
-        raise NoValidCheckpoint(
-            f"a process could not verify the checkpoint the primary chose ({said}){detail}; "
-            "nothing was loaded on any process"
-        )
-    return chosen
+    rejected: dict[str, str] = {}
+    store = _primary_store(cfg, needed, rejected) if group.rank == 0 else None
+    for attempt in itertools.count():
+        key, chosen, said = f"{name}/{attempt}", None, None
+        if group.rank == 0:
+            try:
+                chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True, store=store)
+                said = _choice(chosen)
+            except Exception as err:  # told to the others before raising, so none waits for nothing
+                group.broadcast(f"{key}/choice", f"error:{err}", group_timeout())
+                raise
+        said = group.broadcast(f"{key}/choice", said, group_timeout())
+        if said.startswith("error:"):
+            raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
+        if said == "none":
+            return None
+        failure = ""
+        if chosen is None:
+            try:
+                chosen = _verify_choice(cfg, said, reads, needed)
+            except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
+                failure = f"process {group.rank}: {err}"
+                log.warning(f"restart: {failure}; every process falls back together")
+        reasons = [r for r in group.exchange(f"{key}/verified", failure, group_timeout()) if r]
+        if not reasons:
+            return chosen
+        for data in (chosen.contents if chosen is not None else {}).values():
+            if hasattr(data, "close"):
+                data.close()
+        if store is not None:
+            rejected[_where(store.layout, said)] = "; ".join(reasons)
+    return None  # not reached: itertools.count() is endless
 
 
 def restart_group(

@@ -43,6 +43,10 @@ class CheckpointReader:
         self.layout = L.Layout.at(directory, flat=flat)
         self.fs = fs or LocalFS()
         self.checksum = checksum
+        # crc_scope(directory, sidecar): the names whose CRC32 a verification checks (None: all); the others
+        # get their size checked. It may raise CheckpointError to reject the checkpoint. A process of a
+        # multi-process job checks the CRC of the files it reads (see keras/group_restart.py).
+        self.crc_scope: Callable[[str, Sidecar], Iterable[str] | None] | None = None
 
     def check_layout(self) -> None:
         """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.
@@ -187,6 +191,8 @@ class CheckpointReader:
     ) -> dict[str, bytes | mmap.mmap]:
         """Check the size and CRC of each file ``side`` lists in ``directory`` (or in ``only``; see :meth:`verify`).
 
+        With :attr:`crc_scope` set, only the CRCs of the names it gives (and of ``reads``) are checked.
+
         Returns:
             ``{name: bytes or mmap}`` for the names in ``reads``.
         """
@@ -194,11 +200,13 @@ class CheckpointReader:
         chosen = None if only is None else set(only) | wanted
         if chosen is not None and not chosen <= side.files.keys():
             raise CorruptCheckpoint(directory, f"has no {', '.join(sorted(chosen - side.files.keys()))}")
+        scope = self.crc_scope(directory, side) if self.crc_scope is not None else None
+        crc = None if scope is None else set(scope) | wanted
         contents: dict[str, bytes | mmap.mmap] = {}
         for name, entry in side.files.items():
             if chosen is not None and name not in chosen:
                 continue
-            check = self.checksum and entry.crc32 is not None
+            check = self.checksum and entry.crc32 is not None and (crc is None or name in crc)
             data = verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
             if data is not None:
                 contents[name] = data

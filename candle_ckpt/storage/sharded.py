@@ -210,7 +210,14 @@ def write_manifest(
     extra: dict | None = None,
     fs: LocalFS | None = None,
 ) -> Manifest:
-    """Check every part (present, size, CRC32), then write ``manifest.json`` (the primary, after every part).
+    """Check every part (present, complete, its size), then write ``manifest.json`` (the primary, after every part).
+
+    No part's data is read again: each rank computed its files' CRC32s while
+    writing them (:func:`write_part`) and reports them in its ``.json``, which
+    it writes last; here each file's size is checked against what its rank
+    reported, and those CRC32s go into the manifest and the sidecar. A damaged
+    byte is caught where it matters, when a restore reads the part (every
+    reader checks the CRC32 of what it reads).
 
     Args:
         directory: The ``work/`` directory the ranks wrote their parts into.
@@ -220,7 +227,7 @@ def write_manifest(
         fs: The file-system seam.
 
     Raises:
-        CorruptCheckpoint: a part is missing, incomplete or damaged (naming its file),
+        CorruptCheckpoint: a part is missing, incomplete or of the wrong size (naming its file),
             or the chunks do not cover each array exactly once.
     """
     from candle_ckpt.storage.shardcheck import check_part, merge_chunks  # noqa: PLC0415 (keeps this module small)
@@ -231,9 +238,9 @@ def write_manifest(
     for rank in range(process_count):
         index = check_part(directory, rank)
         entry = FileEntry(index["bin"]["size"], index["bin"]["crc32"])
-        verify_file(os.path.join(directory, part_bin(rank)), entry, False, False, True, None)
+        verify_file(os.path.join(directory, part_bin(rank)), entry, False, False, False, None)  # size, not CRC
         for name, e in index["files"].items():
-            verify_file(os.path.join(directory, name), FileEntry(e["size"], e["crc32"]), False, False, True, None)
+            verify_file(os.path.join(directory, name), FileEntry(e["size"], e["crc32"]), False, False, False, None)
             files[name] = FileEntry(e["size"], e["crc32"])
         files[part_bin(rank)] = entry
         files[part_index(rank)] = index["_entry"]

@@ -96,12 +96,15 @@ def test_kill9_mid_epoch_then_rerun_is_bit_identical(reference, tmp_path, dist, 
         assert _same(rerun.final(i), want[i]) == [], f"process {i}"
 
 
-def test_corrupt_part_both_fall_back_together(reference, tmp_path):
-    """A damaged part of the newest checkpoint: both processes resume the one before, and end bit-identical."""
+@pytest.mark.parametrize("rank", [0, 1])
+def test_corrupt_part_both_fall_back_together(reference, tmp_path, rank):
+    """A damaged part of the newest checkpoint: both processes resume the one before, and end bit-identical.
+    Each process checks the CRC of the part it reads: the primary rejects its own damaged part while choosing;
+    process 1's is rejected by process 1, and the primary then chooses again, logging why."""
     src, want, _ = reference["mp"]
     ck = tmp_path / "ck"
     shutil.copytree(src, ck, symlinks=True)
-    part = ck / "ckpts" / "epochs" / f"{EPOCHS:03d}" / "part-00001.bin"
+    part = ck / "ckpts" / "epochs" / f"{EPOCHS:03d}" / f"part-0000{rank}.bin"
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
@@ -109,7 +112,9 @@ def test_corrupt_part_both_fall_back_together(reference, tmp_path):
     job.succeed()
     assert [job.restored_epoch(i) for i in (0, 1)] == [EPOCHS - 1, EPOCHS - 1]
     log = (ck / "ckpt.log").read_text()
-    assert f"skipping epoch {EPOCHS}" in log and "part-00001.bin" in log
+    assert f"skipping epoch {EPOCHS}" in log and f"part-0000{rank}.bin: CRC32 is" in log
+    if rank == 1:
+        assert f"process 1: {ck / 'ckpts' / 'epochs' / f'{EPOCHS:03d}' / 'part-00001.bin'}" in log
     for i in (0, 1):
         assert _same(job.final(i), want[i]) == [], f"process {i}"
 

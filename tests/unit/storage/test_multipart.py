@@ -84,8 +84,10 @@ def test_a_rank_that_fails_its_part_publishes_nothing(tmp_path: Path, op: str) -
     assert_holds(tmp_path, 1)
 
 
-def test_a_part_damaged_before_the_manifest_is_caught_naming_it(tmp_path: Path) -> None:
-    """A bit flipped in rank 1's .bin after its fsync: the primary's check names part-00001.bin; nothing published."""
+def test_a_part_damaged_after_its_write_is_caught_by_the_reader_naming_it(tmp_path: Path) -> None:
+    """A bit flipped in rank 1's .bin after its fsync: the save trusts the CRC32 rank 1 computed while writing (it
+    does not re-read the data), so the checkpoint's sidecar holds the true CRC and the reader's check names
+    part-00001.bin; choosing a checkpoint falls back to epoch 1."""
 
     class Flip(LocalFS):
         def fsync(self, fd: int, path: str) -> None:
@@ -95,9 +97,14 @@ def test_a_part_damaged_before_the_manifest_is_caught_naming_it(tmp_path: Path) 
 
     save_sharded(str(tmp_path), ThreadGroup(2), 1)
     results = save_sharded(str(tmp_path), ThreadGroup(2), 2, fs_for=lambda rank: Flip())
-    assert isinstance(results[0], Exception) and "part-00001.bin: CRC32 is" in str(results[0])
-    assert isinstance(results[1], CheckpointSaveError) and "part-00001.bin" in str(results[1])
-    assert CheckpointReader(tmp_path).epochs() == [1]
+    assert results[1] == "epochs/002", results
+    reader = CheckpointReader(tmp_path)
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+        reader.verify(2)
+    problems: list[str] = []
+    found = reader.find_valid(on_problem=lambda epoch, why: problems.append(f"{epoch}: {why}"))
+    assert found is not None and found[0] == 1
+    assert len(problems) == 1 and problems[0].startswith("2: ") and "part-00001.bin" in problems[0]
 
 
 def test_a_rank_that_never_comes_times_out_and_nothing_is_published(tmp_path: Path) -> None:
@@ -184,3 +191,35 @@ def test_a_rank_verifies_only_the_files_it_reads(tmp_path: Path) -> None:
         reader.verify(1, only={"part-00001.bin"})
     with pytest.raises(CorruptCheckpoint, match="has no part-00009.bin"):
         reader.verify(1, only={"part-00009.bin"})
+
+
+def test_crc_scope_checks_the_crc_of_the_files_named_and_the_size_of_the_others(tmp_path: Path) -> None:
+    """With crc_scope, a flipped byte in a part outside the scope passes, a truncated one does not; a scope that
+    raises rejects the checkpoint and the choice falls back to the one before, saying why."""
+    for epoch in (1, 2):
+        save_sharded(str(tmp_path), ThreadGroup(2), epoch)
+    reader = CheckpointReader(tmp_path)
+    part = Path(reader.layout.epoch_dir(2)) / "part-00001.bin"
+    raw = bytearray(part.read_bytes())
+    raw[0] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    reader.crc_scope = lambda directory, side: {"part-00000.bin", "part-00000.json", MANIFEST}
+    reader.verify(2)  # part 1 is not read by this process: its size is checked, not its CRC
+    reader.crc_scope = None
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+        reader.verify(2)
+    part.write_bytes(bytes(raw[:-1]))
+    reader.crc_scope = lambda directory, side: {MANIFEST}
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: size is"):
+        reader.verify(2)
+    rejected = reader.layout.epoch_dir(2)
+
+    def scope(directory: str, side) -> None:
+        if directory == rejected:
+            raise CorruptCheckpoint(directory, "process 1: its part is damaged")
+
+    reader.crc_scope = scope
+    problems: list[str] = []
+    found = reader.find_valid(on_problem=lambda epoch, why: problems.append(f"{epoch}: {why}"))
+    assert found is not None and found[0] == 1
+    assert problems == [f"2: {rejected}: process 1: its part is damaged"]

@@ -203,28 +203,47 @@ def test_rank_files_are_listed_with_size_and_crc(tmp_path: Path) -> None:
     manifest = write_manifest(str(work), 1)
     assert set(manifest.files) == {"train.state.p00000.npz", part_bin(0), part_index(0), MANIFEST}
     assert manifest.files["train.state.p00000.npz"].size == 5
-    (work / "train.state.p00000.npz").write_bytes(b"STATE")
-    with pytest.raises(CorruptCheckpoint, match=r"train\.state\.p00000\.npz: CRC32"):
+    assert manifest.files["train.state.p00000.npz"].crc32 == record.files["train.state.p00000.npz"].crc32
+    (work / "train.state.p00000.npz").write_bytes(b"STATESTATE")
+    with pytest.raises(CorruptCheckpoint, match=r"train\.state\.p00000\.npz: size is 10 bytes"):
         write_manifest(str(work), 1)
 
 
+def test_the_manifest_keeps_the_crcs_the_writers_computed_and_a_later_flip_is_caught_on_read(tmp_path: Path) -> None:
+    """write_manifest does not re-read the data: it lists each rank's own CRC32; a byte flipped afterwards is
+    caught by the reader's check, naming the part."""
+    work, _ = halves(tmp_path)
+    written = json.loads((work / part_index(1)).read_text())["bin"]["crc32"]
+    path = work / part_bin(1)
+    raw = bytearray(path.read_bytes())
+    raw[0] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    manifest = write_manifest(str(work), 2)
+    assert manifest.files[part_bin(1)].crc32 == written
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+        ShardedReader(work).verify([1])
+
+
 def test_thread_group_meets_broadcasts_agrees_and_times_out() -> None:
-    """ThreadGroup ranks meet, get rank 0's value, agree only if all say ok, and time out naming who is missing."""
+    """ThreadGroup ranks meet, get rank 0's value, agree only if all say ok, exchange values in rank order, and
+    time out naming who is missing."""
     hub = ThreadGroup(3)
     results: dict[int, tuple] = {}
 
     def rank(g) -> None:
         g.barrier("b", 10)
         value = g.broadcast("x", "hello" if g.rank == 0 else None, 10)
-        results[g.rank] = (value, g.all_agree("ok", g.rank != 2, 10), g.all_agree("ok2", True, 10))
+        agreed = (g.all_agree("ok", g.rank != 2, 10), g.all_agree("ok2", True, 10))
+        results[g.rank] = (value, *agreed, g.exchange("why", "" if g.rank != 1 else "bad", 10))
 
     threads = [threading.Thread(target=rank, args=(g,)) for g in hub.members]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert results == {r: ("hello", False, True) for r in range(3)}
+    assert results == {r: ("hello", False, True, ["", "bad", ""]) for r in range(3)}
     lonely = ThreadGroup(2).members[0]
     with pytest.raises(GroupTimeout, match=r"'save/1/parts-written' within 0.05 s \(rank\(s\) 1 never came\)"):
         lonely.barrier("save/1/parts-written", 0.05)
     assert SOLO.broadcast("c", "v", 1) == "v" and SOLO.all_agree("a", True, 1) and SOLO.rank == 0
+    assert SOLO.exchange("e", "v", 1) == ["v"]
