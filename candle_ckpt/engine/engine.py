@@ -323,6 +323,9 @@ class CheckpointEngine:
 
     def _failed(self, epoch: int, err: BaseException) -> None:
         self.policy.failed(epoch)  # that best was never written: track against the durable one
+        if not isinstance(err, Exception):  # Ctrl-C or an exit during the save: not a failure, never swallowed
+            self.log.note(f"epoch {epoch}: checkpoint save interrupted ({type(err).__name__}); nothing of it is kept")
+            raise err
         msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
         self.errors.append(msg)
         if self.cfg.on_error == "raise":

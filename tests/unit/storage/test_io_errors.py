@@ -135,6 +135,33 @@ def test_eio_with_on_error_warn_continues_and_logs(tmp_path: Path) -> None:
     engine.store.close()
 
 
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_ctrl_c_during_a_save_stays_a_keyboard_interrupt_and_changes_nothing(tmp_path: Path, on_error: str) -> None:
+    """A KeyboardInterrupt in the middle of a save (Ctrl-C while a file is written) reaches the script as itself,
+    in either ckpt_on_error mode (warn must not swallow it), is no save error, and leaves the store as it was."""
+    engine = make_engine(tmp_path, FaultFS(), on_error=on_error)
+    engine.save(1, {"loss": 1.0}, lambda: capture(1))
+
+    def interrupted(f) -> None:
+        f.write(payload(2)[:2000])
+        raise KeyboardInterrupt
+
+    cap = Capture(files=[FileSpec("model.weights.h5", interrupted)], model_file="model.weights.h5", nbytes=5000)
+    with pytest.raises(KeyboardInterrupt):
+        engine.save(2, {"loss": 0.5}, lambda: cap)
+    assert engine.stats()["errors"] == []
+    log = (tmp_path / "ckpt.log").read_text()
+    assert "epoch 2: checkpoint save interrupted (KeyboardInterrupt); nothing of it is kept" in log
+    assert "ERROR" not in log and "WARNING" not in log, log
+    assert read_link(str(tmp_path / "ckpts" / "last")) == "epochs/001"
+    assert engine.store.epochs() == [1]
+    work = tmp_path / "ckpts" / "work"
+    assert not work.exists() or os.listdir(work) == [], "the interrupted save left files in work/"
+    assert engine.save(3, {"loss": 0.4}, lambda: capture(3)) is True
+    assert engine.store.epochs() == [1, 3]
+    engine.store.close()
+
+
 def _figure(key: str, value: int) -> None:
     FIGURES.mkdir(exist_ok=True)
     path = FIGURES / "io_errors.json"
