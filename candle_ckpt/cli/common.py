@@ -8,14 +8,13 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from candle_ckpt.cli.console import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG  # noqa: F401 (re-exported: defined beside the Ctrl-C answer, which imports lightly)
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore
 
-PROG = "candle-ckpt"
-EXIT_OK, EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEBUG_ENV = "CANDLE_CKPT_DEBUG"
 
 

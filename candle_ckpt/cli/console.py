@@ -14,6 +14,8 @@ from typing import Any
 # Light imports only (the store, tempfile and keras inside the functions): candle_ckpt.cli.main imports
 # this module before it can answer Ctrl-C.
 DEMO_DIRECTORY = "./candle_ckpt_demo"
+PROG = "candle-ckpt"
+EXIT_OK, EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130  # candle_ckpt.cli.main's docstring
 
 
 def import_keras_quietly() -> ModuleType:
@@ -142,7 +144,7 @@ def interrupted(argv: list[str]) -> int:
     print(
         "candle-ckpt: error: interrupted; nothing is left half-done (run the command again to finish)", file=sys.stderr
     )
-    return 130
+    return EXIT_INTERRUPTED
 
 
 def interrupted_demo(argv: list[str]) -> int:
@@ -158,4 +160,4 @@ def interrupted_demo(argv: list[str]) -> int:
     where_parser.add_argument("--ckpt_directory", default=DEMO_DIRECTORY)
     where = os.path.abspath(where_parser.parse_known_args(argv)[0].ckpt_directory)
     print(f"\ndemo: interrupted; {saved_so_far(where)}; run the same command again to resume", file=sys.stderr)
-    return 130
+    return EXIT_INTERRUPTED

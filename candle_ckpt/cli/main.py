@@ -20,10 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from candle_ckpt.cli.console import interrupted, sigint_seen, watch_sigint
-
-PROG = "candle-ckpt"  # also candle_ckpt.cli.common.PROG (imported here only inside main)
-EXIT_ERROR = 2
+from candle_ckpt.cli.console import EXIT_ERROR, EXIT_OK, PROG, interrupted, sigint_seen, watch_sigint
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
@@ -45,7 +42,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
 
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
-        return 0
+        return EXIT_OK
     if isinstance(exc.code, int):
         return exc.code
     print(exc.code, file=sys.stderr)
