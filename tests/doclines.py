@@ -44,6 +44,18 @@ def blocks(path: Path, kind: str | None = None) -> list[docutils.nodes.literal_b
     return [b for b in found if kind in b.get("classes", [])]
 
 
+def console_examples(path: Path) -> list[tuple[str, list[str]]]:
+    """``(command line, expected lines)`` of every ``$`` line in the console blocks of ``path``, in page order."""
+    found: list[tuple[str, list[str]]] = []
+    for block in blocks(path, "console"):
+        for line in block.astext().splitlines():
+            if line.startswith("$ "):
+                found.append((line[2:], []))
+            elif found and line.strip():
+                found[-1][1].append(line)
+    return found
+
+
 def shape(line: str) -> str:
     """A line with what changes between runs masked: dates, times, CRCs, numbers; runs of blanks as one."""
     line = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\+\d{4})?", "<time>", line)

@@ -23,6 +23,7 @@ from pathlib import Path  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from doclines import DOCS, console_examples, matches  # noqa: E402
 from locations import REPO  # noqa: E402
 from shardkit import run_ranks  # noqa: E402
 
@@ -180,6 +181,20 @@ def test_consolidate_gives_a_model_keras_that_load_model_reads_bit_for_bit(train
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), f"variable {i} differs"
     assert not any(np.array_equal(got[0], values[e][0]) for e in (1, 3))  # the epochs differ: epoch 2 was read
+
+
+def test_cli_rst_consolidate_example_is_real_output(trained, tmp_path: Path) -> None:
+    """docs/cli.rst's consolidate example, run as shown in a folder whose ./save holds these checkpoints, prints
+    the line shown (numbers only have to be numbers; the page's job folder is /home/me/job) and writes the file."""
+    ((command, expected),) = [(c, e) for c, e in console_examples(DOCS / "cli.rst") if "consolidate" in c.split()[:2]]
+    copy_of(trained, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt", *command.split()[1:]],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    got = (done.stdout + done.stderr).replace(str(tmp_path), "/home/me/job").splitlines()
+    assert done.returncode == 0 and matches(expected, got), (command, expected, got)
+    assert (tmp_path / command.split()[3]).is_file()
 
 
 def test_consolidate_refuses_what_it_cannot_do(trained, tmp_path: Path) -> None:

@@ -22,25 +22,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from doclines import LOG_EXAMPLES, blocks, log_examples, matches
+from doclines import LOG_EXAMPLES, blocks, console_examples, log_examples, matches
 from test_readme import README, run
 
 CLI_RST = README.parent / "docs" / "cli.rst"
 CHECKED = ("list", "verify", "info", "rollback", "prune", "plot")
+# The commands whose examples another test runs (or that show no output), and which: every candle-ckpt
+# command in docs/cli.rst's console blocks is in CHECKED or here (test_every_cli_rst_command_is_checked).
+ELSEWHERE = {
+    "consolidate": "tests/integration/cli/test_sharded_cli.py::test_cli_rst_consolidate_example_is_real_output",
+    "demo": "shows no output (its run: tests/integration/e2e/test_readme.py)",
+}
 CHANGES = ("rollback", "prune", "plot")  # run on a copy of the job: the page's later examples see its ./save
 DOC_JOB = "/home/me/job"
-
-
-def examples() -> list[tuple[str, list[str]]]:
-    """``(command line, expected lines)`` of every ``$`` line in docs/cli.rst's console blocks, in page order."""
-    found: list[tuple[str, list[str]]] = []
-    for block in blocks(CLI_RST, "console"):
-        for line in block.astext().splitlines():
-            if line.startswith("$ "):
-                found.append((line[2:], []))
-            elif found and line.strip():
-                found[-1][1].append(line)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,7 @@ def test_cli_rst_examples_are_real_output(job: Path, tmp_path: Path) -> None:
     rollback, a prune or a plot on a copy of them), prints lines of the shape shown (paths, words, columns, rows),
     and exits with the status shown."""
     status, damaged, checked = None, False, 0
-    for command, expected in examples():
+    for command, expected in console_examples(CLI_RST):
         words = command.split("#")[0].split()
         if words == ["echo", "$?"]:
             if status is not None:
@@ -90,6 +84,17 @@ def test_cli_rst_examples_are_real_output(job: Path, tmp_path: Path) -> None:
         )
         status, checked = proc.returncode, checked + 1
     assert checked >= 11 and damaged
+
+
+def test_every_cli_rst_command_is_checked() -> None:
+    """Each candle-ckpt command in docs/cli.rst's console blocks is run by this file or by the test ELSEWHERE names
+    (which exists), so that no example of a new command goes unchecked."""
+    shown = {c.split()[1] for c, _ in console_examples(CLI_RST) if c.split()[:1] == ["candle-ckpt"]}
+    assert shown <= set(CHECKED) | set(ELSEWHERE), shown - set(CHECKED) - set(ELSEWHERE)
+    for where in ELSEWHERE.values():
+        if "::" in where:
+            path, name = where.split("::")
+            assert f"def {name}(" in (README.parent / path).read_text(), where
 
 
 def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> None:
