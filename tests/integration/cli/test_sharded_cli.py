@@ -88,6 +88,9 @@ def save_epoch(store: CheckpointStore, model: keras.Model, epoch: int) -> None:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, list[np.ndarray]]]:
     """A directory of 3 sharded checkpoints of a real fit, and the exact variables at each epoch."""
     root = tmp_path_factory.mktemp("sharded") / "save"
+    # Names as a job's fresh process gives them (seed_generator, not seed_generator_69 after the suite's
+    # earlier models): the consolidated model, built from config in a fresh process, then matches them all.
+    keras.backend.clear_session()
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
     model = keras.Sequential(
