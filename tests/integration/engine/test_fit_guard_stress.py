@@ -9,6 +9,7 @@ while two CPU-bound processes run beside it; every epoch must be committed.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -66,3 +67,33 @@ def test_many_fits_back_to_back_never_lose_the_lock_mid_fit(tmp_path, load) -> N
             pytest.fail(f"round {round_}: {err}")
         assert not ckpt.engine.store.is_open and not again.engine.store.is_open
         assert [r["epoch"] for r in ckpt.stats()["saves"]][-3:] == [1, 2, 3]
+
+
+def test_the_three_sightings_run_back_to_back_under_load_and_every_epoch_commits(tmp_path, load) -> None:
+    """The shapes of the three tests that saw the lock gone at an epoch end (issue 27), 3 rounds in one process
+    beside two CPU burners: a fresh callback's 1-epoch fit, restart() into an uncompiled model that is then
+    collected (test_resume_order), a 3-epoch fit then restart() (test_callback_behaviour), a 2-epoch fit then a
+    partial load_weights (test_partial_load). Every fit commits every epoch; no save fails."""
+    for round_ in range(3):
+        base = tmp_path / f"r{round_}"
+        shapes = {"one-epoch": 1, "three-epochs": 3, "partial": 2}
+        for name, epochs in shapes.items():
+            params = {"ckpt_directory": str(base / name), "epochs": epochs, "ckpt_save_best_metric": "loss"}
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="enc"), keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+            ckpt = candle.CandleCheckpointCallback(params, logger=None)
+            try:
+                model.fit(X, Y, batch_size=8, epochs=epochs, verbose=0, callbacks=[ckpt])
+            except CheckpointError as err:
+                pytest.fail(f"round {round_}, {name}: {err}")
+            assert [r["epoch"] for r in ckpt.stats()["saves"]] == list(range(1, epochs + 1)), (round_, name)
+            assert not ckpt.engine.store.is_open
+            fresh = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="enc"), keras.layers.Dense(1)])
+            if name == "partial":
+                candle.load_weights(fresh, epochs, layers=["enc"], directory=params["ckpt_directory"])
+            else:
+                if name == "three-epochs":
+                    fresh.compile(optimizer="adam", loss="mse")
+                assert candle.restart(params, fresh, logger=None)["epoch"] == epochs
+            del fresh, model, ckpt
+            gc.collect()
