@@ -78,18 +78,19 @@ def test_the_guard_does_not_keep_the_callback_alive():
     hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
     try:
         before = set(guard_threads())
-        owner = Owner(poll_s=2.0)  # the guard has not looked yet when the callback is dropped
+        owner = Owner(poll_s=5.0)  # the guard has not looked yet when the callback is dropped
         try:
             fit_that_raises(owner, [])
         except RuntimeError:
             pass
+        # Taken before gc.collect(), which can outlast the poll on a busy machine (the thread then ended already).
+        started = [t for t in guard_threads() if t not in before]
         ref = weakref.ref(owner)
         del owner
         gc.collect()
         assert ref() is None
-        started = [t for t in guard_threads() if t not in before]
         assert len(started) == 1
-        started[0].join(10)
+        started[0].join(20)
         assert not started[0].is_alive() and errors == []
     finally:
         threading.excepthook = hook
