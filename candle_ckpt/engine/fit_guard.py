@@ -52,9 +52,16 @@ def _fit_frame(start: FrameType | None, dispatch_files: tuple[str, ...], owner: 
 
 
 def _on_stack(target_id: int, code: CodeType, thread_id: int) -> bool:
-    """Whether the frame with this id and code is on the thread's stack (a frame on a stack keeps its id)."""
+    """Whether the frame with this id and code is on the thread's stack (a frame on a stack keeps its id).
+
+    CPython 3.11 can hand another thread's walker a stale object while that thread pushes and pops frames
+    (a generator where a frame was: seen once in a loaded suite run; python/cpython#111363): anything but a
+    frame on the way counts as "still running", so a misread never ends a fit that runs.
+    """
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
+        if not isinstance(frame, FrameType):
+            return True
         if id(frame) == target_id and frame.f_code is code:
             return True
         frame = frame.f_back
@@ -78,8 +85,10 @@ def _watch(
     turn: threading.Lock,
 ) -> None:
     main = threading.main_thread()
+    missed = 0  # the fit must be seen gone twice in a row: one misread of the stack never releases
     while not stop.wait(poll_s):
-        if not _on_stack(target_id, code, thread_id):
+        missed = 0 if _on_stack(target_id, code, thread_id) else missed + 1
+        if missed >= 2:
             if thread_id == main.ident and not main.is_alive():
                 return  # the interpreter is exiting: leave the rest to the atexit hooks and the kernel
             action = on_exit()
@@ -100,7 +109,7 @@ class FitGuard:
         poll_s: How often the thread looks at the training thread's stack.
     """
 
-    def __init__(self, on_exit: Callable[[], None], dispatch_files: tuple[str, ...], poll_s: float = 0.05) -> None:
+    def __init__(self, on_exit: Callable[[], None], dispatch_files: tuple[str, ...], poll_s: float = 0.2) -> None:
         self.on_exit = on_exit
         self.dispatch_files = tuple(dispatch_files)
         self.poll_s = poll_s

@@ -27,7 +27,7 @@ class WriterLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, wait_same_process_s: float = 2.0) -> bool:
+    def acquire(self, wait_same_process_s: float = 5.0) -> bool:
         """Take the lock; return True if it was taken now (False: already held here).
 
         A holder in this same process gets ``wait_same_process_s`` seconds to

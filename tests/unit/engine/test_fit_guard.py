@@ -78,7 +78,7 @@ def test_the_guard_does_not_keep_the_callback_alive():
     hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
     try:
         before = set(guard_threads())
-        owner = Owner(poll_s=5.0)  # the guard has not looked yet when the callback is dropped
+        owner = Owner(poll_s=3.0)  # the guard has not looked yet when the callback is dropped
         try:
             fit_that_raises(owner, [])
         except RuntimeError:
