@@ -19,6 +19,7 @@ import docutils.nodes
 from locations import REPO
 
 DOCS = REPO / "docs"
+DOC_JOB = "/home/me/job"  # the job folder the docs' console examples show (a real run's is put in its place)
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # (page, the example's first words) -> the test that produces the line and calls assert_log_example.
 LOG_EXAMPLES = {

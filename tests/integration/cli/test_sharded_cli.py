@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from doclines import DOCS, console_examples, matches  # noqa: E402
+from doclines import DOC_JOB, DOCS, console_examples, matches  # noqa: E402
 from locations import REPO  # noqa: E402
 from shardkit import run_ranks  # noqa: E402
 
@@ -190,14 +190,15 @@ def test_cli_rst_consolidate_example_is_real_output(trained, tmp_path: Path) -> 
     """docs/cli.rst's consolidate example, run as shown in a folder whose ./save holds these checkpoints, prints
     the line shown (numbers only have to be numbers; the page's job folder is /home/me/job) and writes the file."""
     ((command, expected),) = [(c, e) for c, e in console_examples(DOCS / "cli.rst") if "consolidate" in c.split()[:2]]
+    words = command.split()  # candle-ckpt consolidate ./save OUT.keras ...
     copy_of(trained, tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "candle_ckpt", *command.split()[1:]],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "candle_ckpt", *words[1:]], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+        timeout=300,
     )  # fmt: skip
-    got = (done.stdout + done.stderr).replace(str(tmp_path), "/home/me/job").splitlines()
+    got = (done.stdout + done.stderr).replace(str(tmp_path), DOC_JOB).splitlines()
     assert done.returncode == 0 and matches(expected, got), (command, expected, got)
-    assert (tmp_path / command.split()[3]).is_file()
+    assert (tmp_path / words[3]).is_file()
 
 
 def test_consolidate_refuses_what_it_cannot_do(trained, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from doclines import LOG_EXAMPLES, blocks, console_examples, log_examples, matches
+from doclines import DOC_JOB, LOG_EXAMPLES, blocks, console_examples, log_examples, matches
 from test_readme import README, run
 
 CLI_RST = README.parent / "docs" / "cli.rst"
@@ -34,7 +34,6 @@ ELSEWHERE = {
     "demo": "shows no output (its run: tests/integration/e2e/test_readme.py)",
 }
 CHANGES = ("rollback", "prune", "plot")  # run on a copy of the job: the page's later examples see its ./save
-DOC_JOB = "/home/me/job"
 
 
 @pytest.fixture(scope="module")

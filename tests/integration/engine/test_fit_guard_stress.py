@@ -74,12 +74,16 @@ def test_the_three_sightings_run_back_to_back_under_load_and_every_epoch_commits
     beside two CPU burners: a fresh callback's 1-epoch fit, restart() into an uncompiled model that is then
     collected (test_resume_order), a 3-epoch fit then restart() (test_callback_behaviour), a 2-epoch fit then a
     partial load_weights (test_partial_load). Every fit commits every epoch; no save fails."""
+
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="enc"), keras.layers.Dense(1)])
+
+    shapes = {"one-epoch": 1, "three-epochs": 3, "partial": 2}
     for round_ in range(3):
-        base = tmp_path / f"r{round_}"
-        shapes = {"one-epoch": 1, "three-epochs": 3, "partial": 2}
         for name, epochs in shapes.items():
-            params = {"ckpt_directory": str(base / name), "epochs": epochs, "ckpt_save_best_metric": "loss"}
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="enc"), keras.layers.Dense(1)])
+            directory = str(tmp_path / f"r{round_}" / name)
+            params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_best_metric": "loss"}
+            model = build()
             model.compile(optimizer="adam", loss="mse")
             ckpt = candle.CandleCheckpointCallback(params, logger=None)
             try:
@@ -88,9 +92,9 @@ def test_the_three_sightings_run_back_to_back_under_load_and_every_epoch_commits
                 pytest.fail(f"round {round_}, {name}: {err}")
             assert [r["epoch"] for r in ckpt.stats()["saves"]] == list(range(1, epochs + 1)), (round_, name)
             assert not ckpt.engine.store.is_open
-            fresh = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="enc"), keras.layers.Dense(1)])
+            fresh = build()
             if name == "partial":
-                candle.load_weights(fresh, epochs, layers=["enc"], directory=params["ckpt_directory"])
+                candle.load_weights(fresh, epochs, layers=["enc"], directory=directory)
             else:
                 if name == "three-epochs":
                     fresh.compile(optimizer="adam", loss="mse")
