@@ -14,12 +14,12 @@ import keras
 
 from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
@@ -113,7 +113,6 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self._pre.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
             self._pre.who = f"process {self.group.rank} "
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
-        self._list: Any = None  # the fit's CallbackList
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
         if not self._pre.enabled:
             # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
@@ -138,6 +137,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         self._guard.arm(internals.hook_frame())  # first: an earlier fit's release (if under way) ends here
+        # Held only here, in this call: the list's death tells the guard that fit ended (see fit_guard).
+        callback_list = fit_hooks.find_callback_list(self)
         self.engine.open()  # the writer lock, for as long as this fit runs
         self._stdout = track_stdout()  # log records never continue the progress bar's line
         self._adopt()
@@ -149,7 +150,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.log.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
         self._state = ModelState(self.model)
         self._epochs_run = 0
-        self._hook_fit()
+        self._hook_fit(callback_list)
         self._restore = pending.take_train_state()
         epochs = (self.params or {}).get("epochs")
         self._finished = finished.stop_if_finished(
@@ -158,7 +159,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if self._restore is not None and self._hooked and self._finished:
             # No epoch runs: the callbacks get their state back before their on_train_end, as in the
             # uninterrupted run's (EarlyStopping's restore_best_weights).
-            fit_hooks.before_train_end(self._list, lambda: self._before_epoch(-1))
+            fit_hooks.before_train_end(callback_list, lambda: self._before_epoch(-1))
         elif self._restore is not None and not self._hooked:
             self._before_epoch(-1)
         # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
@@ -167,9 +168,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
 
-    def _hook_fit(self) -> None:
-        """Find the other callbacks and the input of this fit (see :mod:`candle_ckpt.keras.fit_hooks`)."""
-        callback_list = self._list = fit_hooks.find_callback_list(self)
+    def _hook_fit(self, callback_list: Any) -> None:
+        """Hook into this fit's ``callback_list`` (None: not found) and find its input (see
+        :mod:`candle_ckpt.keras.fit_hooks`)."""
         iterator = self._iterator = fit_hooks.find_epoch_iterator(self.model)
         siblings = [c for c in callback_list.callbacks if c is not self] if callback_list is not None else []
         train = TrainState(siblings, None, self.log.warning)

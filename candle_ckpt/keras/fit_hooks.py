@@ -21,12 +21,17 @@ The ``CallbackList`` gets two instance attributes that wrap its
 callback are untouched): the checkpoint of epoch N is taken after *every*
 callback's ``on_epoch_end`` for epoch N, whatever the order of the list,
 and the saved state of a resumed run is put back after every callback's
-``on_train_begin`` and before the first ``on_epoch_begin``.
+``on_train_begin`` and before the first ``on_epoch_begin``. The wrappers
+hold the list only weakly: a wrapper stored on the list that held it would
+make a cycle, and the list would outlive ``fit`` until a full garbage
+collection (its death is how :mod:`candle_ckpt.core.fit_guard` learns that a
+``fit`` raised).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,14 +55,15 @@ def wrap_epoch_hooks(
     current = getattr(callback_list, _MARK, None)
     if current is not None:
         return current is owner
-    begin, end = callback_list.on_epoch_begin, callback_list.on_epoch_end
+    ref = weakref.ref(callback_list)
+    begin, end = _unbound(callback_list, "on_epoch_begin"), _unbound(callback_list, "on_epoch_end")
 
     def on_epoch_begin(epoch: int, logs: Any = None) -> None:
         before_begin(epoch)
-        begin(epoch, logs)
+        begin(ref(), epoch, logs)
 
     def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        end(epoch, logs)
+        end(ref(), epoch, logs)
         after_end(epoch)
 
     callback_list.on_epoch_begin = on_epoch_begin
@@ -68,14 +74,23 @@ def wrap_epoch_hooks(
 
 def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
     """Run ``then()`` before every callback's ``on_train_end`` of this fit (a fit that runs no epoch)."""
-    end = callback_list.on_train_end
+    ref = weakref.ref(callback_list)
+    end = _unbound(callback_list, "on_train_end")
 
     def on_train_end(logs: Any = None) -> None:
-        del callback_list.on_train_end
+        del ref().on_train_end
         then()
-        end(logs)
+        end(ref(), logs)
 
     callback_list.on_train_end = on_train_end
+
+
+def _unbound(callback_list: Any, name: str) -> Callable[..., Any]:
+    """``callback_list.<name>`` as a function that takes the list first, holding no reference to it."""
+    own = vars(callback_list).get(name)  # another library's wrapper on this list: call it
+    if own is not None:
+        return lambda _list, *args: own(*args)
+    return getattr(type(callback_list), name)
 
 
 def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:

@@ -264,7 +264,7 @@ def tf_out_of_range() -> type[BaseException]:
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
     -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raises_in_another_callback_releases_the_lock``.

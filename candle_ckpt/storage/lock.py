@@ -8,6 +8,7 @@ import socket
 import time
 
 from candle_ckpt.core.errors import DirectoryLocked
+from candle_ckpt.core.fit_guard import notice_ended_fits
 
 
 class WriterLock:
@@ -31,8 +32,10 @@ class WriterLock:
         """Take the lock; return True if it was taken now (False: already held here).
 
         A holder in this same process gets ``wait_same_process_s`` seconds to
-        let go: a ``fit`` that has just raised releases its lock from a
-        watchdog thread (:mod:`candle_ckpt.engine.fit_guard`), a moment later.
+        let go: a ``fit`` that has raised releases its lock from a watchdog
+        thread (:mod:`candle_ckpt.core.fit_guard`), a moment after its
+        ``CallbackList`` dies, or after this thread, the one that ran that
+        ``fit``, sees it is no longer on its stack (its exception is kept).
 
         Raises:
             DirectoryLocked: another holder (this process or another) keeps it.
@@ -41,6 +44,7 @@ class WriterLock:
             return False
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_same_process_s
+        noticed = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -48,6 +52,9 @@ class WriterLock:
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
                 if holder.startswith(f"pid {os.getpid()} ") and time.monotonic() < deadline:
+                    if not noticed:
+                        notice_ended_fits()
+                        noticed = True
                     time.sleep(0.02)
                     continue
                 os.close(fd)

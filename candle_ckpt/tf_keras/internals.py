@@ -10,6 +10,7 @@ fails when a release moves it. docs/api.rst lists the same dependencies.
 from __future__ import annotations
 
 import sys
+import weakref
 from types import FrameType
 from typing import Any
 
@@ -68,7 +69,7 @@ def keep_tensor_logs(callback: Any) -> None:
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
     -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
@@ -189,17 +190,22 @@ def after_epoch_end(callbacks: Any, then: Any) -> Any:
     Relies on: ``Model.fit`` calling ``callbacks.on_epoch_end(epoch, logs)`` on the list (an instance attribute
     wins over the method) -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
     """
-    original = callbacks.on_epoch_end
+    # Weakly: the list's death tells the fit guard that fit ended (a wrapper on the list holding it would be a
+    # cycle, freed only by a full garbage collection), and the adapter keeps ``undo``.
+    ref = weakref.ref(callbacks)
+    own = vars(callbacks).get("on_epoch_end")
+    original = (lambda _list, *args: own(*args)) if own is not None else type(callbacks).on_epoch_end
 
     def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        original(epoch, logs)
+        original(ref(), epoch, logs)
         then(epoch, logs)
 
     callbacks.on_epoch_end = on_epoch_end
 
     def undo() -> None:
-        if callbacks.__dict__.get("on_epoch_end") is on_epoch_end:
-            del callbacks.on_epoch_end
+        alive = ref()
+        if alive is not None and vars(alive).get("on_epoch_end") is on_epoch_end:
+            del alive.on_epoch_end
 
     return undo
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before keras/tensorflow is imported
@@ -146,10 +147,16 @@ def test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock(tmp_pa
 
     params = _params(tmp_path, epochs=4)
     cb = ck_tfk.CandleCheckpointCallback(params, verbose=False)
-    with pytest.raises(RuntimeError, match="boom in another callback"):
-        _tfk_model().fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[cb, Boom()])
-    deadline = time.monotonic() + 10
-    while True:  # the guard's thread notices within its poll interval (0.05 s); allow a busy machine
+    model = _tfk_model()
+    gc.collect()
+    gc.disable()  # the guard learns that fit ended when its CallbackList dies: no cycle of ours may hold it
+    try:
+        with pytest.raises(RuntimeError, match="boom in another callback"):
+            model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[cb, Boom()])
+    finally:
+        gc.enable()
+    deadline = time.monotonic() + 20
+    while True:  # the guard's thread wakes when the list dies; a busy machine may take a while to run it
         writer = store.CheckpointStore(params["ckpt_directory"])
         try:
             writer._lock.acquire(wait_same_process_s=0)

@@ -1,0 +1,180 @@
+"""Notice the end of a ``fit`` call, however it ends.
+
+Keras calls ``on_train_end`` only when ``fit`` returns normally. When ``fit``
+raises (an error in a training step, in another callback, Ctrl-C), no callback
+hook runs again, and a callback that holds the directory's writer lock would
+keep it until the process exits: the CLI, a new callback or a notebook's next
+cell would be refused. :class:`FitGuard` calls ``on_exit`` once, on its own
+daemon thread, when the guarded ``fit`` has ended without :meth:`FitGuard.disarm`.
+
+It reads no other thread's stack (CPython 3.11 can hand such a reader a stale
+object while that thread pushes and pops frames, python/cpython#111363: a
+misread ended a running fit, or crashed the process). Two signals, each given on
+the thread that owns what it looks at, end a fit instead:
+
+* the death of the fit's ``CallbackList`` (the ``self`` of the framework's
+  dispatcher frame below the hook, a local of ``fit`` that nothing of ours
+  holds strongly): a ``weakref.finalize`` wakes the watcher. It dies as
+  ``fit``'s frame does, when ``fit`` returns or once the exception that ended
+  it is let go;
+* :func:`notice_ended_fits`, called by a writer of this process that finds the
+  lock taken: on the thread that ran ``fit``, that thread's own stack tells
+  whether ``fit`` is still on it. This covers an exception that is kept (a
+  notebook's ``sys.last_value``, ``pytest.raises(...) as info``), which keeps
+  ``fit``'s frame, and so its locals, alive.
+
+The watcher holds no strong reference to the fit's frame, to the object it
+watches, nor to the callback (a weak reference to ``on_exit``). Otherwise the
+last reference to the fit's locals (the model, the batches) would be dropped on
+that thread, perhaps while the interpreter shuts down, and a framework's
+destructor that lets go of the GIL there aborts the process (JAX: "FATAL:
+exception not rethrown", exit 134 instead of 143). Nor does it call ``on_exit``
+once the main thread has finished: the process is exiting, the atexit join
+commits the write in flight and the kernel drops the lock.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from types import FrameType
+
+
+def _is_callback(obj: object) -> bool:
+    """Duck-typed: a callback or a callback list (it has the hooks and ``set_model``); a model has not."""
+    return callable(getattr(obj, "on_train_begin", None)) and callable(getattr(obj, "set_model", None))
+
+
+def _fit_frame(
+    start: FrameType | None, dispatch_files: tuple[str, ...], owner: object = None
+) -> tuple[FrameType | None, object]:
+    """The first frame at or above ``start`` (on the calling thread's own stack) that is not part of the
+    callback machinery: a framework's callback dispatcher, a method of ``owner`` (a subclass's hook calling
+    ``super()``), or any other callback's method (a user's callback that forwards its hooks to ours).
+
+    And the ``self`` of the dispatcher frame nearest to it: the fit's ``CallbackList`` (None if none).
+    """
+    frame, dispatcher = start, None
+    while frame is not None:
+        this = frame.f_locals.get("self")
+        if os.path.basename(frame.f_code.co_filename) in dispatch_files:
+            dispatcher = this if this is not None else dispatcher
+        elif not ((owner is not None and this is owner) or _is_callback(this)):
+            break
+        frame = frame.f_back
+    return frame, dispatcher
+
+
+class _Fit:
+    """One guarded fit, as the watcher knows it: the id and code of its frame, its thread, two flags."""
+
+    def __init__(self, frame: FrameType, thread_id: int) -> None:
+        self.frame_id, self.code, self.thread_id = id(frame), frame.f_code, thread_id
+        # The watcher waits here. A SimpleQueue's put may run in a finalizer, on any thread, inside a garbage
+        # collection (an Event's set takes a lock that thread may already hold).
+        self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.noticed = False  # notice_ended_fits() woke it
+        self.disarmed = False
+        self.finalizer: weakref.finalize | None = None
+
+    def on_stack(self, frame: FrameType | None) -> bool:
+        """Whether this fit's frame is ``frame`` or below it; call on the fit's own thread only.
+
+        A frame keeps its id while it exists, and the fit's frame exists while it runs.
+        """
+        while frame is not None:
+            if id(frame) == self.frame_id and frame.f_code is self.code:
+                return True
+            frame = frame.f_back
+        return False
+
+
+_FITS: weakref.WeakSet[_Fit] = weakref.WeakSet()  # the armed fits (each kept alive by its watcher)
+
+
+def notice_ended_fits() -> None:
+    """Wake the guard of every fit that ran on the calling thread and is no longer on its stack.
+
+    For a writer of this process that finds the lock taken (:meth:`candle_ckpt.storage.lock.WriterLock.acquire`):
+    after a ``fit`` raised and its exception is kept, a notebook's next cell runs on the same thread.
+    """
+    me = threading.get_ident()
+    here = inspect.currentframe()
+    for fit in list(_FITS):
+        if fit.thread_id == me and not fit.noticed and not fit.on_stack(here):
+            fit.noticed = True
+            fit.wake.put("left the stack")
+
+
+def _weak(on_exit: Callable[[], None]) -> Callable[[], Callable[[], None] | None]:
+    """A weak reference to a bound method (the callback's), a plain reference to anything else."""
+    if getattr(on_exit, "__self__", None) is not None:
+        return weakref.WeakMethod(on_exit)  # type: ignore[arg-type]
+    return lambda: on_exit
+
+
+def _watch(fit: _Fit, on_exit: Callable, turn: threading.Lock) -> None:
+    fit.wake.get()
+    main = threading.main_thread()
+    # A fit ended by SystemExit on the main thread lets go of its frame after the main thread is marked done.
+    if fit.disarmed or (fit.thread_id == main.ident and not main.is_alive()):
+        return  # ended normally, or the interpreter is exiting: leave the rest to the atexit hooks and the kernel
+    action = on_exit()
+    # ``turn``: disarm() (a new fit's on_train_begin) waits for an action under way, and an action
+    # never starts once disarmed: the release of the fit that raised never lands in the next fit.
+    with turn:
+        if action is not None and not fit.disarmed:
+            action()
+
+
+class FitGuard:
+    """Calls ``on_exit`` once, on a daemon thread, when the guarded ``fit`` has ended without :meth:`disarm`.
+
+    Args:
+        on_exit: What to do when ``fit`` ended without :meth:`disarm` (it raised).
+        dispatch_files: File names (no folder) of the framework's callback dispatcher, whose frames are not
+            the fit's.
+    """
+
+    def __init__(self, on_exit: Callable[[], None], dispatch_files: tuple[str, ...]) -> None:
+        self.on_exit = on_exit
+        self.dispatch_files = tuple(dispatch_files)
+        # The callback whose hooks arm this guard (on_exit's object): its own frames are not the fit.
+        self._owner = getattr(on_exit, "__self__", None)
+        self._fit: _Fit | None = None
+        self._turn = threading.Lock()  # the watcher's action and disarm() never overlap
+
+    def arm(self, hook_frame: FrameType) -> None:
+        """Start guarding the ``fit`` that called the hook whose frame is ``hook_frame`` (running now, on this
+        thread). Its ``CallbackList`` (the dispatcher's ``self``) is watched; without one, only
+        :func:`notice_ended_fits` ends the fit."""
+        self.disarm()
+        target, callback_list = _fit_frame(hook_frame.f_back, self.dispatch_files, self._owner)
+        if target is None:
+            return
+        fit = self._fit = _Fit(target, threading.get_ident())
+        if callback_list is not None:
+            fit.finalizer = weakref.finalize(callback_list, fit.wake.put, "died")
+            fit.finalizer.atexit = False  # at interpreter exit: nothing to do (see the module docstring)
+        _FITS.add(fit)
+        # Not the frame, the list nor self.on_exit: see the module docstring.
+        threading.Thread(
+            target=_watch, args=(fit, _weak(self.on_exit), self._turn), name="candle_ckpt-fit-guard", daemon=True
+        ).start()
+
+    def disarm(self) -> None:
+        """Stop guarding: ``fit`` ended normally (``on_train_end``) and cleaned up itself.
+
+        Returns once a release the watcher already started has finished; none starts after.
+        """
+        fit, self._fit = self._fit, None
+        if fit is not None:
+            with self._turn:
+                fit.disarmed = True
+            if fit.finalizer is not None:
+                fit.finalizer.detach()
+            fit.wake.put("disarmed")  # the watcher wakes and ends
