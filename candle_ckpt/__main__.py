@@ -9,6 +9,28 @@ of reach.
 
 from __future__ import annotations
 
+import _signal  # built in: loading it runs no Python code
+import sys
+
+# Ctrl-C seen while the command's modules load. The import system can drop the KeyboardInterrupt (raised in one
+# of its weakref callbacks, it is only reported as "Exception ignored"): the handler writes the signal down
+# first, so it is answered all the same. The command's own handler (cli.console.watch_sigint) takes over later.
+_SIGINTS: list[int] = []
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _SIGINTS.append(signum)
+    raise KeyboardInterrupt
+
+
+def _unraisable(hook: object) -> None:
+    if not isinstance(getattr(hook, "exc_value", None), KeyboardInterrupt):  # written down by _on_sigint
+        sys.__unraisablehook__(hook)  # type: ignore[arg-type]
+
+
+if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    _signal.signal(_signal.SIGINT, _on_sigint)
+    sys.unraisablehook = _unraisable
 try:
     from candle_ckpt.cli.main import main
 except KeyboardInterrupt:  # while the command's modules load
@@ -25,7 +47,7 @@ def run() -> int:
     import sys
 
     try:
-        if main is None:
+        if main is None or _SIGINTS:
             raise KeyboardInterrupt
         code = main()
     except KeyboardInterrupt:  # while starting, or between main's lines and its own handler

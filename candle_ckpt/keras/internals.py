@@ -266,8 +266,9 @@ def tf_out_of_range() -> type[BaseException]:
 def hook_frame() -> FrameType:
     """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
 
-    Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
-    -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raises_in_another_callback_releases_the_lock``.
+    Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES`` (the dispatcher's ``self`` is the
+    ``CallbackList`` whose death ends the guarded fit)
+    -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raised_lets_go_of_the_lock_with_the_garbage_collector_off``.
     """
     return sys._getframe(1)
 

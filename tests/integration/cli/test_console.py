@@ -186,13 +186,14 @@ def _interpreter_start(proc: subprocess.Popen, out: str, err: str, where: Path) 
     package's ``__init__.py``, which every entry point imports first and which only defines names, or at line 0 of
     the entry module), or the import system dropped it ("Exception ignored" in a module lock's weakref callback,
     printed by Python's own hook, which the entry module replaces first thing). Nothing of the program shows in the
-    output and nothing was written."""
+    output and nothing was written; or, once the signal was dropped, the demo ran on as if none had come."""
     package = f'File "{ROOT / "candle_ckpt"}'
     ours = [line for line in err.splitlines() if line.startswith(f"  {package}")]
     early = all(line.startswith(f'  {package}/__init__.py"') or line.endswith("line 0, in <module>") for line in ours)
     quiet = "demo" not in out + err and not where.exists()
+    # Dropped before candle_ckpt's first statement: the demo then runs as if no signal came, until the test kills it.
     dropped = "Exception ignored in: <function _get_module_lock" in err and proc.returncode == -signal.SIGKILL
-    return quiet and early and (dropped or proc.returncode in (-signal.SIGINT, 1))
+    return early and (dropped or (quiet and proc.returncode in (-signal.SIGINT, 1)))
 
 
 def test_ctrl_c_from_the_very_start_of_candle_ckpt_demo_is_one_line(tmp_path: Path) -> None:
@@ -219,11 +220,41 @@ def test_ctrl_c_from_the_very_start_of_candle_ckpt_demo_is_one_line(tmp_path: Pa
         if _interpreter_start(proc, out, err, where):
             continue
         lines = [line for line in err.splitlines() if line.strip() and "candle_ckpt INFO" not in line]
-        assert proc.returncode == 130 and "Traceback" not in err, (delay, proc.returncode, out[-1000:], err[-3000:])
+        if proc.returncode != 130 or "Traceback" in err:
+            pytest.fail(f"SIGINT {delay:.3f} s after start: status {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}")
         said = f"demo: interrupted; no checkpoint was saved yet in {where}"
         assert len(lines) == 1 and said in lines[0], (delay, err)
         answered += 1
     assert answered >= len(SWEEP_S) // 2, f"only {answered} of {len(SWEEP_S)} deliveries reached the program"
+
+
+DROPPED = """
+import signal, sys, weakref
+sys.argv = ["candle-ckpt", "demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"]
+import candle_ckpt.__main__ as entry
+
+class Lock:
+    pass
+
+lock = Lock()
+ref = weakref.ref(lock, lambda _: signal.raise_signal(signal.SIGINT))
+del lock  # Ctrl-C inside a weakref callback, as in the import system's module locks: Python drops the exception
+sys.exit(entry.run())
+"""
+
+
+def test_a_ctrl_c_the_import_system_drops_still_ends_the_command_with_one_line(tmp_path: Path) -> None:
+    """A loaded run's sweep saw it: SIGINT while candle_ckpt's modules load, inside one of the import system's weakref
+    callbacks, which report the KeyboardInterrupt as "Exception ignored" and go on; the demo then trained as if no
+    signal had come. The entry module writes the signal down before raising: the command answers it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DROPPED], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "candle_ckpt INFO" not in line]
+    assert proc.returncode == 130, proc.stderr
+    said = f"demo: interrupted; no checkpoint was saved yet in {tmp_path / 'candle_ckpt_demo'}"
+    assert len(lines) == 1 and said in lines[0], lines
+    assert "demo: starting" not in proc.stdout
 
 
 def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
