@@ -42,6 +42,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 
 def _is_callback(obj: object) -> bool:
@@ -67,6 +68,18 @@ def _fit_frame(
             break
         frame = frame.f_back
     return frame, dispatcher
+
+
+def weakly_bound(obj: object, name: str) -> Callable[..., Any]:
+    """``obj.<name>`` as it is now, for a wrapper stored on ``obj`` itself: the class's method called with a weak
+    reference to ``obj`` (a bound method stored on ``obj`` is a cycle that keeps a ``CallbackList`` alive until a
+    full garbage collection, and its death is what ends the guarded fit); an instance attribute already there
+    (another library's wrapper) is returned as it is."""
+    own = vars(obj).get(name)
+    if own is not None:
+        return own
+    method, ref = getattr(type(obj), name), weakref.ref(obj)
+    return lambda *args: method(ref(), *args)
 
 
 class _Fit:

@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from candle_ckpt.core.fit_guard import weakly_bound
 from candle_ckpt.keras import internals
 
 _MARK = "_candle_ckpt_hooked"
@@ -55,15 +56,14 @@ def wrap_epoch_hooks(
     current = getattr(callback_list, _MARK, None)
     if current is not None:
         return current is owner
-    ref = weakref.ref(callback_list)
-    begin, end = _unbound(callback_list, "on_epoch_begin"), _unbound(callback_list, "on_epoch_end")
+    begin, end = weakly_bound(callback_list, "on_epoch_begin"), weakly_bound(callback_list, "on_epoch_end")
 
     def on_epoch_begin(epoch: int, logs: Any = None) -> None:
         before_begin(epoch)
-        begin(ref(), epoch, logs)
+        begin(epoch, logs)
 
     def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        end(ref(), epoch, logs)
+        end(epoch, logs)
         after_end(epoch)
 
     callback_list.on_epoch_begin = on_epoch_begin
@@ -75,22 +75,14 @@ def wrap_epoch_hooks(
 def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
     """Run ``then()`` before every callback's ``on_train_end`` of this fit (a fit that runs no epoch)."""
     ref = weakref.ref(callback_list)
-    end = _unbound(callback_list, "on_train_end")
+    end = weakly_bound(callback_list, "on_train_end")
 
     def on_train_end(logs: Any = None) -> None:
         del ref().on_train_end
         then()
-        end(ref(), logs)
+        end(logs)
 
     callback_list.on_train_end = on_train_end
-
-
-def _unbound(callback_list: Any, name: str) -> Callable[..., Any]:
-    """``callback_list.<name>`` as a function that takes the list first, holding no reference to it."""
-    own = vars(callback_list).get(name)  # another library's wrapper on this list: call it
-    if own is not None:
-        return lambda _list, *args: own(*args)
-    return getattr(type(callback_list), name)
 
 
 def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:

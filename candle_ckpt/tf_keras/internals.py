@@ -16,6 +16,8 @@ from typing import Any
 
 from tf_keras.src.saving.legacy import hdf5_format
 
+from candle_ckpt.core.fit_guard import weakly_bound
+
 # The file names of tf_keras's callback dispatcher (its CallbackList), whose frames are not the fit's.
 CALLBACK_DISPATCH_FILES = ("callbacks.py",)
 
@@ -190,14 +192,12 @@ def after_epoch_end(callbacks: Any, then: Any) -> Any:
     Relies on: ``Model.fit`` calling ``callbacks.on_epoch_end(epoch, logs)`` on the list (an instance attribute
     wins over the method) -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
     """
-    # Weakly: the list's death tells the fit guard that fit ended (a wrapper on the list holding it would be a
-    # cycle, freed only by a full garbage collection), and the adapter keeps ``undo``.
+    # Weakly: the list's death tells the fit guard that fit ended, and the adapter keeps ``undo``.
     ref = weakref.ref(callbacks)
-    own = vars(callbacks).get("on_epoch_end")
-    original = (lambda _list, *args: own(*args)) if own is not None else type(callbacks).on_epoch_end
+    original = weakly_bound(callbacks, "on_epoch_end")
 
     def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        original(ref(), epoch, logs)
+        original(epoch, logs)
         then(epoch, logs)
 
     callbacks.on_epoch_end = on_epoch_end
