@@ -26,9 +26,35 @@ def import_keras_quietly() -> ModuleType:
     point, so stderr is pointed at a temporary file for the import. If the
     import fails, what was written there is shown. A user who asks for TF's
     logs (``TF_CPP_MIN_LOG_LEVEL`` of 0, 1 or 2) sees them.
+
+    Ctrl-C is held while the import runs (:func:`_sigint_held`) and answered when it ends.
     """
     if "keras" in sys.modules:
         return sys.modules["keras"]
+    with _sigint_held():
+        return _import_keras()
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT (blocked in the main thread, and so in the threads it starts) while the body runs.
+
+    A KeyboardInterrupt raised inside TensorFlow's import (2.21, which imports JAX from tf.lite) can
+    crash the process (SIGSEGV or SIGABRT, seen about 2 s into ``candle-ckpt demo`` in a sweep of
+    delivery times) or leave a native library half loaded that prints its start-up lines later. A
+    held SIGINT is delivered when the body ends, so the interrupt is raised after the import.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _import_keras() -> ModuleType:
     level = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if level in ("0", "1", "2"):
         import keras
