@@ -290,6 +290,7 @@ def test_a_ctrl_c_during_the_keras_import_is_answered_after_it(tmp_path: Path) -
     assert proc.stdout == "interrupted after the import: True\n", (proc.stdout, proc.stderr)
     assert proc.stderr == "", proc.stderr
 
+
 def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
     """A demo checkpoint that does not fit the demo's model: one error naming the directory and the ways out."""
     env = dict(ENV)
