@@ -466,8 +466,9 @@ def test_a_directory_under_a_regular_file_fails_at_creation(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_bytes(b"precious")
     params = _params(tmp_path, ckpt_directory=str(blocker / "save"))
-    with pytest.raises(OSError, match=re.escape(str(blocker / "save"))):
+    with pytest.raises(OSError, match=re.escape(str(blocker / "save"))) as raised:
         candle.CandleCheckpointCallback(params, verbose=False)
+    assert f"{str(blocker)!r} is a file, not a directory" in str(raised.value)  # not makedirs's bare "File exists"
     assert blocker.read_bytes() == b"precious"
 
 
