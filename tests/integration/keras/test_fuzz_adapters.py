@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 import keras
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.keras.callback import CandleCheckpointCallback
@@ -38,6 +38,8 @@ def test_callback_and_restart_fuzz_raise_only_documented_errors() -> None:
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(params=PARAMS)
+    @example(params={"ckpt_directory": "run", "epochs": 3})  # the asserted outcomes, every run, not by luck
+    @example(params={"ckpt_directory": "run", "epochs": 3, "ckpt_keep_limit": 0})
     def run(params: dict) -> None:
         old = os.getcwd()
         with tempfile.TemporaryDirectory() as tmp:
