@@ -67,9 +67,9 @@ class LocalFS:
         self.hook("mkdir", path)
         try:
             os.mkdir(path)
-        except FileExistsError:
-            if not os.path.isdir(path):
-                raise
+        except FileExistsError as err:
+            if not os.path.isdir(path):  # os.mkdir says only "File exists"
+                raise FileExistsError(err.errno, f"{path!r} is a file, not a directory") from None
 
     def fsync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` (creates, renames) durable."""

@@ -103,11 +103,7 @@ class CheckpointStore(CheckpointReader):
             # after the first commit returned could lose ckpts/ or epochs/ themselves.
             self.fs.makedirs(lay.epochs, durable=True)
         except OSError as err:
-            why = err.strerror
-            blocker = _file_in_the_way(lay.epochs)
-            if blocker is not None:  # makedirs says only "File exists" or "Not a directory"
-                why = f"{blocker!r} is a file, not a directory"
-            raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {why}") from None
+            raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
         if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
             raise PermissionError(f"ckpt_directory {lay.root!r} is not writable by this process")
         probe = os.path.join(lay.ckpts, f".tmp-probe-{uuid.uuid4().hex[:8]}")
@@ -283,13 +279,3 @@ def _release_site() -> str:
     calls = traceback.extract_stack()[-8:-2]
     where = " < ".join(f"{os.path.basename(c.filename)}:{c.lineno} {c.name}" for c in reversed(calls))
     return f"thread {threading.current_thread().name}: {where}"
-
-
-def _file_in_the_way(path: str) -> str | None:
-    """The nearest existing ancestor of ``path`` (or ``path`` itself) when it is not a directory, else None."""
-    while path and not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
-    return path if path and os.path.lexists(path) and not os.path.isdir(path) else None

@@ -468,7 +468,7 @@ def test_a_directory_under_a_regular_file_fails_at_creation(tmp_path):
     params = _params(tmp_path, ckpt_directory=str(blocker / "save"))
     with pytest.raises(OSError, match=re.escape(str(blocker / "save"))) as raised:
         candle.CandleCheckpointCallback(params, verbose=False)
-    assert f"{str(blocker)!r} is a file, not a directory" in str(raised.value)  # not makedirs's bare "File exists"
+    assert f"{str(blocker)!r} is a file, not a directory" in str(raised.value)  # not os.mkdir's bare "File exists"
     assert blocker.read_bytes() == b"precious"
 
 
