@@ -54,10 +54,31 @@ def _host_view(value: Any) -> tuple[np.ndarray, Any]:
         view = _backend_view(inner)
         if view is not None:
             return view, inner
-        return np.asarray(keras.ops.convert_to_numpy(inner)), None
+        return np.asarray(keras.ops.convert_to_numpy(inner)), OWNED
     if isinstance(value, np.ndarray):
         return value, None
     return np.asarray(keras.ops.convert_to_numpy(value)), None
+
+
+#: The owner ``_host_view`` gives a fresh host copy (an accelerator's value): nothing aliases it, so an
+#: async snapshot takes it as it is instead of copying it a second time.
+OWNED = object()
+
+
+def prefetch_to_host(variables: list[Any]) -> None:
+    """Start the device-to-host copy of every JAX accelerator value at once, so that they overlap.
+
+    Without it each ``np.asarray`` below waits for its own transfer, one variable after another;
+    with it the transfers are all in flight together and each ``np.asarray`` finds its copy done
+    (JAX keeps it). CPU values and other backends: nothing to do.
+    """
+    if keras.backend.backend() != "jax":
+        return
+    for var in variables:
+        inner = getattr(var, "value", None)
+        devices = getattr(inner, "devices", None)
+        if devices is not None and any(d.platform != "cpu" for d in devices()):
+            inner.copy_to_host_async()
 
 
 def _backend_view(inner: Any) -> np.ndarray | None:
@@ -175,11 +196,15 @@ class ModelState:
         extra = [(v.path, to_host(v)) for v in self.extra_variables(plan)]
         keepalive: list[Any] = []
         entries = []
+        prefetch_to_host([v for e in plan for _, v in e.items])
+        owned: set[int] = set()  # ids of fresh host copies (no view of a live variable)
         for e in plan:
             items = []
             for k, v in e.items:
                 view, owner = _host_view(v)
-                if owner is not None:
+                if owner is OWNED:
+                    owned.add(id(view))
+                elif owner is not None:
                     keepalive.append(owner)
                 items.append((k, view))
             entries.append((e.path, e.metadata, items))
@@ -192,6 +217,10 @@ class ModelState:
         for path, metadata, items in entries:
             out = []
             for k, view in items:
+                if id(view) in owned:  # already a copy of its own: taken as it is, its spare buffer unused
+                    out.append((k, view))
+                    i += 1
+                    continue
                 dst = old[i] if i < len(old) and old[i].shape == view.shape and old[i].dtype == view.dtype else None
                 if dst is None:
                     dst = np.empty(view.shape, view.dtype)
