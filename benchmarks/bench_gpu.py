@@ -17,6 +17,10 @@ Adam, as ``bench_checkpoint.py``), every figure a median:
 * ``per_array_asarray_s``: ``np.asarray`` of each array in turn (one blocking transfer after another,
   what a snapshot did before it started every transfer at once);
 * ``device_get_s``: ``jax.device_get`` of the same arrays (batched, pageable host memory);
+* ``pinned_then_numpy_s``: the pinned copy and then ``np.asarray`` of each result (what the
+  writer's thread adds to the snapshot);
+* ``snapshot_exact``: an async snapshot still holds its moment's values, bit for bit, after three
+  more train steps (the order of the copy and the steps' buffer donation);
 * ``stall_s`` per contender: the training thread's wait at an epoch end, in a real ``fit``
   with a simulated compute phase (``bench_lib.run_fit``): candle_ckpt sync and async at their
   defaults, and ``OrbaxCheckpoint`` at its defaults where orbax-checkpoint is installed.
@@ -86,10 +90,27 @@ def floors(model, x, reps: int) -> dict:
     try:
         shardings = [a.sharding.with_memory_kind("pinned_host") for a in arrays]
         out["pinned_d2h_s"] = timed(lambda a: jax.block_until_ready(jax.device_put(a, shardings)), reps, refresh)
+        out["pinned_then_numpy_s"] = timed(
+            lambda a: [np.asarray(h) for h in jax.device_put(a, shardings)], reps, refresh
+        )
     except Exception as err:  # a platform without a pinned_host memory space
         out["pinned_d2h_s"] = None
         out["pinned_d2h_error"] = f"{type(err).__name__}: {err}"[:200]
+    out["snapshot_exact"] = snapshot_is_exact(model, x, state)
     return out
+
+
+def snapshot_is_exact(model, x, state: ModelState) -> bool:
+    """An async snapshot, written after three more train steps, holds the values of its moment bit for bit."""
+    want = [np.array(a) for a in _arrays(model)]
+    snap = state.snapshot(copy=True)
+    for _ in range(3):
+        model.train_on_batch(x, x)
+    jax.block_until_ready(_arrays(model))
+    got = snap.arrays()
+    snap.busy = False
+    moved = any(not np.array_equal(np.asarray(a), w) for a, w in zip(_arrays(model), want, strict=True))
+    return moved and len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def contender(name: str, workdir: str, epochs: int):
@@ -137,12 +158,20 @@ def main(argv: list[str] | None = None) -> int:
             result["stall_s"][name] = stall
     mib = result["state_bytes"] / 2**20
     print(f"device: {result['device']}  state: {mib:.1f} MiB in {result['arrays']} arrays")
-    for key in ("snapshot_async_s", "snapshot_sync_s", "per_array_asarray_s", "device_get_s", "pinned_d2h_s"):
+    for key in (
+        "snapshot_async_s",
+        "snapshot_sync_s",
+        "per_array_asarray_s",
+        "device_get_s",
+        "pinned_d2h_s",
+        "pinned_then_numpy_s",
+    ):
         value = result[key]
         rate = f"{mib / 1024 / value:7.2f} GiB/s" if value else ""
         print(f"  {key:18s} {value if value is None else f'{value * 1e3:9.2f} ms'}  {rate}")
     if result.get("pinned_d2h_s"):
         print(f"  snapshot (async) / pinned copy: {result['snapshot_async_s'] / result['pinned_d2h_s']:.2f}x")
+    print(f"  async snapshot holds its moment's values bit for bit after 3 more steps: {result['snapshot_exact']}")
     for name, s in result["stall_s"].items():
         print(f"  stall {name:20s} {s['median'] * 1e3:9.2f} ms   train end {s['train_end_s'] * 1e3:8.1f} ms")
     if args.out:

@@ -124,6 +124,30 @@ def test_async_snapshot_owns_its_arrays_while_training_goes_on(dtype):
         snap.busy = False  # written: its buffers may be reused
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the pinned-host copy is JAX's (runs in the JAX pass)")
+def test_pinned_host_snapshot_is_exact_and_written_as_keras_writes(tmp_path, monkeypatch):
+    """The accelerator path (one device_put of every value to pinned host memory, NumPy arrays made on the
+    writer's side), forced here on CPU values: the snapshot keeps its moment's values through further steps
+    and its file equals model.save_weights of that moment."""
+    from candle_ckpt.keras import state as state_mod  # noqa: PLC0415
+
+    def every_value(variables):
+        return [(v, v.value) for v in variables if hasattr(getattr(v, "value", None), "devices")]
+
+    monkeypatch.setattr(state_mod, "_accelerator_values", every_value)
+    model = _rich_model()
+    theirs = tmp_path / "theirs.weights.h5"
+    model.save_weights(theirs)
+    snap = ModelState(model).snapshot(copy=True)
+    assert any(not isinstance(a, np.ndarray) for _, _, items in snap.entries for _, a in items)  # the path ran
+    x = np.random.default_rng(1).integers(0, 10, size=(16, 3)).astype("int32")
+    model.fit(x, np.ones((16, 1), "float32"), batch_size=16, epochs=2, verbose=0)
+    ours = tmp_path / "ours.weights.h5"
+    snap.write_h5(str(ours))
+    got, want = _h5_tree(ours), _h5_tree(theirs)
+    assert sorted(got) == sorted(want) and all(got[name] == want[name] for name in want)
+
+
 def test_loader_reads_arrays_in_place_and_leaves_the_mapping_free(tmp_path):
     """A save_weights file's arrays are read as views of the mapping, which still closes after the load."""
     model = _rich_model()
