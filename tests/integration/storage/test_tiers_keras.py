@@ -58,6 +58,12 @@ def weights(model) -> list[np.ndarray]:
     return [np.asarray(v) for v in model.variables + model.optimizer.variables]
 
 
+def differing(model, twin) -> list[int]:
+    """Indices of the variables (weights, then optimizer) that are not bit-identical."""
+    pairs = zip(weights(model), weights(twin), strict=True)
+    return [i for i, (w, t) in enumerate(pairs) if not np.array_equal(w, t)]
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -81,7 +87,7 @@ def test_a_stale_fast_tier_resumes_from_the_newer_persistent_epoch_and_leaves_it
     assert {k: after[k] for k in before} == before
     assert {k.split("/")[1] for k in after if k.startswith("epochs/")} >= {"007", "008"}
     twin, _ = quickstart(tmp_path / "twin", None, 8)
-    assert [i for i, (w, t) in enumerate(zip(weights(model), weights(twin), strict=True)) if not np.array_equal(w, t)] == []
+    assert differing(model, twin) == []
 
 
 class SignalAt(keras.callbacks.Callback):
@@ -114,7 +120,7 @@ def test_a_preemption_save_is_drained_before_fit_stops_and_the_log_says_so(tmp_p
     model, info = quickstart(tmp_path / "B", p, 5, **params)
     assert info["epoch"] == 2 and info["step"] == 6  # the signal after batch 5 is answered at the next step
     twin, _ = quickstart(tmp_path / "twin", None, 5)
-    assert [i for i, (w, t) in enumerate(zip(weights(model), weights(twin), strict=True)) if not np.array_equal(w, t)] == []
+    assert differing(model, twin) == []
 
 
 def test_a_drain_that_cannot_finish_in_time_gives_exit_status_75_and_says_so(tmp_path: Path, monkeypatch) -> None:
