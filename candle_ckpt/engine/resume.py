@@ -136,8 +136,10 @@ def select_checkpoint(
 ) -> Chosen | None:
     """Find the checkpoint to resume from: ``ckpt_restart_mode`` / ``ckpt_restart_epoch``.
 
-    With ``ckpt_upload_url`` set and no local checkpoint, the newest complete
-    remote checkpoint (or ``epoch``) is pulled first. Every file's CRC is
+    With a persistent tier (``cfg.persistent``) the newer of the two tiers'
+    newest valid checkpoints is taken, a persistent one pulled into the fast
+    tier first (:func:`_newest_of_both_tiers`); an exact ``epoch`` missing
+    locally is pulled. Every file's CRC is
     verified; the bytes of the names in ``reads`` are returned so that they
     are read once.
 
@@ -254,9 +256,12 @@ def _newest_of_both_tiers(
         store.resync_generation()
         return _newest_local(store, log, reads, mapped, steps, [])
     if tier is not None and local is not None:
-        theirs = f"{tier.url} has {describe(found[0][1])}" if found else f"{tier.url} has nothing"
-        why = "its newer ones could not be fetched (above)" if newer else "it is not newer"
-        log.info(f"restart: tier: fast: {fast} is the newest valid one ({theirs}; {why})")
+        if not found:
+            theirs = f"the persistent tier {tier.url} holds no complete checkpoint yet"
+        else:
+            why = "its newer ones could not be fetched (above)" if newer else "it is not newer"
+            theirs = f"{tier.url} has {describe(found[0][1])}; {why}"
+        log.info(f"restart: tier: fast: {fast} is the newest valid one ({theirs})")
     if local is None:
         where = f"{store.layout.root} or {cfg.persistent}"
         detail = "; ".join(problems) or "none were found"

@@ -44,9 +44,12 @@ def restart(
     ``ckpt_restart_epoch`` restores exactly that epoch (a rollback) and raises
     :class:`NoValidCheckpoint` if it is missing or invalid.
 
-    With ``ckpt_upload_url`` set and no checkpoint in the local directory (a
-    new machine), the newest complete remote checkpoint is downloaded first,
-    its CRCs verified, and committed locally.
+    With a persistent tier (``ckpt_persistent_url``, or the older
+    ``ckpt_upload_url``) the newest valid checkpoint of either tier is
+    taken, by (generation, epoch, step): a newer persistent one is
+    downloaded, its CRCs verified, and committed into ``ckpt_directory``
+    (the fast tier) with its generation; one ``restart: tier:`` line in
+    ``ckpt.log`` says which tier won and why (docs/campaigns.rst).
 
     Every file's CRC is verified, and every variable's shape, dtype and count
     compared with the model, before anything is loaded into it: on a
