@@ -99,6 +99,10 @@ def campaign(args, direct: bool, work: Path) -> dict:
 def ops_per_checkpoint(work: Path) -> dict:
     """The shared directory's operations for one Quickstart checkpoint (the second save of a run): direct
     (the fast tier's commit protocol on it) and tiers (the drain's two files)."""
+    return {mode: _ops_of(mode, work) for mode in ("direct", "tiers")}
+
+
+def _ops_of(mode: str, work: Path) -> dict:
     import keras
     import numpy as np
 
@@ -115,39 +119,34 @@ def ops_per_checkpoint(work: Path) -> dict:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 8)).astype("float32")
     y = x @ rng.normal(size=(8, 1)).astype("float32")
-    out = {}
-    for mode in ("direct", "tiers"):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
-        gp = {"epochs": 2, "ckpt_directory": str(work / f"ops-{mode}")}
-        if mode == "tiers":
-            gp["ckpt_persistent_url"] = str(work / f"ops-{mode}-shared")
-        cb = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
-        fs = Counting()
-        cb.engine.store.fs = fs
-        first: dict[str, int] = {}
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    gp = {"epochs": 2, "ckpt_directory": str(work / f"ops-{mode}")}
+    if mode == "tiers":
+        gp["ckpt_persistent_url"] = str(work / f"ops-{mode}-shared")
+    cb = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
+    fs = Counting()
+    cb.engine.store.fs = fs
+    first: dict[str, int] = {}
 
-        class Mark(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                if epoch == 1:
-                    first.update(fs.ops)
+    class Mark(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                first.update(fs.ops)
 
-        model.fit(x, y, validation_split=0.25, epochs=2, callbacks=[Mark(), cb], verbose=0)
-        cb.report_final()
-        fast = {k: v - first.get(k, 0) for k, v in fs.ops.items() if v - first.get(k, 0)}
-        if mode == "direct":
-            out[mode] = {
-                "files_created": fast.get("create", 0),
-                "fsyncs": fast.get("fsync", 0) + fast.get("fsync_dir", 0),
-                "metadata_ops": sum(fast.get(k, 0) for k in ("mkdir", "rename", "replace", "symlink", "unlink")),
-                "detail": fast,
-            }
-        else:
-            ops = cb.stats()["uploads"][-1]["ops"]
-            out[mode] = {k: ops.get(k, 0) for k in ("files_created", "fsyncs", "metadata_ops")}
-            out[mode]["fast_tier"] = fast
-    return out
+    model.fit(x, y, validation_split=0.25, epochs=2, callbacks=[Mark(), cb], verbose=0)
+    cb.report_final()
+    fast = {k: v - first.get(k, 0) for k, v in fs.ops.items() if v - first.get(k, 0)}
+    if mode == "direct":
+        return {
+            "files_created": fast.get("create", 0),
+            "fsyncs": fast.get("fsync", 0) + fast.get("fsync_dir", 0),
+            "metadata_ops": sum(fast.get(k, 0) for k in ("mkdir", "rename", "replace", "symlink", "unlink")),
+            "detail": fast,
+        }
+    ops = cb.stats()["uploads"][-1]["ops"]
+    return {**{k: ops.get(k, 0) for k in ("files_created", "fsyncs", "metadata_ops")}, "fast_tier": fast}
 
 
 def main() -> None:
@@ -189,8 +188,10 @@ def main() -> None:
     ops = report["ops_per_checkpoint"]
     for mode in ("tiers", "direct"):
         o = ops[mode]
-        print(f"per checkpoint on the shared directory ({mode}): {o['files_created']} files created, "
-              f"{o['fsyncs']} fsyncs, {o['metadata_ops']} metadata operations")
+        print(
+            f"per checkpoint on the shared directory ({mode}): {o['files_created']} files created, "
+            f"{o['fsyncs']} fsyncs, {o['metadata_ops']} metadata operations"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
