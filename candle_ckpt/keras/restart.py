@@ -44,12 +44,8 @@ def restart(
     ``ckpt_restart_epoch`` restores exactly that epoch (a rollback) and raises
     :class:`NoValidCheckpoint` if it is missing or invalid.
 
-    With a persistent tier (``ckpt_persistent_url``, or the older
-    ``ckpt_upload_url``) the newest valid checkpoint of either tier is
-    taken, by (generation, epoch, step): a newer persistent one is
-    downloaded, its CRCs verified, and committed into ``ckpt_directory``
-    (the fast tier) with its generation; one ``restart: tier:`` line in
-    ``ckpt.log`` says which tier won and why (docs/campaigns.rst).
+    With a persistent tier (``ckpt_persistent_url``) the newer of the two tiers' valid checkpoints is
+    taken; a persistent one is fetched into ``ckpt_directory`` and verified first (docs/campaigns.rst).
 
     Every file's CRC is verified, and every variable's shape, dtype and count
     compared with the model, before anything is loaded into it: on a
