@@ -46,7 +46,7 @@ from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
-from candle_ckpt.storage.remote import EPOCHS, STEPS, PersistentTier, describe, remote_path
+from candle_ckpt.storage.remote import EPOCHS, STEPS, PersistentTier, describe
 from candle_ckpt.storage.store import CheckpointStore
 
 #: The exit status of a preempted process whose last save did not reach the persistent tier in time
@@ -293,4 +293,4 @@ class Drain:
         return list(self.records)
 
 
-__all__ = ["DRAIN_INCOMPLETE_EXIT", "Drain", "LineageConflict", "remote_path"]
+__all__ = ["DRAIN_INCOMPLETE_EXIT", "Drain"]
