@@ -25,6 +25,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_EXAMPLES = {
     ("exactness.rst", "WARNING the run is finished"): "tests/integration/keras/test_exact_resume.py",
     ("performance.rst", "WARNING epoch 2: training waited"): "tests/integration/engine/test_async.py",
+    ("campaigns.rst", "INFO restart: tier: persistent:"): "tests/integration/storage/test_tiers_keras.py",
 }
 
 

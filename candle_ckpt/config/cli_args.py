@@ -45,6 +45,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "path": str,
     "text": str,
     "url": str,
+    "location": str,
     "json": str,
     "signals": str,
     "exit": str,

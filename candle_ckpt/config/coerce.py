@@ -182,6 +182,13 @@ def _to_url(spec: _Spec, key: str, value: object) -> str:
     return text
 
 
+def _to_location(spec: _Spec, key: str, value: object) -> str:
+    """Coerce a place that is either an fsspec URL (``protocol://path``) or a file-system path."""
+    if isinstance(value, str) and "://" in plain_text(value):
+        return _to_url(spec, key, value)
+    return str.strip(_to_path(spec, key, value))
+
+
 def _to_json(spec: _Spec, key: str, value: object) -> str:
     """Coerce a JSON object given as a string or a mapping to canonical JSON text.
 
@@ -220,6 +227,7 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
     "path": _to_path,
     "text": _to_text,
     "url": _to_url,
+    "location": _to_location,
     "json": _to_json,
     "signals": lambda spec, key, value: parse_signals(value, key),
     "exit": lambda spec, key, value: parse_exit_code(value, key),

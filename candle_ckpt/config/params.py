@@ -56,6 +56,10 @@ class CkptConfig:
         upload_url: fsspec URL that checkpoints are mirrored to, or None.
         upload_mode: ``"every"`` (each commit) or ``"end"`` (best and last at the end).
         upload_options: fsspec storage options as canonical JSON text, or None.
+        persistent_url: The persistent tier (a path or an fsspec URL), or None (see :attr:`persistent`).
+        drain: ``"every"``, ``"interval"``, ``"preempt"``, ``"end"`` or None (see :attr:`drain_policy`).
+        drain_interval: With ``drain="interval"``: drain every N-th epoch commit.
+        drain_timeout: Seconds a preemption save's drain may take before the process exits.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         save_steps: Also save every N steps of an epoch; 0: never.
@@ -87,6 +91,10 @@ class CkptConfig:
     upload_url: str | None = None
     upload_mode: str = "every"
     upload_options: str | None = None
+    persistent_url: str | None = None
+    drain: str | None = None
+    drain_interval: int = 5
+    drain_timeout: float = 25.0
     best_metric_last: float | None = None
     layout: str = "nested"
     save_steps: int = 0
@@ -170,6 +178,21 @@ class CkptConfig:
         :meth:`candle_ckpt.core.layout.Layout.of` turns this configuration into its paths.
         """
         return self.layout == "flat"
+
+    @property
+    def persistent(self) -> str | None:
+        """The persistent tier: ``ckpt_persistent_url``, else the deprecated ``ckpt_upload_url``, else None."""
+        return self.persistent_url if self.persistent_url is not None else self.upload_url
+
+    @property
+    def persistent_key(self) -> str:
+        """The parameter that set :attr:`persistent` (named in messages)."""
+        return "ckpt_persistent_url" if self.persistent_url is not None else "ckpt_upload_url"
+
+    @property
+    def drain_policy(self) -> str:
+        """``ckpt_drain``, else the deprecated ``ckpt_upload_mode`` (``every`` or ``end``)."""
+        return self.drain if self.drain is not None else self.upload_mode
 
     def restores(self, epoch: int | None = None) -> bool:
         """Whether a restart looks for a checkpoint at all.

@@ -221,8 +221,8 @@ _SPECS: tuple[_Spec, ...] = (
         kind="url",
         default=None,
         help=(
-            "fsspec URL (s3://, gs://, file://, memory://...) to which committed "
-            "checkpoints are copied in the background; None disables uploads."
+            "Deprecated name of ckpt_persistent_url (used when that one is unset): fsspec URL (s3://, gs://, "
+            "file://, memory://...) to which committed checkpoints are copied in the background."
         ),
         allowed="URL of the form protocol://path, or None",
         optional=True,
@@ -232,7 +232,10 @@ _SPECS: tuple[_Spec, ...] = (
         field="upload_mode",
         kind="choice",
         default="every",
-        help=("'every' uploads each committed checkpoint; 'end' uploads only best and last when training ends."),
+        help=(
+            "Deprecated name of ckpt_drain (used when that one is unset): 'every' uploads each committed "
+            "checkpoint; 'end' uploads only best and last when training ends."
+        ),
         allowed="every, end",
         choices=("every", "end"),
     ),
@@ -247,6 +250,58 @@ _SPECS: tuple[_Spec, ...] = (
         ),
         allowed="JSON object (string or mapping), or None",
         optional=True,
+    ),
+    _Spec(
+        key="ckpt_persistent_url",
+        field="persistent_url",
+        kind="location",
+        default=None,
+        help=(
+            "The persistent tier (docs/campaigns.rst): a shared file-system path or an fsspec URL that a background "
+            "drain fills from ckpt_directory (the fast tier); restart() resumes from the newer of the two. "
+            "None: ckpt_upload_url, else no persistent tier."
+        ),
+        allowed="path, URL of the form protocol://path, or None",
+        optional=True,
+    ),
+    _Spec(
+        key="ckpt_drain",
+        field="drain",
+        kind="choice",
+        default=None,
+        help=(
+            "Which commits the drain copies to the persistent tier: every one; every ckpt_drain_interval-th "
+            "(interval); only preemption saves (preempt); only best and last at the end (end). Except with end, "
+            "a preemption save and the last save are always drained before the process exits. "
+            "None: ckpt_upload_mode's choice (every)."
+        ),
+        allowed="every, interval, preempt, end, or None",
+        optional=True,
+        choices=("every", "interval", "preempt", "end"),
+    ),
+    _Spec(
+        key="ckpt_drain_interval",
+        field="drain_interval",
+        kind="int",
+        default=5,
+        help="With ckpt_drain=interval: drain every N-th epoch commit.",
+        allowed="integer > 0",
+        minimum=0,
+        strict=True,
+    ),
+    _Spec(
+        key="ckpt_drain_timeout",
+        field="drain_timeout",
+        kind="float",
+        default=25.0,
+        help=(
+            "Seconds a preemption save's drain may take before the process exits (less if ckpt_deadline is "
+            "closer); Slurm's default grace between SIGTERM and SIGKILL is 30 s. Not finished in time: exit "
+            "status 75."
+        ),
+        allowed="finite number > 0 (seconds)",
+        minimum=0.0,
+        strict=True,
     ),
     _Spec(
         key="ckpt_best_metric_last",

@@ -50,7 +50,11 @@ class CheckpointSaveError(CheckpointError):
 
 
 class CheckpointUploadError(CheckpointError):
-    """Copying a checkpoint to ``ckpt_upload_url`` failed (``ckpt_on_error=raise``)."""
+    """Draining a checkpoint to the persistent tier (``ckpt_persistent_url``) failed (``ckpt_on_error=raise``)."""
+
+
+class LineageConflict(CheckpointError):
+    """The persistent tier holds checkpoints of another lineage, or a newer copy of this one: the drain refuses."""
 
 
 class SidecarError(CheckpointError, ValueError):

@@ -56,6 +56,9 @@ class Sidecar:
     extra: dict[str, Any] = field(default_factory=dict)
     # A step checkpoint (ckpts/steps/GGG): the training steps done in epoch ``epoch + 1``; None: an epoch's.
     step: int | None = None
+    # The lineage this checkpoint belongs to (docs/campaigns.rst): a random id given when a training starts
+    # from nothing or rolls back, inherited by every checkpoint that continues it; None in older sidecars.
+    lineage: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -123,6 +126,8 @@ class Sidecar:
             )
         if body.get("step") is not None:
             _need(body, "step", int, source, minimum=0)
+        if body.get("lineage") is not None:
+            _need(body, "lineage", str, source)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in body.items() if k in known}
         kwargs["files"] = entries

@@ -235,8 +235,8 @@ class WorkerTrainingState:
             chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
         except Exception as err:  # told to the others before raising, so none waits forever
             error = err
-        if self.engine is not None and cfg.upload_url:
-            self.engine.store.resync_generation()  # a pull from the remote copy may have committed here
+        if self.engine is not None and cfg.persistent:
+            self.engine.store.resync_generation()  # a pull from the persistent tier may have committed here
         return chosen, error
 
     def _agree_on_choice(self, chosen: Chosen | None, error: Exception | None, multi: bool) -> tuple[int, int, int]:

@@ -16,6 +16,7 @@ checkpoints' order is kept.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -92,13 +93,14 @@ class CheckpointEngine:
         self._slow_said = False
         self.start_time = time.time()
         # Hook: called with each committed sidecar, on the writer's thread, after
-        # the commit and the prune. The remote mirror (ckpt_upload_url) uses it.
+        # the commit and the prune. The drain to the persistent tier (ckpt_persistent_url) uses it.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
-        if cfg.upload_url and self._writes_store():
-            from candle_ckpt.storage.remote import RemoteMirror
+        self.drained: bool | None = None  # did the last finish() see every drain complete (None: no persistent tier)
+        if cfg.persistent and self._writes_store():
+            from candle_ckpt.storage.drain import Drain
 
-            self.remote = RemoteMirror(cfg, self.store, log, self.retention.select)
+            self.remote = Drain(cfg, self.store, log, self.retention.select)
             self.after_commit.append(self.remote.committed)
 
     def _writes_store(self) -> bool:
@@ -110,6 +112,12 @@ class CheckpointEngine:
         time, load statistics, and protection of that checkpoint from pruning."""
         self.resumed = resumed
         self.load = load
+        # The lineage of this run's checkpoints (docs/campaigns.rst): the resumed one's, unless this is a
+        # rollback to an exact epoch; otherwise a new one, made at the first save.
+        inherit = resumed is not None and resumed.lineage is not None and self.cfg.restart_epoch is None
+        self.lineage = resumed.lineage if inherit else None
+        if resumed is not None:  # it may have been pulled into this store after the store was opened
+            self.store.continue_at(resumed.generation + 1)
         self.policy.resume(resumed)
         self.time_base = float(resumed.time_elapsed or 0.0) if resumed is not None else 0.0
 
@@ -194,7 +202,13 @@ class CheckpointEngine:
             keras_version=cap.keras_version,
             backend=cap.backend,
             extra={**cap.extra, **self._io_stats()},
+            lineage=self._lineage(),
         )
+
+    def _lineage(self) -> str:
+        if self.lineage is None:
+            self.lineage = uuid.uuid4().hex[:16]
+        return self.lineage
 
     def save_step(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Callable[[], Capture], reason: str
@@ -237,6 +251,8 @@ class CheckpointEngine:
             self._failed(epoch, err)
             return None
         self.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
+        if self.remote is not None:
+            self.remote.step_committed(side)
         self.log.info(
             f"epoch {epoch + 1} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
             f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
@@ -333,12 +349,14 @@ class CheckpointEngine:
             raise CheckpointSaveError(msg + f"; earlier checkpoints in {self.store.layout.root} are intact") from err
         self.log.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
 
-    def finish(self, timeout: float | None = None) -> None:
-        """Wait for the write in flight; surface its error per ``ckpt_on_error``."""
+    def finish(self, timeout: float | None = None, drain_s: float | None = None) -> None:
+        """Wait for the write in flight, then for the drain (up to ``drain_s``, default the write's timeout);
+        surface their errors per ``ckpt_on_error``. :attr:`drained` says whether the drain completed."""
         self.writer.join(timeout)
         self._check_writer()
         if self.remote is not None:
-            self.remote.finish(self.cfg.async_timeout if timeout is None else timeout)
+            wait = drain_s if drain_s is not None else self.cfg.async_timeout if timeout is None else timeout
+            self.drained = self.remote.finish(wait)
             self._check_remote()
 
     def open(self) -> None:

@@ -52,6 +52,7 @@ from candle_ckpt.engine.preempt import (
     preempt_record,
 )
 from candle_ckpt.engine.resume import checkpoint_dir
+from candle_ckpt.storage.drain import DRAIN_INCOMPLETE_EXIT
 
 #: ``ckpt_preempt_exit_code`` words: exit with 128 + the signal's number, or return from ``fit``.
 EXIT_SIGNAL, EXIT_RETURN = "signal", "return"
@@ -308,21 +309,38 @@ class PreemptionController:
         self.saved_at, self.mid_epoch = (epoch, step or 0), step is not None
         start = time.monotonic()
         side = save(trigger.reason if step is not None else f"preempt:{trigger.reason}")
-        self.engine.finish()  # durable (or its error raised per ckpt_on_error) before we stop
+        # Durable (or its error raised per ckpt_on_error) before we stop; then drained to the persistent tier
+        # within ckpt_drain_timeout and the time left to the deadline.
+        if getattr(self.engine, "remote", None) is not None:
+            self.engine.finish(drain_s=self._drain_budget())
+        else:
+            self.engine.finish()
         if not isinstance(side, Sidecar):
             side = self._epoch_sidecar(epoch) if step is None else None
         path = checkpoint_dir(self.engine.store.layout, side) if side is not None else None
         code = exit_status(self.cfg.preempt_exit_code, trigger)
+        drained = getattr(self.engine, "drained", None)
+        if drained is False and code is not None:
+            code = DRAIN_INCOMPLETE_EXIT  # the save is on this node's fast tier only: say so to the scheduler
         record = preempt_record(trigger, epoch, step, path, code)
+        record["drained"] = drained
         record.update(save_s=round(time.monotonic() - start, 6), agreement=self.agreement.stats())
         if asked:
             record["requested_by"] = asked[0]  # the rank that was asked
         self.engine.preempt = record
         what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else ""
         what = (what or "no checkpoint could be committed") + (f" at process {asked[0]}'s request" if asked else "")
+        if drained is not None:
+            what += " and drained it to the persistent tier" if drained else ", NOT drained to the persistent tier"
         self.log.warning(preempt_message(trigger, self.who + what, epoch, step, code))
         if code is not None:
             raise PreemptExit(code)
+
+    def _drain_budget(self) -> float:
+        """Seconds the drain may take before the process exits: ``ckpt_drain_timeout``, less near the deadline."""
+        left = self.watcher.time_left()
+        budget = self.cfg.drain_timeout
+        return budget if left is None else max(0.0, min(budget, left - 1.0))
 
     def _epoch_sidecar(self, epoch: int) -> Sidecar | None:
         """The committed checkpoint of ``epoch`` that serves the request, if this worker committed one."""

@@ -136,8 +136,10 @@ def select_checkpoint(
 ) -> Chosen | None:
     """Find the checkpoint to resume from: ``ckpt_restart_mode`` / ``ckpt_restart_epoch``.
 
-    With ``ckpt_upload_url`` set and no local checkpoint, the newest complete
-    remote checkpoint (or ``epoch``) is pulled first. Every file's CRC is
+    With a persistent tier (``cfg.persistent``) the newer of the two tiers'
+    newest valid checkpoints is taken, a persistent one pulled into the fast
+    tier first (:func:`_newest_of_both_tiers`); an exact ``epoch`` missing
+    locally is pulled. Every file's CRC is
     verified; the bytes of the names in ``reads`` are returned so that they
     are read once.
 
@@ -174,6 +176,8 @@ def select_checkpoint(
     reads = tuple(reads)
     if wanted is not None:
         return _exact(store, wanted, what, reads, mapped)
+    if cfg.persistent:
+        return _newest_of_both_tiers(cfg, store, log, reads, mapped, steps)
     if steps:
         chosen = _newest_step(store, log, reads, mapped)
         if chosen is not None:
@@ -187,10 +191,12 @@ def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, wan
     Raises:
         NoValidCheckpoint: nothing to resume from, in ``required`` mode or for an exact epoch.
     """
-    if cfg.upload_url and not store.epochs():
+    if cfg.persistent and wanted is not None and wanted not in store.epochs():
         from candle_ckpt.storage.remote import pull_newest
 
         pull_newest(cfg, store, log, epoch=wanted)
+    if cfg.persistent and wanted is None:
+        return False  # the tiers are compared in _newest_of_both_tiers
     if store.exists():
         return False
     where = store.layout.root
@@ -200,6 +206,76 @@ def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, wan
     if os.path.isdir(where):  # logging would create the directory otherwise
         log.info(f"restart: no checkpoints in {where}; starting from scratch")
     return True
+
+
+def _newest_local(
+    store: CheckpointStore, log: OpsLog, reads: tuple[str, ...], mapped: bool, steps: bool, problems: list[str]
+) -> Chosen | None:
+    """The fast tier's newest verified checkpoint (a step checkpoint after ``last`` first), or None."""
+    if steps:
+        chosen = _newest_step(store, log, reads, mapped)
+        if chosen is not None:
+            return chosen
+
+    def report(bad_epoch: int, why: str) -> None:
+        problems.append(f"epoch {bad_epoch}: {why}")
+        log.warning(f"restart: skipping epoch {bad_epoch}: {why}")
+
+    found = store.find_valid(reads=reads, on_problem=report, mapped=mapped) if store.exists() else None
+    return Chosen(*found) if found is not None else None
+
+
+def _newest_of_both_tiers(
+    cfg: CkptConfig, store: CheckpointStore, log: OpsLog, reads: tuple[str, ...], mapped: bool, steps: bool
+) -> Chosen | None:
+    """The newest verified checkpoint of the fast tier (``ckpt_directory``) and the persistent one, by
+    (generation, epoch, step); a newer persistent one is fetched into the fast tier first. One log line
+    says which tier won and why (docs/campaigns.rst)."""
+    from candle_ckpt.storage.remote import PersistentTier, describe, pull_first, sort_key
+
+    problems: list[str] = []
+    local = _newest_local(store, log, reads, mapped, steps, problems)
+    fast = f"the fast tier's {describe(local.sidecar)}" if local else f"the fast tier {store.layout.root} (empty)"
+    if local is None and problems:
+        fast = f"the fast tier {store.layout.root} (nothing valid: {'; '.join(problems)})"
+    try:
+        tier = PersistentTier.of(cfg)
+        found = tier.candidates(lambda path, why: log.warning(f"restart: skipping {path}: {why}"))
+    except OSError as err:
+        log.warning(f"restart: tier: fast; the persistent tier {cfg.persistent} cannot be read ({err}); using {fast}")
+        found, tier = [], None
+    newer = [(k, s) for k, s in found if local is None or sort_key(s) > sort_key(local.sidecar)]
+    pulled = pull_first(tier, newer, store, log) if newer else None
+    if pulled is not None:
+        if local is not None:
+            _close(local)
+        log.info(
+            f"restart: tier: persistent: {tier.url} {describe(pulled)} is newer than {fast}; "
+            f"fetched into {store.layout.root} and verified"
+        )
+        store.resync_generation()
+        return _newest_local(store, log, reads, mapped, steps, [])
+    if tier is not None and local is not None:
+        if not found:
+            theirs = f"the persistent tier {tier.url} holds no complete checkpoint yet"
+        else:
+            why = "its newer ones could not be fetched (above)" if newer else "it is not newer"
+            theirs = f"{tier.url} has {describe(found[0][1])}; {why}"
+        log.info(f"restart: tier: fast: {fast} is the newest valid one ({theirs})")
+    if local is None:
+        where = f"{store.layout.root} or {cfg.persistent}"
+        detail = "; ".join(problems) or "none were found"
+        if cfg.restart_mode == "required":
+            raise NoValidCheckpoint(f"ckpt_restart_mode=required: no valid checkpoint in {where} ({detail})")
+        if os.path.isdir(store.layout.root):
+            log.info(f"restart: no valid checkpoint in {where} ({detail}); starting from scratch")
+    return local
+
+
+def _close(chosen: Chosen) -> None:
+    for data in chosen.contents.values():
+        if hasattr(data, "close"):
+            data.close()
 
 
 def _exact(store: CheckpointStore, wanted: int, what: str, reads: tuple[str, ...], mapped: bool) -> Chosen:

@@ -44,9 +44,8 @@ def restart(
     ``ckpt_restart_epoch`` restores exactly that epoch (a rollback) and raises
     :class:`NoValidCheckpoint` if it is missing or invalid.
 
-    With ``ckpt_upload_url`` set and no checkpoint in the local directory (a
-    new machine), the newest complete remote checkpoint is downloaded first,
-    its CRCs verified, and committed locally.
+    With a persistent tier (``ckpt_persistent_url``) the newer of the two tiers' valid checkpoints is
+    taken; a persistent one is fetched into ``ckpt_directory`` and verified first (docs/campaigns.rst).
 
     Every file's CRC is verified, and every variable's shape, dtype and count
     compared with the model, before anything is loaded into it: on a

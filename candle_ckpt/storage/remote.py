@@ -1,30 +1,29 @@
-"""Remote copies of committed checkpoints (``ckpt_upload_url``), through fsspec.
+"""The persistent tier (``ckpt_persistent_url``, formerly ``ckpt_upload_url``): its layout, reads and writes.
 
-Upload (:class:`RemoteMirror`, driven by the engine's ``after_commit`` hook):
+The fast tier is ``ckpt_directory`` (a node-local RAM disk or SSD). The
+persistent tier is a shared file-system path or any fsspec URL, filled in the
+background by the drain (:mod:`candle_ckpt.storage.drain`) and read by a
+restart (:func:`persistent_candidates`, :func:`pull`). See docs/campaigns.rst.
 
-* after a commit, the files of ``epochs/NNN`` are hard-linked into a staging
-  directory ``ckpts/.tmp-upload-*`` on the writer's thread (instant, and safe
-  against the local prune that may delete ``epochs/NNN`` before the upload
-  runs; committed files are never modified in place). One background thread
-  uploads the staged checkpoints in order, so training never waits for it;
-* the remote layout is ``<url>/epochs/NNN/<files>``. The data files are put
-  first and ``ckpt-info.json`` LAST: a remote checkpoint is complete exactly
-  when its sidecar exists. Re-uploading an epoch first deletes the remote
-  sidecar, so a half-replaced checkpoint is never visible either;
-* the remote keeps what the local retention policy keeps (applied to the remote
-  epochs, ``best``/``last``/the new upload protected); a deletion removes the
-  sidecar first;
-* ``ckpt_upload_mode=end`` uploads nothing during training and ``best`` and
-  ``last`` at :meth:`RemoteMirror.finish`;
-* failures are collected and handed to the engine, which applies
-  ``ckpt_on_error`` (raise or warn) on the training thread. Each upload's
-  bytes, duration and MB/s go to ``ckpt.log`` and :meth:`RemoteMirror.stats`.
+Layout, two files per checkpoint whatever the number of files in it, so a
+shared file system sees a small constant number of creates and metadata
+operations per checkpoint::
 
-Download (:func:`pull_newest`, used by ``restart()`` and the runner when the
-local directory has no checkpoint): the newest complete remote checkpoint (by
-commit generation) is downloaded, every file's size and CRC32 checked against
-its sidecar, then committed locally through :meth:`CheckpointStore.commit`, so
-the local copy is crash-safe like any other.
+    <url>/epochs/NNN/ckpt.tar          the checkpoint's files, one uncompressed tar
+    <url>/epochs/NNN/ckpt-info.json    its sidecar, written LAST (its "archive" entry in
+                                       extra: the tar's size and CRC32)
+    <url>/steps/GGG/...                a step checkpoint (a preemption save), the same two files
+
+A persistent checkpoint is complete exactly when its sidecar exists. One
+written before the archive format (one remote file per checkpoint file, no
+``archive`` entry) is still read.
+
+Every operation on the persistent tier goes through :class:`PersistentTier`,
+which counts files created, fsyncs, metadata operations and reads
+(:attr:`PersistentTier.counts`). On a local or shared POSIX path the archive
+and the sidecar are fsynced before the sidecar is considered written, and
+the directory after it: a node that dies later cannot leave a sidecar
+pointing at an archive that never reached the servers.
 
 Storage options (credentials, endpoint) come from ``ckpt_upload_options`` (a
 JSON object passed to fsspec) or from the backend's usual environment
@@ -36,42 +35,26 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
-import threading
+import tarfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.checksum import crc32_file, format_crc
+from candle_ckpt.core.checksum import crc32, crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog, human_bytes
-from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.storage.reader import parse_sidecar
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
-
-def open_remote(cfg: CkptConfig):
-    """Return ``(filesystem, root path)`` for ``ckpt_upload_url``.
-
-    Raises:
-        ValueError: the URL's protocol is unknown to fsspec or its backend is
-            not installed (the message names ``ckpt_upload_url``).
-    """
-    import fsspec.core
-
-    options = json.loads(cfg.upload_options) if cfg.upload_options else {}
-    try:
-        fs, root = fsspec.core.url_to_fs(cfg.upload_url, **options)
-    except (ValueError, ImportError) as err:
-        raise ValueError(f"ckpt_upload_url {cfg.upload_url!r} cannot be opened with fsspec: {err}") from None
-    return fs, root.rstrip("/")
+ARCHIVE = "ckpt.tar"
+EPOCHS, STEPS = "epochs", "steps"
 
 
 def remote_path(*parts: str) -> str:
@@ -79,30 +62,229 @@ def remote_path(*parts: str) -> str:
     return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
 
 
-def remote_epochs(fs, root: str) -> list[int]:
-    """Epoch numbers of ``<root>/epochs/NNN`` directories (complete or not), ascending."""
-    try:
-        fs.invalidate_cache()
-        names = fs.ls(remote_path(root, "epochs"), detail=False)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        base = name.rstrip("/").rsplit("/", 1)[-1]
-        epoch = L.parse_epoch(base)
-        if epoch is not None and L.epoch_name(epoch) == base:
-            found.append(epoch)
-    return sorted(set(found))
+def sort_key(side: Sidecar) -> tuple[int, int, int]:
+    """How two checkpoints of either tier compare: generation, then epoch, then step (an epoch's end is last)."""
+    return (side.generation, side.epoch, side.step if side.step is not None else 1 << 62)
 
 
-def read_remote_sidecar(fs, root: str, epoch: int) -> Sidecar:
-    """Read and validate a remote sidecar; CorruptCheckpoint if absent or bad."""
-    path = remote_path(root, "epochs", L.epoch_name(epoch), L.SIDECAR)
-    try:
-        raw = fs.cat_file(path)
-    except FileNotFoundError:
-        raise CorruptCheckpoint(path, "sidecar is missing (upload incomplete)") from None
-    return parse_sidecar(raw, path, epoch)
+def describe(side: Sidecar) -> str:
+    """``epochs/006 (generation 6, epoch 6)`` or ``steps/012 (generation 12, epoch 5, step 3)``."""
+    where = f"{EPOCHS}/{L.epoch_name(side.epoch)}" if side.step is None else f"{STEPS}/{L.epoch_name(side.generation)}"
+    step = "" if side.step is None else f", step {side.step}"
+    return f"{where} (generation {side.generation}, epoch {side.epoch}{step})"
+
+
+class _CrcWriter:
+    """A write-only file object that passes bytes on and keeps their CRC32 and count."""
+
+    def __init__(self, f) -> None:
+        self.f, self.crc, self.size = f, 0, 0
+
+    def write(self, data: bytes) -> int:
+        self.crc = crc32(data, self.crc)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+class PersistentTier:
+    """One run's persistent directory, through fsspec, with every operation counted.
+
+    Args:
+        url: A path or an fsspec URL (``ckpt_persistent_url``).
+        options: fsspec storage options as JSON text (``ckpt_upload_options``), or None.
+        key: The parameter that named ``url``, for messages.
+
+    Raises:
+        ValueError: the URL's protocol is unknown to fsspec or its backend is
+            not installed (the message names ``key``).
+    """
+
+    def __init__(self, url: str, options: str | None = None, key: str = "ckpt_persistent_url") -> None:
+        import fsspec.core
+
+        self.url, self.key = url, key
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url, **(json.loads(options) if options else {}))
+        except (ValueError, ImportError) as err:
+            raise ValueError(f"{key} {url!r} cannot be opened with fsspec: {err}") from None
+        self.root = root.rstrip("/") or root
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.posix = "file" in protocols or "local" in protocols
+        #: files_created, fsyncs, metadata_ops (ls, exists, mkdir, rm), reads (files read), bytes_written/read
+        self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def of(cls, cfg: CkptConfig) -> PersistentTier:
+        return cls(cfg.persistent, cfg.upload_options, cfg.persistent_key)
+
+    def dir(self, kind: str, number: int) -> str:
+        return remote_path(self.root, kind, L.epoch_name(number))
+
+    def url_of(self, kind: str, number: int) -> str:
+        return remote_path(self.url, kind, L.epoch_name(number))
+
+    # -- reads ---------------------------------------------------------------------
+    def numbers(self, kind: str) -> list[int]:
+        """Numbers of the ``<root>/<kind>/NNN`` directories (complete or not), ascending: one listing."""
+        self.counts["metadata_ops"] += 1
+        try:
+            self.fs.invalidate_cache()
+            names = self.fs.ls(remote_path(self.root, kind), detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            number = L.parse_epoch(base)
+            if number is not None and L.epoch_name(number) == base:
+                found.append(number)
+        return sorted(set(found))
+
+    def read_sidecar(self, kind: str, number: int) -> Sidecar:
+        """Read and validate one sidecar; CorruptCheckpoint if absent (an incomplete drain) or bad."""
+        path = remote_path(self.dir(kind, number), L.SIDECAR)
+        self.counts["reads"] += 1
+        try:
+            raw = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(path, "sidecar is missing (drain incomplete)") from None
+        self.counts["bytes_read"] += len(raw)
+        if kind == EPOCHS:
+            return parse_sidecar(raw, path, number)
+        side = Sidecar.from_json(raw, source=path)
+        if side.step is None or side.generation != number:
+            raise CorruptCheckpoint(path, f"not the step checkpoint of generation {number}")
+        return side
+
+    def candidates(self, on_problem: Callable[[str, str], None] | None = None) -> list[tuple[str, Sidecar]]:
+        """Every complete checkpoint as ``(kind, sidecar)``, newest first (:func:`sort_key`)."""
+        found = []
+        for kind in (EPOCHS, STEPS):
+            for number in self.numbers(kind):
+                try:
+                    found.append((kind, self.read_sidecar(kind, number)))
+                except CheckpointError as err:
+                    if on_problem is not None:
+                        on_problem(self.url_of(kind, number), str(err))
+        return sorted(found, key=lambda item: sort_key(item[1]), reverse=True)
+
+    def fetch(self, kind: str, side: Sidecar, into: str) -> None:
+        """Download ``side``'s files into directory ``into`` and check each one's size and CRC32.
+
+        Raises:
+            CorruptCheckpoint: the archive or a file does not match the sidecar.
+        """
+        number = side.epoch if kind == EPOCHS else side.generation
+        where = self.dir(kind, number)
+        archive = side.extra.get("archive")
+        if isinstance(archive, dict):
+            local = os.path.join(into, ARCHIVE)
+            self.counts["reads"] += 1
+            self.fs.get_file(remote_path(where, ARCHIVE), local)
+            value, size = crc32_file(local)
+            self.counts["bytes_read"] += size
+            if size != archive.get("size") or format_crc(value) != archive.get("crc32"):
+                raise CorruptCheckpoint(
+                    remote_path(where, ARCHIVE),
+                    f"downloaded {size} bytes with CRC32 {format_crc(value)}, the sidecar recorded "
+                    f"{archive.get('size')} bytes with CRC32 {archive.get('crc32')}",
+                )
+            with tarfile.open(local, "r:") as tar:
+                for name in side.files:  # only the names the sidecar lists (plain names, checked when parsed)
+                    member = tar.getmember(name)
+                    if not member.isfile():
+                        raise CorruptCheckpoint(name, "is not a regular file in the archive")
+                    with tar.extractfile(member) as src, open(os.path.join(into, name), "wb") as dst:
+                        shutil.copyfileobj(src, dst, 8 << 20)
+            os.unlink(local)
+        else:  # written before the archive format: one remote file per file
+            for name in side.files:
+                self.counts["reads"] += 1
+                self.fs.get_file(remote_path(where, name), os.path.join(into, name))
+        for name, entry in side.files.items():
+            value, size = crc32_file(os.path.join(into, name))
+            if archive is None:
+                self.counts["bytes_read"] += size
+            if size != entry.size:
+                raise CorruptCheckpoint(name, f"downloaded {size} bytes but the sidecar recorded {entry.size}")
+            if entry.crc32 is not None and format_crc(value) != entry.crc32:
+                raise CorruptCheckpoint(name, f"downloaded CRC32 {format_crc(value)}, sidecar {entry.crc32}")
+
+    # -- writes (the drain) ----------------------------------------------------------
+    def put(self, kind: str, side: Sidecar, stage: str) -> int:
+        """Write the checkpoint staged in directory ``stage`` (its files and sidecar): archive first, sidecar last.
+
+        An older copy of the same checkpoint is hidden first (its sidecar removed).
+        Returns the bytes written.
+        """
+        number = side.epoch if kind == EPOCHS else side.generation
+        where = self.dir(kind, number)
+        remote_side = remote_path(where, L.SIDECAR)
+        self.counts["metadata_ops"] += 1
+        self.fs.invalidate_cache()
+        if self.fs.exists(remote_side):
+            self.remove_sidecar(remote_side)
+        self.counts["metadata_ops"] += 1
+        self.fs.makedirs(where, exist_ok=True)  # needed by file://; a no-op for object stores
+
+        def fill(f) -> dict[str, Any]:
+            out = _CrcWriter(f)
+            with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for name in sorted(side.files):
+                    info = tar.gettarinfo(os.path.join(stage, name), arcname=name)
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    with open(os.path.join(stage, name), "rb") as src:
+                        tar.addfile(info, src)
+            return {"name": ARCHIVE, "size": out.size, "crc32": format_crc(out.crc)}
+
+        archive = self._write(remote_path(where, ARCHIVE), fill)
+        body = replace(side, extra={**side.extra, "archive": archive}).to_json()
+        self._write(remote_path(where, L.SIDECAR), lambda f: f.write(body))
+        if self.posix:
+            self._fsync_dir(where)
+        return archive["size"] + len(body)
+
+    def _write(self, path: str, fill: Callable[[Any], Any]) -> Any:
+        """Create ``path``, fill it; on a POSIX path also fsync it before it counts as written."""
+        self.counts["files_created"] += 1
+        if self.posix:
+            with open(path, "wb") as f:
+                result = fill(f)
+                f.flush()
+                self.counts["fsyncs"] += 1
+                os.fsync(f.fileno())
+                self.counts["bytes_written"] += f.tell()
+            return result
+        with self.fs.open(path, "wb") as f:
+            result = fill(f)
+            self.counts["bytes_written"] += f.tell() if hasattr(f, "tell") else 0
+        return result
+
+    def _fsync_dir(self, path: str) -> None:
+        self.counts["fsyncs"] += 1
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove_sidecar(self, path: str) -> None:
+        self.counts["metadata_ops"] += 1
+        self.fs.rm(path)
+
+    def remove(self, kind: str, number: int) -> None:
+        """Remove one checkpoint: its sidecar first (invisible), then the rest."""
+        where = self.dir(kind, number)
+        try:
+            self.remove_sidecar(remote_path(where, L.SIDECAR))
+        except FileNotFoundError:
+            pass
+        self.counts["metadata_ops"] += 1
+        self.fs.rm(where, recursive=True)
 
 
 def _copy_from(path: str) -> Callable[[Any], None]:
@@ -113,205 +295,72 @@ def _copy_from(path: str) -> Callable[[Any], None]:
     return write
 
 
-def pull_newest(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, *, epoch: int | None = None) -> int | None:
-    """Download the newest complete remote checkpoint (or ``epoch``) into ``store``.
+def pull(tier: PersistentTier, kind: str, side: Sidecar, store: CheckpointStore, log: OpsLog) -> Sidecar:
+    """Fetch one persistent checkpoint into the fast tier ``store``, verified, keeping its generation and lineage.
 
-    Called when the local directory has no checkpoint. Candidates whose
-    download fails or whose size/CRC do not match their sidecar are skipped
-    (logged) in favour of the next older one.
+    The store must be open for writing. The local copy is committed through
+    the store's commit protocol, so it is crash-safe like any other.
 
-    Returns:
-        The epoch pulled, or None if the remote store had no usable checkpoint.
+    Raises:
+        CheckpointError, OSError: the download failed or did not verify; nothing was committed.
     """
-    fs, root = open_remote(cfg)
-    ranked = []
-    for e in remote_epochs(fs, root):
-        if epoch is not None and e != epoch:
-            continue
-        try:
-            ranked.append((read_remote_sidecar(fs, root, e).generation, e))
-        except CheckpointError as err:
-            log.warning(f"remote: skipping epoch {e} at {cfg.upload_url}: {err}")
-    if not ranked:
-        log.info(f"remote: no complete checkpoint at {cfg.upload_url}")
-        return None
-    # The pull writes: it needs the lock, and gives it back unless the caller already held it.
-    opened_here = not store.is_open
+    number = side.epoch if kind == EPOCHS else side.generation
+    tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    start = time.perf_counter()
+    try:
+        tier.fetch(kind, side, tmp)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        extra = {k: v for k, v in side.extra.items() if k != "archive"}
+        template = replace(side, extra={**extra, "pulled_from": tier.url_of(kind, number)})
+        specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
+        store.continue_at(side.generation)  # its place in the lineage survives the pull
+        if kind == EPOCHS:
+            local = store.commit(side.epoch, specs, template)
+        else:
+            local = store.steps.commit(specs, template)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        f"remote: pulled {kind}/{L.epoch_name(number)} from {tier.url}: {human_bytes(side.total_bytes)} downloaded "
+        f"and verified in {elapsed:.3f} s ({side.total_bytes / elapsed / 1e6:.1f} MB/s)"
+    )
+    return local
+
+
+def pull_first(
+    tier: PersistentTier, ranked: list[tuple[str, Sidecar]], store: CheckpointStore, log: OpsLog
+) -> Sidecar | None:
+    """Pull the first of ``ranked`` (``(kind, sidecar)``, best first) that downloads and verifies into ``store``.
+
+    Candidates that fail are logged and skipped for the next one. Returns the sidecar committed in the
+    fast tier, or None if none was usable.
+    """
+    opened_here = not store.is_open  # the pull writes: it needs the lock, and gives it back unless already held
     store.open_for_write()
     try:
-        for _, e in sorted(ranked, reverse=True):
-            tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
-            os.makedirs(tmp)
-            start = time.perf_counter()
+        for kind, side in ranked:
             try:
-                side = read_remote_sidecar(fs, root, e)
-                for name, entry in side.files.items():
-                    local = os.path.join(tmp, name)
-                    fs.get_file(remote_path(root, "epochs", L.epoch_name(e), name), local)
-                    value, size = crc32_file(local)
-                    if size != entry.size:
-                        raise CorruptCheckpoint(name, f"downloaded {size} bytes but the sidecar recorded {entry.size}")
-                    if entry.crc32 is not None and format_crc(value) != entry.crc32:
-                        raise CorruptCheckpoint(name, f"downloaded CRC32 {format_crc(value)}, sidecar {entry.crc32}")
-                elapsed = max(time.perf_counter() - start, 1e-9)
-                template = replace(
-                    side, extra={**side.extra, "pulled_from": remote_path(cfg.upload_url, "epochs", L.epoch_name(e))}
-                )
-                specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in side.files]
-                store.commit(e, specs, template)
-            except (CheckpointError, OSError) as err:
-                log.warning(f"remote: cannot use epoch {e} from {cfg.upload_url}: {err}")
-                continue
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            log.info(
-                f"remote: pulled epoch {e} from {cfg.upload_url}: {human_bytes(side.total_bytes)} downloaded and "
-                f"verified in {elapsed:.3f} s ({side.total_bytes / elapsed / 1e6:.1f} MB/s)"
-            )
-            return e
+                return pull(tier, kind, side, store, log)
+            except (CheckpointError, OSError, KeyError, tarfile.TarError) as err:
+                number = side.epoch if kind == EPOCHS else side.generation
+                log.warning(f"remote: cannot use {kind}/{L.epoch_name(number)} from {tier.url}: {err}")
     finally:
         if opened_here:
             store.close()
     return None
 
 
-class RemoteMirror:
-    """Mirrors committed checkpoints to ``ckpt_upload_url`` on one background thread.
+def pull_newest(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, *, epoch: int | None = None) -> Sidecar | None:
+    """Pull the newest complete persistent checkpoint (or exactly epoch ``epoch``) into ``store``.
 
-    Args:
-        cfg: The job's configuration (URL, options, mode, timeout).
-        store: The local store (its layout, links and epochs).
-        log: ``ckpt.log``.
-        select: The retention policy's ``select(epochs, protected)``, applied to the remote epochs.
+    Returns:
+        The sidecar committed in the fast tier, or None if no candidate was usable.
     """
-
-    def __init__(
-        self, cfg: CkptConfig, store: CheckpointStore, log: OpsLog, select: Callable[[list[int], set[int]], set[int]]
-    ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.log = log
-        self.select = select
-        self.fs, self.root = open_remote(cfg)
-        self.records: list[dict[str, Any]] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._uploaded: dict[int, int] = {}  # epoch -> generation uploaded
-
-    # -- called on the writer's thread -------------------------------------------
-    def committed(self, side: Sidecar) -> None:
-        """The engine's after-commit hook: stage and queue ``side.epoch`` (mode ``every``)."""
-        if self.cfg.upload_mode == "every":
-            self._enqueue(side.epoch)
-
-    def _enqueue(self, epoch: int) -> None:
-        try:
-            stage = self._stage(epoch)
-        except Exception as err:  # reported through ckpt_on_error, never breaks the commit
-            self._record_error(RuntimeError(f"epoch {epoch}: cannot stage for upload: {err}"))
-            return
-        self._queue.put((epoch, stage))
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="candle_ckpt-upload", daemon=True)
-                self._thread.start()
-
-    def _stage(self, epoch: int) -> str:
-        src = self.store.layout.epoch_dir(epoch)
-        stage = os.path.join(self.store.layout.ckpts, f".tmp-upload-{L.epoch_name(epoch)}-{uuid.uuid4().hex[:8]}")
-        os.makedirs(stage)
-        for name in os.listdir(src):
-            try:
-                os.link(os.path.join(src, name), os.path.join(stage, name))
-            except OSError:  # no hard links here: copy instead
-                shutil.copy2(os.path.join(src, name), os.path.join(stage, name))
-        return stage
-
-    # -- the upload thread -----------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            # One daemon thread for the life of the mirror: an idle wait costs nothing,
-            # and a checkpoint cut off by interpreter exit is never visible (sidecar last).
-            epoch, stage = self._queue.get()
-            try:
-                self._upload(epoch, stage)
-            except BaseException as err:
-                self._record_error(err if isinstance(err, Exception) else RuntimeError(repr(err)))
-                self.log.warning(f"remote: upload of epoch {epoch} to {self.cfg.upload_url} failed: {err}")
-            finally:
-                shutil.rmtree(stage, ignore_errors=True)
-                self._queue.task_done()
-
-    def _upload(self, epoch: int, stage: str) -> None:
-        with open(os.path.join(stage, L.SIDECAR), "rb") as f:
-            side = Sidecar.from_json(f.read(), source=os.path.join(stage, L.SIDECAR))
-        remote_dir = remote_path(self.root, "epochs", L.epoch_name(epoch))
-        remote_side = remote_path(remote_dir, L.SIDECAR)
-        start = time.perf_counter()
-        self.fs.invalidate_cache()
-        if self.fs.exists(remote_side):  # hide the older copy before replacing its files
-            self.fs.rm(remote_side)
-        self.fs.makedirs(remote_dir, exist_ok=True)  # needed by file://; a no-op for object stores
-        for name in side.files:
-            self.fs.put_file(os.path.join(stage, name), remote_path(remote_dir, name))
-        self.fs.put_file(os.path.join(stage, L.SIDECAR), remote_side)
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        nbytes = side.total_bytes + os.path.getsize(os.path.join(stage, L.SIDECAR))
-        rec = transfer_record(nbytes, {"epoch": epoch, "url": remote_dir}, upload_s=elapsed)
-        self.records.append(rec)
-        self._uploaded[epoch] = side.generation
-        self.log.info(
-            f"remote: uploaded epoch {epoch} to {remote_dir}: {human_bytes(nbytes)} in {elapsed:.3f} s "
-            f"({rec['mb_per_s']:.1f} MB/s)"
-        )
-        self._prune(epoch)
-
-    def _prune(self, uploaded: int) -> None:
-        epochs = remote_epochs(self.fs, self.root)
-        links = (self.store.link_epoch("best"), self.store.link_epoch("last"))
-        _, doomed = prune_plan(epochs, self.select, [e for e in (*links, uploaded) if e is not None])
-        for e in doomed:
-            remote_dir = remote_path(self.root, "epochs", L.epoch_name(e))
-            if self.fs.exists(remote_path(remote_dir, L.SIDECAR)):  # invisible first, then gone
-                self.fs.rm(remote_path(remote_dir, L.SIDECAR))
-            self.fs.rm(remote_dir, recursive=True)
-            self._uploaded.pop(e, None)
-            self.log.info(f"remote: pruned epoch {e} from {self.cfg.upload_url}")
-
-    def _record_error(self, err: BaseException) -> None:
-        with self._lock:
-            self._errors.append(err)
-
-    # -- called on the training thread -----------------------------------------------
-    def take_errors(self) -> list[BaseException]:
-        """Return and forget the upload errors collected so far."""
-        with self._lock:
-            errors, self._errors = self._errors, []
-        return errors
-
-    def finish(self, timeout: float) -> bool:
-        """Queue ``best``/``last`` (mode ``end``) and wait for the uploads; True if all finished."""
-        if self.cfg.upload_mode == "end":
-            for name in ("best", "last"):
-                epoch = self.store.link_epoch(name)
-                if epoch is None:
-                    continue
-                try:
-                    generation = self.store.read_sidecar(epoch).generation
-                except CheckpointError as err:
-                    self._record_error(err)
-                    continue
-                if self._uploaded.get(epoch) != generation and all(e != epoch for e, _ in list(self._queue.queue)):
-                    self._enqueue(epoch)
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self._queue.unfinished_tasks:
-            self.log.warning(f"remote: uploads still running after {timeout} s; they continue in the background")
-            return False
-        return True
-
-    def stats(self) -> list[dict[str, Any]]:
-        return list(self.records)
+    tier = PersistentTier.of(cfg)
+    found = tier.candidates(lambda path, why: log.warning(f"remote: skipping {path}: {why}"))
+    ranked = [(k, s) for k, s in found if epoch is None or (k == EPOCHS and s.epoch == epoch)]
+    if not ranked:
+        log.info(f"remote: no complete checkpoint at {tier.url}")
+        return None
+    return pull_first(tier, ranked, store, log)

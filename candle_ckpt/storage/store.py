@@ -120,6 +120,12 @@ class CheckpointStore(CheckpointReader):
         if self._generation is not None:
             self._generation = max(self._generation, self._max_generation() + 1)
 
+    def continue_at(self, generation: int) -> None:
+        """The next commit takes at least ``generation`` (a checkpoint pulled from the persistent tier keeps its
+        place in the lineage, so later work always has a higher generation than it)."""
+        if self._generation is not None:
+            self._generation = max(self._generation, generation)
+
     def close(self) -> None:
         """Release the writer lock this store holds (no-op if it holds none).
 

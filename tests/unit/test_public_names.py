@@ -20,6 +20,7 @@ USED = {
     "CheckpointError",
     "CheckpointSaveError",
     "CheckpointUploadError",
+    "LineageConflict",
     "CorruptCheckpoint",
     "DirectoryLocked",
     "GroupTimeout",

@@ -85,7 +85,10 @@ def test_s3_uploads_then_empty_dir_restarts_from_remote(tmp_path: Path, s3) -> N
     uploads = runner.stats()["uploads"]
     assert [u["epoch"] for u in uploads] == [0, 1, 2, 3]
     assert all(u["upload_s"] > 0 and u["mb_per_s"] > 0 for u in uploads)
-    assert "remote: uploaded epoch 3" in (tmp_path / "a" / "ckpt.log").read_text()
+    log = (tmp_path / "a" / "ckpt.log").read_text()
+    assert "drain: epochs/003 (generation 4, epoch 3) to s3://ckpt-bucket/job1/epochs/003" in log
+    assert "drain: complete: epochs/003 (generation 4, epoch 3) is in the persistent tier" in log
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ckpt-bucket/job1/epochs/003")) == ["ckpt-info.json", "ckpt.tar"]
 
     second, runner2 = run_loop(s3_params(s3, tmp_path / "fresh", "job1", 3))
     assert runner2.resumed_from == 3 and second.init_calls == 0
@@ -93,7 +96,10 @@ def test_s3_uploads_then_empty_dir_restarts_from_remote(tmp_path: Path, s3) -> N
     assert [k for k in want if not np.array_equal(want[k], got[k])] == []
     side = json.loads((tmp_path / "fresh" / "ckpts" / "epochs" / "003" / "ckpt-info.json").read_text())
     assert side["extra"]["pulled_from"] == "s3://ckpt-bucket/job1/epochs/003"
-    assert "remote: pulled epoch 3" in (tmp_path / "fresh" / "ckpt.log").read_text()
+    log = (tmp_path / "fresh" / "ckpt.log").read_text()
+    assert "remote: pulled epochs/003" in log
+    assert side["generation"] == 4  # its place in the lineage survives the pull
+    assert "restart: tier: persistent: s3://ckpt-bucket/job1 epochs/003 (generation 4, epoch 3) is newer than" in log
 
 
 def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> None:
@@ -108,61 +114,62 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
     runner = JobRunner(p, epoch_fn=loop.epoch, objects=loop.objects(), state=loop.state, logger=None)
     release, blocked = threading.Event(), threading.Event()
     original = None
-    puts: list[str] = []  # remote paths in the order the mirror put them
+    puts: list[str] = []  # remote paths in the order the drain wrote them
 
-    def hold_sidecar_of_epoch_2(lpath, rpath, *args, **kwargs):
-        puts.append(rpath)
-        if rpath.endswith("epochs/002/ckpt-info.json"):
+    def hold_sidecar_of_epoch_2(rpath, mode="rb", *args, **kwargs):
+        if "w" in mode:
+            puts.append(rpath)
+        if "w" in mode and rpath.endswith("epochs/002/ckpt-info.json"):
             blocked.set()
             release.wait(60)
-        return original(lpath, rpath, *args, **kwargs)
+        return original(rpath, mode, *args, **kwargs)
 
     def train():
         runner.train()
 
-    # The mirror is made with the engine inside train(): patch its filesystem as soon as it exists.
-    from candle_ckpt.storage import remote as remote_mod
+    # The drain is made with the engine inside train(): patch its filesystem as soon as it exists.
+    from candle_ckpt.storage import drain as drain_mod
 
-    real_init = remote_mod.RemoteMirror.__init__
+    real_init = drain_mod.Drain.__init__
 
     def init(self, *args, **kwargs):
         nonlocal original
         real_init(self, *args, **kwargs)
-        original = self.fs.put_file
-        self.fs = _Wrapped(self.fs, hold_sidecar_of_epoch_2)
+        original = self.tier.fs.open
+        self.tier.fs = _Wrapped(self.tier.fs, hold_sidecar_of_epoch_2)
 
-    remote_mod.RemoteMirror.__init__ = init
+    drain_mod.Drain.__init__ = init
     try:
         t = threading.Thread(target=train)
         t.start()
         assert blocked.wait(120)
         fs.invalidate_cache()
         files = sorted(x.rsplit("/", 1)[-1] for x in fs.ls("ckpt-bucket/job2/epochs/002"))
-        assert "gen.weights.h5" in files and "loop_state.json" in files and "ckpt-info.json" not in files
+        assert files == ["ckpt.tar"]  # the archive is there, the sidecar not yet
         cfg = CkptConfig.from_params({**p, "ckpt_directory": str(tmp_path / "peek")})
         peek = store.CheckpointStore(cfg.directory)
         from candle_ckpt.core.log import OpsLog
 
-        assert pull_newest(cfg, peek, OpsLog(str(tmp_path / "peek.log"))) == 1  # epoch 2 is not complete yet
+        assert pull_newest(cfg, peek, OpsLog(str(tmp_path / "peek.log"))).epoch == 1  # epoch 2 is not complete yet
         peek.close()
         release.set()
         t.join(120)
     finally:
-        remote_mod.RemoteMirror.__init__ = real_init
+        drain_mod.Drain.__init__ = real_init
         release.set()
     fs.invalidate_cache()
     assert fs.exists("ckpt-bucket/job2/epochs/002/ckpt-info.json")
     for epoch in ("000", "001", "002"):
         of_epoch = [path for path in puts if f"epochs/{epoch}/" in path]
-        assert of_epoch[-1].endswith(f"epochs/{epoch}/ckpt-info.json") and len(of_epoch) == 9  # 8 files, sidecar last
+        assert [p.rsplit("/", 1)[-1] for p in of_epoch] == ["ckpt.tar", "ckpt-info.json"]  # 8 files in one archive
 
 
 class _Wrapped:
-    """Delegates to an fsspec filesystem, routing put_file through ``put_file``."""
+    """Delegates to an fsspec filesystem, routing open through ``open``."""
 
-    def __init__(self, fs, put_file) -> None:
+    def __init__(self, fs, open_) -> None:
         self._fs = fs
-        self.put_file = put_file
+        self.open = open_
 
     def __getattr__(self, name):
         return getattr(self._fs, name)
@@ -261,14 +268,14 @@ def test_corrupt_remote_file_is_detected_after_download(tmp_path: Path) -> None:
     cb = CandleCheckpointCallback(fit_params(tmp_path / "a", url, ckpt_save_weights_only=True), logger=None)
     model.fit(x, y, epochs=3, batch_size=8, callbacks=[cb], verbose=0)
     fs = fsspec.filesystem("memory")
-    path = f"/{tmp_path.name}-crc/epochs/003/model.weights.h5"
+    path = f"/{tmp_path.name}-crc/epochs/003/ckpt.tar"
     raw = bytearray(fs.cat_file(path))
     raw[-10] ^= 0xFF
     fs.pipe_file(path, bytes(raw))
     info = restart(fit_params(tmp_path / "b", url), build_model(), logger=None)
     assert info["epoch"] == 2
     log = (tmp_path / "b" / "ckpt.log").read_text()
-    assert "cannot use epoch 3" in log and "downloaded CRC32" in log
+    assert "cannot use epochs/003" in log and "the sidecar recorded" in log
 
 
 def test_unknown_protocol_is_named(tmp_path: Path) -> None:

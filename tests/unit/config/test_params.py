@@ -39,6 +39,10 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "upload_url": None,
     "upload_mode": "every",
     "upload_options": None,
+    "persistent_url": None,
+    "drain": None,
+    "drain_interval": 5,
+    "drain_timeout": 25.0,
     "best_metric_last": None,
     "layout": "nested",
     "save_steps": 0,
@@ -70,6 +74,10 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_upload_url": "upload_url",
     "ckpt_upload_mode": "upload_mode",
     "ckpt_upload_options": "upload_options",
+    "ckpt_persistent_url": "persistent_url",
+    "ckpt_drain": "drain",
+    "ckpt_drain_interval": "drain_interval",
+    "ckpt_drain_timeout": "drain_timeout",
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
     "ckpt_save_steps": "save_steps",
@@ -97,6 +105,7 @@ CHOICE_KEYS = {
     "ckpt_layout": ("nested", "flat"),
     "ckpt_on_error": ("raise", "warn"),
     "ckpt_upload_mode": ("every", "end"),
+    "ckpt_drain": ("every", "interval", "preempt", "end"),
 }
 
 
@@ -213,6 +222,10 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_upload_url",
         "ckpt_upload_mode",
         "ckpt_upload_options",
+        "ckpt_persistent_url",
+        "ckpt_drain",
+        "ckpt_drain_interval",
+        "ckpt_drain_timeout",
         "ckpt_best_metric_last",
         "ckpt_layout",
         "ckpt_save_steps",
@@ -457,7 +470,7 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_async_timeout", b"1", TypeError),
     # choices
     *[(key, "bogus", ValueError) for key in CHOICE_KEYS],
-    *[(key, "", ValueError) for key in CHOICE_KEYS if key != "ckpt_layout"],  # optional: "" is None
+    *[(key, "", ValueError) for key in CHOICE_KEYS if key not in ("ckpt_layout", "ckpt_drain")],  # optional: "" is None
     *[(key, 1, TypeError) for key in CHOICE_KEYS],
     *[(key, False, TypeError) for key in CHOICE_KEYS],
     *[(key, ["auto"], TypeError) for key in CHOICE_KEYS],
@@ -483,6 +496,12 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_upload_url", "s3://", ValueError),
     ("ckpt_upload_url", 3, TypeError),
     ("ckpt_upload_url", b"s3://b", TypeError),
+    ("ckpt_persistent_url", "s3://", ValueError),
+    ("ckpt_persistent_url", "a\x00b", ValueError),
+    ("ckpt_persistent_url", 3, TypeError),
+    ("ckpt_drain", "sometimes", ValueError),
+    ("ckpt_drain_interval", 0, ValueError),
+    ("ckpt_drain_timeout", 0, ValueError),
     ("ckpt_upload_options", "{not json", ValueError),
     ("ckpt_upload_options", "[1, 2]", ValueError),
     ("ckpt_upload_options", 3, TypeError),
