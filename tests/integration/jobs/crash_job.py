@@ -120,9 +120,12 @@ def serve(directory: str, width: int, epochs: int) -> None:
     # ``import candle_ckpt.restart``: that binds the submodule over the function.)
     _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback
 
+    from exact_job import fork_safe, threads  # noqa: PLC0415 (beside this script)
+
+    baseline = threads()
     say("serving")
     for line in sys.stdin:
-        if line.strip() != "run":
+        if line.strip() != "run" or not fork_safe(baseline):
             break
         pid = os.fork()
         if pid == 0:

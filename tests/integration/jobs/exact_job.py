@@ -202,6 +202,21 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> No
     say(f"done {start} {len(history.epoch)}")
 
 
+def threads() -> int:
+    """This process's threads. A server forks only with those its imports started: OpenBLAS's pool (numpy's),
+    which re-creates itself in a child. TensorFlow's and JAX's start with a first op or ``jax.process_count()``,
+    which only the children run; a fork with them running could deadlock a child on a lock one of them held."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def fork_safe(baseline: int) -> bool:
+    """Whether the server still has only the ``baseline`` threads of its imports; says why not if not."""
+    now = threads()
+    if now != baseline:
+        say(f"not forking: {now} threads, {baseline} after the imports (a TensorFlow or JAX op ran in the server)")
+    return now == baseline
+
+
 def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     """Fork one job per stdin line ``ID SETUP PHASE DIR OUT [words]``; print ``ID started <pid>``, the job's
     lines (each led by ``ID``) and ``ID reaped <status>``.
@@ -221,10 +236,11 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
         def handle(words: list[str]) -> None:
             run(words[0], words[1], words[2], words[3], "async" in words[4:])
 
+    baseline = threads()
     say("serving")
     for line in sys.stdin:
         job_id, *words = line.split() or [""]
-        if len(words) < 4:
+        if len(words) < 4 or not fork_safe(baseline):
             break
         pid = os.fork()
         if pid == 0:
