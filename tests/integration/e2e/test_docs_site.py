@@ -7,6 +7,7 @@ docs/_ext/candle_docs.py generates from candle_ckpt/config/schema.py).
 
 from __future__ import annotations
 
+import configparser
 import html
 import os
 import re
@@ -81,9 +82,13 @@ def test_a_link_to_a_missing_page_or_a_stale_api_name_fails_the_build(tmp_path: 
 
 
 def test_the_readme_and_ci_build_this_site() -> None:
-    """README's one line builds docs/ into docs/_build/html and opens its index.html; .ci/run builds it with
-    warnings as errors (the command of :func:`build`)."""
+    """README's one line builds docs/ into docs/_build/html (with the docs extra, which brings Sphinx) and opens
+    its index.html; .ci/run builds it with warnings as errors (the command of :func:`build`)."""
     readme = (REPO / "README.rst").read_text()
     assert "``python3 -m sphinx -b html docs docs/_build/html``, open ``docs/_build/html/index.html``" in readme
     assert "python3 -m sphinx -W --keep-going -q -b html docs " in (REPO / ".ci" / "run").read_text()
     assert "docs/_build/" in (REPO / ".gitignore").read_text().splitlines()
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    for extra in ("docs", "test"):  # the README's test command builds the site too (the test above)
+        assert "sphinx" in cfg["options.extras_require"][extra], extra
