@@ -43,8 +43,9 @@ def _no_fork():
     yield
     if _FORKS[0] != before:
         pytest.fail(
-            "this test forked the pytest process (os.fork, a multiprocessing 'fork' or subprocess's preexec_fn) with "
-            "TensorFlow/JAX threads running: start the child by exec (no preexec_fn; a shell's trap for signals)",
+            "this test forked the pytest process (os.fork, a multiprocessing 'fork' or subprocess's preexec_fn), "
+            "where an in-process fit leaves TensorFlow and JAX threads: start the child by exec (no preexec_fn; "
+            "a shell's trap for signals)",
             pytrace=False,
         )
 
