@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from locations import REPO
 
 from candle_ckpt.config.schema import _SPECS
@@ -38,7 +37,6 @@ def text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
 
 
-@pytest.mark.slow
 def test_docs_build_with_warnings_as_errors_and_hold_the_api_reference(tmp_path: Path) -> None:
     """`sphinx-build -W` of docs/ succeeds; every docs/*.rst is a page of it; the reference documents each
     public name (its signature, from the code) and every schema key with its accepted values; the pages'
