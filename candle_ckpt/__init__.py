@@ -96,6 +96,9 @@ def __getattr__(name: str) -> object:
         import importlib
         import os
 
+        from candle_ckpt.core.install import warn_if_overlaid
+
+        warn_if_overlaid()  # keras and keras-nightly installed over each other: said once, at the first name used
         module = _LAZY[name]
         if name == "CandleCheckpointCallback" and os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
             # The same switch that makes tf.keras mean tf_keras (Keras 2).

@@ -27,6 +27,29 @@ for _folder in (_TESTS / "integration" / "jobs", _TESTS):
         sys.path.insert(0, str(_folder))
 
 
+# No test forks the pytest process itself (os.fork, multiprocessing's "fork", subprocess's preexec_fn): by then
+# an in-process fit has started TensorFlow's and JAX's threads (candle_ckpt asks jax.process_count(), which
+# starts JAX's CPU client), and a forked child can deadlock on a lock one of them held (JAX warns "os.fork() was
+# called ..."). A child is started by exec (subprocess without preexec_fn); the forking job servers fork before
+# any TensorFlow or JAX op runs (tests/integration/jobs/jobserver.py). The count below is read by _no_fork.
+_FORKS = [0]
+os.register_at_fork(before=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+@pytest.fixture(autouse=True)
+def _no_fork():
+    """Fail a test that forked the pytest process (see the comment above)."""
+    before = _FORKS[0]
+    yield
+    if _FORKS[0] != before:
+        pytest.fail(
+            "this test forked the pytest process (os.fork, a multiprocessing 'fork' or subprocess's preexec_fn), "
+            "where an in-process fit leaves TensorFlow and JAX threads: start the child by exec (no preexec_fn; "
+            "a shell's trap for signals)",
+            pytrace=False,
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``tf_only`` tests when the Keras backend is not TensorFlow (``KERAS_BACKEND=jax`` or ``torch``)."""
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")

@@ -122,9 +122,9 @@ def test_demo_help_names_the_command_it_was_run_as() -> None:
     assert "./candle_ckpt_demo" in via_cli.stdout
 
 
-def _ignore_sigint() -> None:
-    """In the child before exec: SIGINT ignored, as a non-interactive shell's ``&`` leaves it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# SIGINT ignored, as a non-interactive shell's ``&`` leaves it: set by a shell that then execs the demo (not by a
+# preexec_fn, which would fork this process with TensorFlow's and JAX's threads running: tests/conftest.py).
+IGNORING_SIGINT = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh"]
 
 
 @pytest.mark.parametrize(
@@ -135,14 +135,14 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
     """SIGINT at several moments of the demo (while Keras loads, as fit starts, after a checkpoint; and once with
     SIGINT inherited ignored, as a background shell starts it): exit 130, no traceback, one line saying what was
     saved and how to resume."""
+    demo = [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "candle_ckpt.cli.demo", "--epochs", "50", "--sleep", "0.5", "--samples", "256"],
+        IGNORING_SIGINT + demo if background else demo,
         cwd=tmp_path,
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_sigint if background else None,
     )
     last = tmp_path / "candle_ckpt_demo" / "ckpts" / "last"
     deadline = time.monotonic() + SHORT_S

@@ -1,12 +1,23 @@
-"""A fresh virtualenv: ``pip install candle_ckpt`` without the ``tf`` extra brings no TensorFlow, and works on JAX."""
+"""Installs in fresh virtual environments: without the ``tf`` extra no TensorFlow comes and JAX works; the
+keras-nightly install of docs/api.rst keeps keras-nightly; the wheel builds.
+
+The tests marked ``needs_index`` download from a package index (PyPI); CI runs them, and
+``-m "not needs_index"`` leaves them out on a machine without one.
+"""
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import venv
 from pathlib import Path
 
+import pytest
+from doclines import DOCS, blocks
 from locations import REPO
 
 CHECK = """
@@ -21,6 +32,7 @@ print("backend", keras.backend.backend(), "from", os.path.dirname(candle_ckpt.__
 """
 
 
+@pytest.mark.needs_index
 def test_install_without_tf_extra_has_no_tensorflow_and_imports_under_jax(tmp_path: Path) -> None:
     """In a new virtualenv, installing the package (and jax[cpu]) installs no TensorFlow, and the public API
     imports under KERAS_BACKEND=jax from the installed copy."""
@@ -61,3 +73,49 @@ def test_the_wheel_builds_and_installs_and_its_command_runs(tmp_path: Path) -> N
     version = subprocess.run([sys.executable, str(site / "bin" / "candle-ckpt"), "--version"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert version.returncode == 0 and version.stdout.startswith("candle-ckpt "), version
+
+
+def nightly_install() -> str:
+    """docs/api.rst's install for keras-nightly users (the literal block with ``--no-deps``)."""
+    (command,) = [b.astext() for b in blocks(DOCS / "api.rst") if "--no-deps" in b.astext()]
+    return command
+
+
+def test_the_keras_nightly_install_names_every_requirement_but_keras() -> None:
+    """The documented keras-nightly install is candle_ckpt without dependencies plus exactly setup.cfg's
+    install_requires without keras (so a new requirement cannot be forgotten there)."""
+    first, second = (shlex.split(part) for part in nightly_install().split("&&"))
+    assert first == ["python3", "-m", "pip", "install", "--no-deps", "-e", "."], first
+    assert second[:4] == ["python3", "-m", "pip", "install"], second
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    required = [line.strip() for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    assert sorted(second[4:]) == sorted(r for r in required if not r.startswith("keras")), (second, required)
+
+
+@pytest.mark.needs_index
+def test_the_keras_nightly_install_keeps_keras_nightly(tmp_path: Path) -> None:
+    """In a virtual environment on this one with the keras-nightly CI tests installed, docs/api.rst's install
+    (run as written, in a copy of the checkout) installs candle_ckpt and no released Keras: keras-nightly is
+    imported, candle_ckpt comes from the copy, and nothing says two Keras distributions are mixed."""
+    nightly = re.search(r'NEXT_KERAS="(keras-nightly==[^"]+)"', (REPO / ".ci" / "run").read_text()).group(1)
+    env_dir, checkout = tmp_path / "venv", tmp_path / "checkout"
+    venv.create(env_dir, with_pip=True, system_site_packages=True)
+    shutil.copytree(REPO / "candle_ckpt", checkout / "candle_ckpt", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "setup.py", "README.rst"):
+        shutil.copy(REPO / name, checkout / name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    shell = ["/bin/sh", "-ec", f"python3 -m pip install --quiet {nightly} && {nightly_install()}"]
+    done = subprocess.run(shell, cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    assert not list(site.glob("keras-*.dist-info")), sorted(p.name for p in site.iterdir())
+    check = "import candle_ckpt, keras; candle_ckpt.restart; print(keras.__version__, candle_ckpt.__file__)"
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="jax")
+    ran = subprocess.run(["python3", "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    version, where = ran.stdout.split()
+    assert version == nightly.split("==")[1], ran.stdout
+    assert where == str(checkout / "candle_ckpt" / "__init__.py")
+    assert "installed over each other" not in ran.stderr, ran.stderr

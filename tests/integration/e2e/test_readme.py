@@ -26,12 +26,12 @@ from pathlib import Path
 import docutils.core
 import docutils.nodes
 import pytest
-from doclines import blocks, doctree
+from doclines import blocks, doctree, pages
 from locations import REPO
 
 ROOT = REPO
 README = ROOT / "README.rst"
-DOCS = sorted((ROOT / "docs").glob("*.rst"))
+DOCS = pages()  # docs/*.rst but the two Sphinx-only pages (the site's build: test_docs_site.py)
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 
@@ -142,9 +142,11 @@ def test_setup_demo_command_runs_as_written_and_resumes(tmp_path: Path) -> None:
 
 
 def test_setup_test_command_is_what_ci_runs() -> None:
-    """The README's test command installs the 'test' extra and runs the pytest command that .ci/run runs."""
+    """The README's test command installs the 'test' extra and runs the pytest command that .ci/run runs, which
+    prints each skip's reason (-rs: a missing torch, Slurm, second Keras or package index is named)."""
     _, command = setup_commands()
     pip, pytest_cmd = (part.strip() for part in command.split("&&"))
+    assert "-rs" in shlex.split(pytest_cmd), pytest_cmd
     assert pip == 'python3 -m pip install -e ".[test]"'
     assert "test" in extras()
     ci = (ROOT / ".ci" / "run").read_text()
@@ -152,9 +154,18 @@ def test_setup_test_command_is_what_ci_runs() -> None:
     assert '-e ".[test]"' in ci
 
 
-@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+CONSOLE_DOCS = [p for p in DOCS if console_commands(p)]
+
+
+def test_the_docs_have_console_lines_for_the_command_check() -> None:
+    """The check below is not empty: some docs/ page has a console block with `$` lines (docs/cli.rst has many)."""
+    assert CONSOLE_DOCS, "no docs/*.rst has a console block with `$ ` lines: the command check would check nothing"
+
+
+@pytest.mark.parametrize("path", CONSOLE_DOCS, ids=[p.name for p in CONSOLE_DOCS])
 def test_console_lines_in_docs_name_commands_that_exist(path: Path) -> None:
-    """Each `$ candle-ckpt X` in docs/ names a real subcommand; each `python path.py` a real file."""
+    """Each `$ candle-ckpt X` in docs/ names a real subcommand; each `python path.py` a real file (run only for
+    the pages that have a console block)."""
     from candle_ckpt.cli.parser import COMMANDS
 
     names = {c.name for c in COMMANDS}

@@ -112,17 +112,12 @@ def run_job(directory: str, width: int, epochs: int) -> None:
 
 def serve(directory: str, width: int, epochs: int) -> None:
     """Fork one job per ``run`` line on stdin (see the module docstring)."""
-    import keras  # noqa: F401  (imported here once, inherited by every child)
+    from exact_job import fork_safe, import_once  # noqa: PLC0415 (beside this script)
 
-    import candle_ckpt
-
-    # Touch the public names so their lazy imports happen once, here. (Not
-    # ``import candle_ckpt.restart``: that binds the submodule over the function.)
-    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback
-
+    baseline = import_once()
     say("serving")
     for line in sys.stdin:
-        if line.strip() != "run":
+        if line.strip() != "run" or not fork_safe(baseline):
             break
         pid = os.fork()
         if pid == 0:

@@ -202,6 +202,39 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> No
     say(f"done {start} {len(history.epoch)}")
 
 
+def threads() -> int:
+    """This process's threads (a fork copies only the calling one: a child can deadlock on a lock another held)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def import_once() -> int:
+    """A server's imports, inherited by every child: Keras and candle_ckpt's public names. Returns the threads a
+    fork may carry: those running once numpy is imported (its OpenBLAS pool, which re-creates itself in a child).
+    Keras, TensorFlow and JAX start none at import; they start with a first op or ``jax.process_count()``
+    (measured: 2 threads after ``import numpy``, still 2 after these imports, 14 after ``jax.process_count()``),
+    which only the children run."""
+    import numpy  # noqa: F401, PLC0415
+
+    baseline = threads()
+    import keras  # noqa: F401, PLC0415
+
+    import candle_ckpt  # noqa: PLC0415
+
+    # Touch the public names so their lazy imports happen once, here. (Not
+    # ``import candle_ckpt.restart``: that binds the submodule over the function.)
+    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback
+    return baseline
+
+
+def fork_safe(baseline: int) -> bool:
+    """Whether the server runs no more than the ``baseline`` threads of :func:`import_once`; says why not if not.
+    (Fewer is fine: OpenBLAS stops its pool before a fork and starts it again only when used.)"""
+    now = threads()
+    if now > baseline:
+        say(f"not forking: {now} threads, {baseline} once numpy was imported (TensorFlow or JAX started threads)")
+    return now <= baseline
+
+
 def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     """Fork one job per stdin line ``ID SETUP PHASE DIR OUT [words]``; print ``ID started <pid>``, the job's
     lines (each led by ``ID``) and ``ID reaped <status>``.
@@ -211,11 +244,7 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     (default: :func:`run`, ``async`` among the words); a ``SystemExit`` it
     raises is the child's exit status, any other error status 1.
     """
-    import keras  # noqa: F401  (imported once, inherited by every child)
-
-    import candle_ckpt
-
-    _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback  # resolve the lazy imports once
+    baseline = import_once()
     if handle is None:
 
         def handle(words: list[str]) -> None:
@@ -224,7 +253,7 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     say("serving")
     for line in sys.stdin:
         job_id, *words = line.split() or [""]
-        if len(words) < 4:
+        if len(words) < 4 or not fork_safe(baseline):
             break
         pid = os.fork()
         if pid == 0:
