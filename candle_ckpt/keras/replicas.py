@@ -1,0 +1,214 @@
+"""Replica-parallel saving and restoring of JAX arrays: each process writes, and reads back, its share.
+
+Save: of every block of a variable (one distinct shard index), the processes
+holding a replica split it (:mod:`~candle_ckpt.storage.sliceplan`); under
+DataParallel every process holds every variable, so every process writes
+about ``1/N`` of the state.
+
+Restore: the same plan, computed on the restore's processes and shardings,
+says which slice each process reads. A block only this process holds is read
+whole. Of a block several processes hold, each reads only its slice, and one
+``multihost_utils.process_allgather`` on the training thread (after every
+process said it has read, so none waits in it for a process that failed)
+brings every process the others' slices; the blocks are then assembled on the
+host and put on the devices with ``jax.make_array_from_callback``. So the job
+reads each byte of the state from the file system once, and each process
+about ``1/N`` of it, instead of ``N`` processes reading the whole of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import numpy as np
+
+from candle_ckpt.storage.sharded import Index, as_index, dtype_of, shape_of
+from candle_ckpt.storage.shardread import ShardedReader
+from candle_ckpt.storage.sliceplan import Block, Plan, blocks_of, plan_slices
+
+
+def processes() -> int:
+    import jax  # noqa: PLC0415 (only reached with a JAX array)
+
+    return int(jax.process_count())
+
+
+def is_global(value: Any) -> bool:
+    """A JAX array whose blocks the slicing plan covers; not a host value, nor an array local to each process of a
+    multi-process job (whose values may differ: the primary's is written, whole)."""
+    if getattr(value, "addressable_shards", None) is None:
+        return False
+    return not (getattr(value, "is_fully_addressable", False) and processes() > 1)
+
+
+def np_dtype(v: Any) -> np.dtype:
+    """The numpy dtype of a Keras variable (``bfloat16`` included)."""
+    return dtype_of(keras.backend.standardize_dtype(v.dtype))
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in v.shape)
+
+
+def state_blocks(variables: dict[str, Any]) -> list[Block]:
+    """Every block of every JAX array of ``variables`` and the processes holding it (from the shardings alone)."""
+    blocks = []
+    for path, v in variables.items():
+        value = v.value
+        if not is_global(value):
+            continue
+        shape = _shape(v)
+        held = [(as_index(i, shape), (d.process_index,)) for d, i in value.sharding.devices_indices_map(shape).items()]
+        blocks += blocks_of(path, np_dtype(v).itemsize, held)
+    return blocks
+
+
+def state_plan(variables: dict[str, Any]) -> Plan:
+    """Who writes (and reads back) which slice of every block: the same on every process, no message needed."""
+    return plan_slices(state_blocks(variables))
+
+
+def local(piece: Index, block: Index) -> tuple[slice, ...]:
+    """``piece`` (a slice of the whole value) as numpy slices of the block ``block`` that holds it."""
+    return tuple(slice(s - b, e - b) for (s, e), (b, _) in zip(piece, block, strict=True))
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What one process reads of a checkpoint (see the module docstring).
+
+    Attributes:
+        me: The process.
+        whole: ``(path, block)``: read whole (a host value: block None; a block only this process holds).
+        own: ``(path, block, slice)``: this process's slices of the blocks several processes hold.
+        shared: Every block several processes hold (on any process), with who reads which of its slices.
+        held: The shared blocks this process holds (it assembles them from the gathered slices).
+    """
+
+    me: int
+    whole: list[tuple[str, Index | None]]
+    own: list[tuple[str, Index, Index]]
+    shared: list[tuple[Block, list[tuple[int, Index]]]]
+    held: set[tuple[str, Index]]
+
+    def reads(self) -> list[tuple[str, Index | None]]:
+        """Every ``(path, index)`` this process reads from the checkpoint's files."""
+        return self.whole + [(path, piece) for path, _, piece in self.own]
+
+
+def read_plan(variables: dict[str, Any], me: int) -> ReadPlan:
+    """What process ``me`` reads of ``variables`` (by their saved paths) under their current shardings."""
+    blocks = state_blocks(variables)
+    plan = plan_slices(blocks)
+    by_key = {(b.key, b.index): b for b in blocks}
+    whole: list[tuple[str, Index | None]] = [(p, None) for p, v in variables.items() if not is_global(v.value)]
+    own, shared, held = [], [], set()
+    for key in sorted(by_key):
+        block, given = by_key[key], plan[key]
+        if me not in block.holders:
+            if len(block.holders) > 1:
+                shared.append((block, given))
+            continue
+        if len(block.holders) == 1:
+            whole.append(key)
+            continue
+        shared.append((block, given))
+        held.add(key)
+        own += [(block.key, block.index, piece) for p, piece in given if p == me]
+    return ReadPlan(me, whole, own, shared, held)
+
+
+@dataclass
+class ShardedRead:
+    """What :func:`~candle_ckpt.keras.sharded.read_sharded` read on this process, before the collective.
+
+    Attributes:
+        variables: The model's variables by their saved paths.
+        plan: What this process reads (:func:`read_plan`).
+        values: ``(path, block)`` -> the block's values (block None: a host value, whole).
+        own: ``(path, block)`` -> this process's slice of a block several processes hold.
+        slice_bytes: The state bytes it took from the checkpoint's files.
+    """
+
+    variables: dict[str, Any]
+    plan: ReadPlan
+    values: dict[tuple[str, Index | None], np.ndarray] = field(default_factory=dict)
+    own: dict[tuple[str, Index], np.ndarray] = field(default_factory=dict)
+    slice_bytes: int = 0
+    gathered_bytes: int = 0
+
+    @classmethod
+    def read(cls, reader: ShardedReader, variables: dict[str, Any], plan: ReadPlan) -> ShardedRead:
+        """Read everything ``plan`` gives this process, in the variables' own dtypes."""
+        out = cls(variables, plan)
+
+        def take(path: str, index: Index | None) -> np.ndarray:
+            data = reader.read(path, index)
+            out.slice_bytes += data.nbytes
+            want = np_dtype(variables[path])
+            return data if data.dtype == want else data.astype(want)
+
+        for path, block in plan.whole:
+            out.values[(path, block)] = take(path, block)
+        for path, block, piece in plan.own:
+            out.own[(path, block)] = take(path, piece)
+        return out
+
+    def assemble(self) -> dict[str, tuple[Any, Any]]:
+        """Every variable's value in its current sharding, as ``(variable, value)``: the one collective first
+        (when some block is held by several processes; the same decision on every process)."""
+        if self.plan.shared:
+            self._gather()
+        import_jax = any(is_global(v.value) for v in self.variables.values())
+        arrays = {}
+        for path, v in self.variables.items():
+            if (path, None) in self.values:
+                arrays[path] = (v, self.values[(path, None)])
+                continue
+            shape = _shape(v)
+
+            def block(index: Any, path: str = path, shape: tuple[int, ...] = shape) -> np.ndarray:
+                return self.values[(path, as_index(index, shape))]
+
+            if import_jax:
+                import jax  # noqa: PLC0415 (only reached with a JAX array)
+
+                arrays[path] = (v, jax.make_array_from_callback(shape, v.value.sharding, block))
+        return arrays
+
+    def _gather(self) -> None:
+        """One ``process_allgather`` of every process's slices of the shared blocks; assemble the held ones."""
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        sizes: dict[int, int] = {}
+        where: dict[tuple[str, Index, int], tuple[int, int]] = {}  # (path, block, process) -> (offset, nbytes)
+        for block, given in self.plan.shared:
+            dtype = np_dtype(self.variables[block.key])
+            for p, piece in given:
+                n = int(np.prod(shape_of(piece), dtype=np.int64)) * dtype.itemsize
+                where[(block.key, block.index, p)] = (sizes.get(p, 0), n)
+                sizes[p] = sizes.get(p, 0) + n
+        longest = max(sizes.values(), default=0)
+        mine = np.zeros(max(longest, 1), np.uint8)
+        for (path, block, p), (offset, n) in where.items():
+            if p == self.plan.me:
+                mine[offset : offset + n] = np.ascontiguousarray(self.own[(path, block)]).reshape(-1).view(np.uint8)
+        everyone = np.asarray(multihost_utils.process_allgather(mine))  # (processes, longest): training thread
+        for block, given in self.plan.shared:
+            if (block.key, block.index) not in self.plan.held:
+                continue
+            dtype = np_dtype(self.variables[block.key])
+            out = np.empty(shape_of(block.index), dtype)
+            for p, piece in given:
+                offset, n = where[(block.key, block.index, p)]
+                if p != self.plan.me:
+                    self.gathered_bytes += n
+                out[local(piece, block.index)] = everyone[p, offset : offset + n].view(dtype).reshape(shape_of(piece))
+            self.values[(block.key, block.index)] = out
+        self.own.clear()
+
+    def stats(self, read_bytes: int) -> dict[str, int]:
+        """``read_bytes`` (the files this process read), ``slice_bytes`` and ``gathered_bytes``."""
+        return {"read_bytes": read_bytes, "slice_bytes": self.slice_bytes, "gathered_bytes": self.gathered_bytes}
