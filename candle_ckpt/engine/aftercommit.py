@@ -105,7 +105,7 @@ def report_summary(records: list[dict[str, Any]], best: BestState, errors: list[
     if all(r.get("part") for r in records):  # a non-primary of a multi-process job: what this process wrote
         total = sum(r["bytes"] for r in records)
         return (
-            f"report: wrote its part ({human_bytes(total)}) of {len(records)} checkpoints committed by process 0; "
+            f"report: wrote its part ({human_bytes(total)} in all) of {len(records)} checkpoints committed by process 0; "
             f"last epoch {records[-1]['epoch']}; errors {len(errors)}"
         )
     total = sum(r["bytes"] for r in records)
