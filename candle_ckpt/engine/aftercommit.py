@@ -105,8 +105,8 @@ def report_summary(records: list[dict[str, Any]], best: BestState, errors: list[
     if all(r.get("part") for r in records):  # a non-primary of a multi-process job: what this process wrote
         total = sum(r["bytes"] for r in records)
         return (
-            f"report: wrote its part ({human_bytes(total)} in all) of {len(records)} checkpoints committed by process 0; "
-            f"last epoch {records[-1]['epoch']}; errors {len(errors)}"
+            f"report: wrote its part ({human_bytes(total)} in all) of {len(records)} checkpoints committed by "
+            f"process 0; last epoch {records[-1]['epoch']}; errors {len(errors)}"
         )
     total = sum(r["bytes"] for r in records)
     secs = sum(r["save_s"] for r in records)
