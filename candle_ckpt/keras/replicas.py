@@ -38,9 +38,25 @@ def processes() -> int:
 def is_global(value: Any) -> bool:
     """A JAX array whose blocks the slicing plan covers; not a host value, nor an array local to each process of a
     multi-process job (whose values may differ: the primary's is written, whole)."""
-    if getattr(value, "addressable_shards", None) is None:
+    if not hasattr(getattr(value, "sharding", None), "devices_indices_map"):
         return False
     return not (getattr(value, "is_fully_addressable", False) and processes() > 1)
+
+
+def local_blocks(value: Any, shape: tuple[int, ...]) -> dict[Index, Any]:
+    """The blocks of a JAX array this process holds, by index: one shard's data each (on its device)."""
+    try:
+        shards = [(s.index, s.data) for s in value.addressable_shards]
+    except ValueError:
+        # JAX 0.10 with one device per process: a value Keras put on a mesh spanning processes raises here
+        # ("input arrays must have one shard each") until a jitted step replaces it; addressable_data(k)
+        # still gives the k-th addressable device's data, in the order of the sharding's own map.
+        indices = value.sharding.addressable_devices_indices_map(shape).values()
+        shards = [(index, value.addressable_data(k)) for k, index in enumerate(indices)]
+    held: dict[Index, Any] = {}
+    for index, data in shards:
+        held.setdefault(as_index(index, shape), data)
+    return held
 
 
 def np_dtype(v: Any) -> np.dtype:

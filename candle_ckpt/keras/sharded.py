@@ -40,10 +40,10 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.preflight import build_optimizer
-from candle_ckpt.keras.replicas import ShardedRead, is_global, local, read_plan, state_plan
+from candle_ckpt.keras.replicas import ShardedRead, is_global, local, local_blocks, read_plan, state_plan
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.commit import FileSpec
-from candle_ckpt.storage.sharded import MANIFEST, Chunk, Index, as_index, dtype_of, part_bin, part_index, write_part
+from candle_ckpt.storage.sharded import MANIFEST, Chunk, Index, dtype_of, part_bin, part_index, write_part
 from candle_ckpt.storage.shardread import ShardedReader
 from candle_ckpt.storage.sliceplan import slices_of
 
@@ -116,11 +116,9 @@ def capture_chunks(model: Any, rank: int, copy: bool) -> tuple[list[Chunk], dict
                 data = np.array(value, copy=copy)
                 chunks.append(Chunk(path, data.dtype.name, shape, None, np.require(data, requirements="C")))
             continue
-        held = {}
-        for shard in value.addressable_shards:
-            held.setdefault(as_index(shard.index, shape), shard)
+        held = local_blocks(value, shape)
         for block, piece in mine.get(path, ()):
-            data = np.asarray(held[block].data)[local(piece, block)]
+            data = np.asarray(held[block])[local(piece, block)]
             data = np.array(data, copy=True) if copy else data
             chunks.append(Chunk(path, data.dtype.name, shape, piece, np.require(data, requirements="C")))
     return chunks, sharding
