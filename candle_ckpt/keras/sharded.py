@@ -308,7 +308,9 @@ def files_to_read(model: Any, where: str, rank: int) -> set[str]:
         variables = variables_of(model)
         if not set(variables) <= set(reader.variables):
             variables = _by_position(variables, reader) or variables
-        if not set(variables) <= set(reader.variables):  # a mismatch, named by the load: check everything
+        shapes = {p: tuple(int(n) for n in v.shape) for p, v in variables.items()}
+        if any(p not in reader.variables or reader.variables[p].global_shape != s for p, s in shapes.items()):
+            # a mismatch, named by the load (ModelMismatch): until then, every part is checked
             return needed | {p for r in range(reader.process_count) for p in (part_bin(r), part_index(r))}
         ranks: set[int] = set()
         for path, index in read_plan(variables, rank).reads():
