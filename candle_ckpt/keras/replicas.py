@@ -18,6 +18,7 @@ about ``1/N`` of it, instead of ``N`` processes reading the whole of it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,22 +69,36 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in v.shape)
 
 
-def state_blocks(variables: dict[str, Any]) -> list[Block]:
-    """Every block of every JAX array of ``variables`` and the processes holding it (from the shardings alone)."""
+Layout = tuple[tuple[str, tuple[int, ...], int, Any], ...]  # (path, shape, itemsize, sharding) per JAX array
+
+
+def _layout(variables: dict[str, Any]) -> Layout:
+    return tuple(
+        (path, _shape(v), np_dtype(v).itemsize, v.value.sharding) for path, v in variables.items() if is_global(v.value)
+    )
+
+
+# The plan depends on the variables' paths, shapes and shardings only, which stay the same from one save to the
+# next, while it costs ~0.8 s at 1,000 processes (360 values): computed once per layout, as Orbax caches its
+# replica counts (a pure function's results; nothing a call leaves changes what another returns).
+@functools.lru_cache(maxsize=4)
+def _blocks_and_plan(layout: Layout) -> tuple[tuple[Block, ...], Plan]:
     blocks = []
-    for path, v in variables.items():
-        value = v.value
-        if not is_global(value):
-            continue
-        shape = _shape(v)
-        held = [(as_index(i, shape), (d.process_index,)) for d, i in value.sharding.devices_indices_map(shape).items()]
-        blocks += blocks_of(path, np_dtype(v).itemsize, held)
-    return blocks
+    for path, shape, itemsize, sharding in layout:
+        held = [(as_index(i, shape), (d.process_index,)) for d, i in sharding.devices_indices_map(shape).items()]
+        blocks += blocks_of(path, itemsize, held)
+    return tuple(blocks), plan_slices(blocks)
+
+
+def state_blocks(variables: dict[str, Any]) -> tuple[Block, ...]:
+    """Every block of every JAX array of ``variables`` and the processes holding it (from the shardings alone)."""
+    return _blocks_and_plan(_layout(variables))[0]
 
 
 def state_plan(variables: dict[str, Any]) -> Plan:
-    """Who writes (and reads back) which slice of every block: the same on every process, no message needed."""
-    return plan_slices(state_blocks(variables))
+    """Who writes (and reads back) which slice of every block: the same on every process, no message needed.
+    The result is shared between calls with the same layout: do not change it."""
+    return _blocks_and_plan(_layout(variables))[1]
 
 
 def local(piece: Index, block: Index) -> tuple[slice, ...]:
@@ -116,8 +131,7 @@ class ReadPlan:
 
 def read_plan(variables: dict[str, Any], me: int) -> ReadPlan:
     """What process ``me`` reads of ``variables`` (by their saved paths) under their current shardings."""
-    blocks = state_blocks(variables)
-    plan = plan_slices(blocks)
+    blocks, plan = _blocks_and_plan(_layout(variables))
     by_key = {(b.key, b.index): b for b in blocks}
     whole: list[tuple[str, Index | None]] = [(p, None) for p, v in variables.items() if not is_global(v.value)]
     own, shared, held = [], [], set()
