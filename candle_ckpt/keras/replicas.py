@@ -124,10 +124,6 @@ class ReadPlan:
     shared: list[tuple[Block, list[tuple[int, Index]]]]
     held: set[tuple[str, Index]]
 
-    def reads(self) -> list[tuple[str, Index | None]]:
-        """Every ``(path, index)`` this process reads from the checkpoint's files."""
-        return self.whole + [(path, piece) for path, _, piece in self.own]
-
 
 def read_plan(variables: dict[str, Any], me: int) -> ReadPlan:
     """What process ``me`` reads of ``variables`` (by their saved paths) under their current shardings."""
@@ -168,6 +164,7 @@ class ShardedRead:
     own: dict[tuple[str, Index], np.ndarray] = field(default_factory=dict)
     slice_bytes: int = 0
     gathered_bytes: int = 0
+    bytes_from: dict[int, int] = field(default_factory=dict)  # part -> state bytes taken from it
 
     @classmethod
     def read(cls, reader: ShardedReader, variables: dict[str, Any], plan: ReadPlan) -> ShardedRead:
@@ -180,10 +177,12 @@ class ShardedRead:
             want = np_dtype(variables[path])
             return data if data.dtype == want else data.astype(want)
 
+        before = dict(reader.bytes_from)
         for path, block in plan.whole:
             out.values[(path, block)] = take(path, block)
         for path, block, piece in plan.own:
             out.own[(path, block)] = take(path, piece)
+        out.bytes_from = {r: n - before.get(r, 0) for r, n in reader.bytes_from.items() if n > before.get(r, 0)}
         return out
 
     def assemble(self) -> dict[str, tuple[Any, Any]]:
@@ -238,7 +237,3 @@ class ShardedRead:
                 out[local(piece, block.index)] = everyone[p, offset : offset + n].view(dtype).reshape(shape_of(piece))
             self.values[(block.key, block.index)] = out
         self.own.clear()
-
-    def stats(self, read_bytes: int) -> dict[str, int]:
-        """``read_bytes`` (the files this process read), ``slice_bytes`` and ``gathered_bytes``."""
-        return {"read_bytes": read_bytes, "slice_bytes": self.slice_bytes, "gathered_bytes": self.gathered_bytes}

@@ -270,8 +270,7 @@ def load_sharded(
 
     ``agree(ok)`` (a multi-process restore) is called once every slice is read: True iff every
     process read its slices. Only then is anything assigned, on every process or on none.
-    ``stats``, if given, gets what this process read: ``read_bytes`` (the checkpoint's files it read),
-    ``slice_bytes`` (the state it took from them) and ``gathered_bytes`` (the state the others sent it).
+    ``stats``, if given, gets what this process read (:func:`read_stats`).
 
     Raises:
         ModelMismatch: the checkpoint does not match the model (nothing is assigned anywhere).
@@ -285,7 +284,7 @@ def load_sharded(
     read = read_all_or_none(lambda: read_sharded(model, where), where, agree)
     assign_all(read)
     if stats is not None:
-        stats.update(read.stats(read_files(model, where, rank)))
+        stats.update(read_stats(read, where, rank))
     data = contents.get(train_state_part(rank))
     if data is None:
         log.warning(
@@ -296,29 +295,50 @@ def load_sharded(
     return Pending(train_state=bytes(data))
 
 
+def checked_parts(part_count: int, rank: int, processes: int) -> list[int]:
+    """The parts of a checkpoint whose CRC32 process ``rank`` of ``processes`` checks at restore: ``r`` with
+    ``r % processes == rank``.
+
+    Every part is checked once across the job, by one process, and a restore goes on only when every process
+    found its parts sound (all or none), so a process need not check the parts it reads slices from: a part
+    read by several processes (a one-writer checkpoint, or one of another process count) is read whole once,
+    not once per process. With the same process count, each process checks exactly its own part.
+    """
+    return list(range(rank, part_count, max(processes, 1)))
+
+
 def files_to_read(model: Any, where: str, rank: int) -> set[str]:
-    """The files of the sharded checkpoint ``where`` that process ``rank`` reads: the manifest, its training
-    state, and the parts holding a chunk of what it reads (:func:`read_plan`; their ``.bin`` and ``.json``).
+    """The files of the sharded checkpoint ``where`` whose CRC32 process ``rank`` checks at restore: the
+    manifest, its training state, and the parts :func:`checked_parts` gives it (their ``.bin`` and ``.json``).
+
+    ``model`` (a model, or ``{path: variable}``) is not needed: which process checks which part depends on the
+    process count only.
 
     Raises:
         CheckpointError: the manifest cannot be read (the verification then fails, naming it).
     """
-    needed = {MANIFEST, train_state_part(rank)}
+    del model  # kept in the signature for the callers (agree_on_checkpoint's needed(where))
     with ShardedReader(where) as reader:
-        variables = variables_of(model)
-        if not set(variables) <= set(reader.variables):
-            variables = _by_position(variables, reader) or variables
-        shapes = {p: tuple(int(n) for n in v.shape) for p, v in variables.items()}
-        if any(p not in reader.variables or reader.variables[p].global_shape != s for p, s in shapes.items()):
-            # a mismatch, named by the load (ModelMismatch): until then, every part is checked
-            return needed | {p for r in range(reader.process_count) for p in (part_bin(r), part_index(r))}
-        ranks: set[int] = set()
-        for path, index in read_plan(variables, rank).reads():
-            ranks |= reader.parts_for(path, index)
-    return needed | {name for r in ranks for name in (part_bin(r), part_index(r))}
+        parts = checked_parts(reader.process_count, rank, _process_count())
+    return {MANIFEST, train_state_part(rank)} | {name for r in parts for name in (part_bin(r), part_index(r))}
 
 
-def read_files(model: Any, where: str, rank: int) -> int:
-    """The bytes of the files of ``where`` that process ``rank`` reads (:func:`files_to_read`) and that exist."""
-    names = files_to_read(model, where, rank)
-    return sum(os.path.getsize(os.path.join(where, n)) for n in names if os.path.isfile(os.path.join(where, n)))
+def _process_count() -> int:
+    import jax  # noqa: PLC0415 (a multi-process restore: JAX is running)
+
+    return int(jax.process_count())
+
+
+def read_stats(read: ShardedRead, where: str, rank: int) -> dict[str, int]:
+    """What process ``rank`` read of ``where``: ``read_bytes`` (the files it checked, whole, plus what it took
+    from the other parts), ``checked_bytes``, ``slice_bytes`` and ``gathered_bytes``."""
+    names = files_to_read(None, where, rank)
+    checked = sum(os.path.getsize(os.path.join(where, n)) for n in names if os.path.isfile(os.path.join(where, n)))
+    mine = {r for r in read.bytes_from if part_bin(r) in names}
+    elsewhere = sum(n for r, n in read.bytes_from.items() if r not in mine)
+    return {
+        "read_bytes": checked + elsewhere,
+        "checked_bytes": checked,
+        "slice_bytes": read.slice_bytes,
+        "gathered_bytes": read.gathered_bytes,
+    }
