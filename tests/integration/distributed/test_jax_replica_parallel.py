@@ -138,11 +138,16 @@ def test_four_processes_restore_two_and_each_write_a_quarter(dp2, tmp_path):
     job = JaxJob(tmp_path, "q", "dp", ck, EPOCHS + 1, n=4, extra=dict.fromkeys(range(4), WIDE), env=env,
                  timeout_s=2 * _bound(dp2))  # fmt: skip
     job.succeed()
-    _, state = _shares(ck / "ckpts" / "epochs" / f"{EPOCHS:03d}")
+    where = ck / "ckpts" / "epochs" / f"{EPOCHS:03d}"
+    _, state = _shares(where)
+    total = sum(f.stat().st_size for f in where.iterdir())
+    loads = [_stats(job, i)["load"] for i in range(4)]
     for i in range(4):
         assert job.restored_epoch(i) == EPOCHS
         assert _same(job.restored(i), want[0]) == [], f"process {i}"
-        assert abs(_stats(job, i)["load"]["slice_bytes"] - state / 4) <= 16 * 1024 + 64, i
+        assert abs(loads[i]["slice_bytes"] - state / 4) <= 16 * 1024 + 64, i
+        assert loads[i]["read_bytes"] < 0.75 * total, loads  # each part's CRC is checked by one process only
+    assert sum(load["read_bytes"] for load in loads) < 2 * total, loads
     shares, state = _shares(ck / "ckpts" / "epochs" / f"{EPOCHS + 1:03d}")
     assert len(shares) == 4 and sum(shares) == state
     for share in shares:
