@@ -156,6 +156,8 @@ class ShardedRead:
         values: ``(path, block)`` -> the block's values (block None: a host value, whole).
         own: ``(path, block)`` -> this process's slice of a block several processes hold.
         slice_bytes: The state bytes it took from the checkpoint's files.
+        gathered_bytes: The state bytes the other processes sent it (after :meth:`assemble`).
+        bytes_from: The state bytes it took from each part, by the part's rank.
     """
 
     variables: dict[str, Any]
@@ -164,7 +166,7 @@ class ShardedRead:
     own: dict[tuple[str, Index], np.ndarray] = field(default_factory=dict)
     slice_bytes: int = 0
     gathered_bytes: int = 0
-    bytes_from: dict[int, int] = field(default_factory=dict)  # part -> state bytes taken from it
+    bytes_from: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def read(cls, reader: ShardedReader, variables: dict[str, Any], plan: ReadPlan) -> ShardedRead:
