@@ -25,8 +25,9 @@ import numpy as np
 
 from candle_ckpt.cli.common import EXIT_CORRUPT, EXIT_OK, CliError, open_store, resolve_epoch
 from candle_ckpt.cli.console import import_keras_quietly
+from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import CheckpointError
-from candle_ckpt.storage.sharded import MANIFEST
+from candle_ckpt.storage.sharded import MANIFEST, dtype_of
 from candle_ckpt.storage.shardread import consolidate
 
 CONFIG = "config.json"
@@ -91,12 +92,14 @@ def build_and_assign(config: dict, arrays: dict[str, np.ndarray], where: str) ->
         value = arrays[found[v.path]] if v.path in found else None
         if value is None:  # a seed generator named after a global counter; its state is not a weight
             continue
-        if tuple(value.shape) != tuple(v.shape) or np.dtype(value.dtype) != np.dtype(v.dtype):
+        want = dtype_of(keras.backend.standardize_dtype(v.dtype))
+        fits = counter_fits(value.dtype.name, want.name, value.size, lambda value=value: value)
+        if tuple(value.shape) != tuple(v.shape) or not fits:  # Adam's iteration: int32 under JAX, int64 under TF
             raise CliError(
                 f"{where}: {found[v.path]} is {value.dtype}{list(value.shape)} in the checkpoint but "
                 f"{v.dtype}{list(v.shape)} in the model"
             )
-        v.assign(value)
+        v.assign(value if value.dtype == want else value.astype(want))
     used = set(found.values())
     skipped = sorted(p for p in arrays if p not in used and not p.startswith("_"))
     return model, len(used), skipped

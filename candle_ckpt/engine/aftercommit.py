@@ -9,6 +9,7 @@ Module-level functions over the store and the log, so the epoch save
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -16,6 +17,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.stats import mb_per_s
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -31,6 +33,20 @@ def save_record(what: dict[str, Any], cap: Capture, side: Sidecar) -> dict[str, 
         "snapshot_s": round(cap.snapshot_s, 6),
         "save_s": side.save_duration_s,
         "mb_per_s": side.save_mb_per_s,
+    }
+
+
+def part_record(what: dict[str, Any], cap: Capture, start: float) -> dict[str, Any]:
+    """The ``stats()["saves"]`` record of a non-primary's part of a multi-process commit that began at ``start``
+    (``time.perf_counter()``): ``part`` is True, ``bytes`` the state it wrote (its slices and its training state)."""
+    elapsed = time.perf_counter() - start
+    return {
+        **what,
+        "bytes": cap.nbytes,
+        "snapshot_s": round(cap.snapshot_s, 6),
+        "save_s": round(elapsed, 6),
+        "mb_per_s": mb_per_s(cap.nbytes, elapsed),
+        "part": True,
     }
 
 
@@ -86,6 +102,12 @@ def report_summary(records: list[dict[str, Any]], best: BestState, errors: list[
     """The one-line summary of a run's checkpoints (CANDLE's ``report_final``)."""
     if not records:
         return "report: no checkpoints were written in this run"
+    if all(r.get("part") for r in records):  # a non-primary of a multi-process job: what this process wrote
+        total = sum(r["bytes"] for r in records)
+        return (
+            f"report: wrote its part ({human_bytes(total)} in all) of {len(records)} checkpoints committed by "
+            f"process 0; last epoch {records[-1]['epoch']}; errors {len(errors)}"
+        )
     total = sum(r["bytes"] for r in records)
     secs = sum(r["save_s"] for r in records)
     return (

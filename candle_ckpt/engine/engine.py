@@ -30,6 +30,7 @@ from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.engine.aftercommit import (
+    part_record,
     prune_after_commit,
     report_summary,
     save_record,
@@ -244,7 +245,11 @@ class CheckpointEngine:
                 self._write_scratch(epoch, cap)
                 return None
             if self.group is not None:  # every rank writes its part; the primary commits
+                start = time.perf_counter()
                 side = commit_step(self.store, self.group, cap, template)
+                if self.group.rank != 0:
+                    self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
+                    return side
             else:
                 side = self.store.steps.commit(cap.files, template)
         except Exception as err:
@@ -296,9 +301,11 @@ class CheckpointEngine:
             return
         best_epoch = best.epoch if self.cfg.save_best else None
         if self.group is not None:
+            start = time.perf_counter()
             side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
-            if side is None:
-                self.policy.committed(best)  # not the primary: its part is in, the primary did the rest
+            if side is None:  # not the primary: its part is in, the primary did the rest
+                self.records.append(part_record({"epoch": epoch, "reason": template.reason}, cap, start))
+                self.policy.committed(best)
                 return
         else:
             side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)

@@ -346,6 +346,7 @@ def load_chosen(
             if hasattr(data, "close"):
                 data.close()  # unmap now rather than at garbage collection
     record = load_record(chosen.sidecar, verify_s, time.perf_counter() - start)
+    record.update(getattr(adapter, "read_stats", None) or {})  # a process of a group: what it read itself
     log_resumed(log, L.Layout.of(cfg), chosen.sidecar, record, who)
     return record
 
@@ -361,6 +362,6 @@ def log_resumed(log: OpsLog, layout: L.Layout, side: Sidecar, record: dict[str, 
     log.info(
         f"restart: {who + ' ' if who else ''}resumed from {path} ({at}, "
         f"generation {side.generation}); "
-        f"{human_bytes(record['bytes'])} read and verified in {record['verify_s']:.3f} s, "
+        f"{human_bytes(record.get('read_bytes', record['bytes']))} read and verified in {record['verify_s']:.3f} s, "
         f"loaded in {record['load_s']:.3f} s ({record['mb_per_s']:.1f} MB/s)"
     )

@@ -18,7 +18,6 @@ from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
-from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.pending import Pending
@@ -31,7 +30,7 @@ from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state
-from candle_ckpt.keras.sharded import capture_sharded
+from candle_ckpt.keras.sharded import capture_sharded, keras_group
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
 from candle_ckpt.storage.store import FileSpec
@@ -88,7 +87,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
-        self.group = jax_group()
+        self.group = keras_group()
         primary = self.group is None or self.group.rank == 0
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)

@@ -62,6 +62,7 @@ class GroupModelAdapter:
         self.model, self.group, self.name = model, group, name
         self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.reads)))
         self.pending = Pending()
+        self.read_stats: dict[str, int] = {}  # what this process read (load_sharded's stats), for the load record
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
         contents = chosen.contents
@@ -75,7 +76,7 @@ class GroupModelAdapter:
         def agree(ok: bool) -> bool:
             return self.group.all_agree(f"{self.name}/read", ok, group_timeout())
 
-        self.pending = load_sharded(self.model, contents, where, log, self.group.rank, agree)
+        self.pending = load_sharded(self.model, contents, where, log, self.group.rank, agree, self.read_stats)
 
 
 def _choice(chosen: Chosen | None) -> str:

@@ -25,6 +25,7 @@ import h5py
 import keras
 import numpy as np
 
+from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import BufferFile
@@ -64,21 +65,8 @@ def _dtype(dataset: h5py.Dataset) -> str:
 
 
 def _dtype_fits(data: h5py.Dataset, model_dtype: str) -> bool:
-    """The saved values load into the model's dtype unchanged: the same dtype, or integers of another width
-    whose values fit (a step counter is int32 under JAX and int64 under TensorFlow; checkpoints cross backends)."""
-    saved = _dtype(data)
-    if saved == model_dtype:
-        return True
-    try:
-        if not (np.issubdtype(np.dtype(saved), np.integer) and np.issubdtype(np.dtype(model_dtype), np.integer)):
-            return False
-    except TypeError:  # a dtype NumPy does not know (bfloat16): only the same dtype fits
-        return False
-    if data.size > 1024:  # counters, not tensors: a large integer array of another width is a different model
-        return False
-    values = np.asarray(data[()])
-    info = np.iinfo(np.dtype(model_dtype))
-    return values.size == 0 or (int(values.min()) >= info.min and int(values.max()) <= info.max)
+    """The saved values load into the model's dtype unchanged (:func:`~candle_ckpt.core.dtypes.counter_fits`)."""
+    return counter_fits(_dtype(data), model_dtype, data.size, lambda: data[()])
 
 
 def compare_entries(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:

@@ -20,12 +20,12 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.preempt import catch_early
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.adapter import KerasModelAdapter
+from candle_ckpt.keras.sharded import keras_group
 
 
 def restart(
@@ -81,7 +81,7 @@ def restart(
         return None
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
         return _restart_through_worker(gParameters, model, logger, verbose)
-    group = jax_group()
+    group = keras_group()
     if group is not None:  # several JAX processes: the primary chooses, all load the same one or none
         from candle_ckpt.keras.group_restart import restart_group
 

@@ -25,7 +25,6 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
@@ -46,6 +45,7 @@ from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this mo
     restore_runner,
     state_kind,
 )
+from candle_ckpt.keras.sharded import keras_group
 from candle_ckpt.storage.sharded import MANIFEST
 
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
@@ -268,7 +268,7 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        self.group = jax_group() if self.strategy is None else None
+        self.group = keras_group() if self.strategy is None else None
         if self.group is not None:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)

@@ -1,25 +1,29 @@
-"""A Keras 3 model of a multi-process JAX job: each process captures its own shards, and reads back only its slices.
+"""A Keras 3 model of a multi-process JAX job: each process writes its share, and reads back its share.
 
 Capture (every process, on the training thread): for every model and optimizer
-variable, the shards this process holds with ``replica_id == 0``, so every value
-is written exactly once across the job (a replicated value once, by the process
-holding its first replica). They become this process's part
-(:func:`~candle_ckpt.storage.sharded.write_part`), with its training state
-``train.state.pRRRRR.npz``; the primary adds the model's Keras config
-(``config.json``, ``metadata.json``, as in a ``.keras`` archive). Variables are
-named by their Keras ``variable.path`` (docs/format.rst).
+variable, the slices :func:`~candle_ckpt.keras.replicas.state_plan` gives this
+process. The processes holding a block split it between them, so every value
+is written exactly once across the job and, under DataParallel (every process
+holds everything), each process writes about ``1/N`` of the state. They become
+this process's part (:func:`~candle_ckpt.storage.sharded.write_part`), with its
+training state ``train.state.pRRRRR.npz``; the primary adds the model's Keras
+config (``config.json``, ``metadata.json``, as in a ``.keras`` archive).
+Variables are named by their Keras ``variable.path`` (docs/format.rst).
 
-Restore: every variable's slice of this process is read from the parts that
-hold it (:class:`~candle_ckpt.storage.shardread.ShardedReader`) into the
-variable's current sharding with ``jax.make_array_from_callback``: no process
-gathers a whole array, and the checkpoint restores under any number of
-processes, any mesh, or no distribution. Shapes and dtypes are checked first,
-every array is read, and only when every process says it has read its slices
-does any process assign (all or nothing, on every process).
+Restore: each process reads its share of every variable from the parts that
+hold it (:class:`~candle_ckpt.storage.shardread.ShardedReader`): a block only
+it holds, whole; of a block several processes hold, its slice, the rest coming
+from the others by one collective (:mod:`~candle_ckpt.keras.replicas`). Values
+go into the variables' current shardings with ``jax.make_array_from_callback``,
+so the checkpoint restores under any number of processes, any mesh, or no
+distribution. Shapes and dtypes are checked first, every share is read, and
+only when every process says it has read its share does any process gather and
+assign (all or nothing, on every process).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,19 +32,40 @@ import keras
 import numpy as np
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.core.group import Group
+from candle_ckpt.distributed.jax_group import JaxGroup, jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.preflight import build_optimizer
+from candle_ckpt.keras.replicas import ShardedRead, is_global, local, local_blocks, read_plan, state_plan
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
 from candle_ckpt.storage.commit import FileSpec
-from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_part
+from candle_ckpt.storage.sharded import MANIFEST, Chunk, Index, dtype_of, part_bin, part_index, write_part
 from candle_ckpt.storage.shardread import ShardedReader
+from candle_ckpt.storage.sliceplan import slices_of
 
 CONFIG_FILE, METADATA_FILE = "config.json", "metadata.json"
 ORDER = "keras_variable_order"  # the manifest's extra: the paths in model-then-optimizer variable order
+
+
+def keras_group() -> JaxGroup | None:
+    """This process's group when JAX runs several processes (:func:`~candle_ckpt.distributed.jax_group.jax_group`),
+    refusing at once where Keras does not run on JAX: its variables are then no JAX arrays, and every save
+    would fail.
+
+    Raises:
+        RuntimeError: ``jax.distributed`` is initialized but the Keras backend is not JAX (naming the fix).
+    """
+    group = jax_group()
+    if group is not None and keras.backend.backend() != "jax":
+        raise RuntimeError(
+            f"jax.distributed is initialized (process {group.rank} of {group.size}) but Keras runs on "
+            f"{keras.backend.backend()}: set KERAS_BACKEND=jax before importing keras"
+        )
+    return group
 
 
 def train_state_part(rank: int) -> str:
@@ -72,37 +97,30 @@ def variables_of(source: Any) -> dict[str, Any]:
     return source if isinstance(source, dict) else state_variables(source)
 
 
-def _shards(value: Any, copy: bool) -> list[tuple[Any, np.ndarray]]:
-    """``(index, host data)`` of each shard of ``value`` this process writes: its replica 0 shards."""
-    shards = getattr(value, "addressable_shards", None)
-    if shards is None or (getattr(value, "is_fully_addressable", False) and _processes() > 1):
-        # A host value, or an array local to each process of a multi-process job: the primary's is written.
-        return [(None, np.array(value, copy=copy))]
-    out = []
-    for shard in shards:
-        if shard.replica_id == 0:
-            data = np.asarray(shard.data)
-            out.append((shard.index, np.array(data, copy=True) if copy else data))
-    return out
-
-
-def _processes() -> int:
-    import jax  # noqa: PLC0415 (only reached with a JAX array)
-
-    return int(jax.process_count())
-
-
 def capture_chunks(model: Any, rank: int, copy: bool) -> tuple[list[Chunk], dict[str, str]]:
-    """This process's chunks of every variable of ``model`` (or of ``{path: variable}``), and their shardings."""
+    """This process's chunks of every variable of ``model`` (or of ``{path: variable}``), and their shardings.
+
+    Of a JAX array, the slices :func:`state_plan` gives process ``rank``; of a host value, the whole, on rank 0.
+    """
+    variables = variables_of(model)
+    mine: dict[str, list[tuple[Index, Index]]] = {}
+    for (path, block), piece in slices_of(state_plan(variables), rank).items():
+        mine.setdefault(path, []).append((block, piece))
     chunks, sharding = [], {}
-    for path, v in variables_of(model).items():
+    for path, v in variables.items():
         value = v.value
         sharding[path] = str(getattr(value, "sharding", "host"))
         shape = tuple(int(n) for n in v.shape)
-        for index, data in _shards(value, copy):
-            if index is None and rank != 0:
-                continue
-            chunks.append(Chunk(path, data.dtype.name, shape, index, np.require(data, requirements="C")))
+        if not is_global(value):
+            if rank == 0:
+                data = np.array(value, copy=copy)
+                chunks.append(Chunk(path, data.dtype.name, shape, None, np.require(data, requirements="C")))
+            continue
+        held = local_blocks(value, shape)
+        for block, piece in mine.get(path, ()):
+            data = np.asarray(held[block])[local(piece, block)]
+            data = np.array(data, copy=True) if copy else data
+            chunks.append(Chunk(path, data.dtype.name, shape, piece, np.require(data, requirements="C")))
     return chunks, sharding
 
 
@@ -156,7 +174,9 @@ def _by_position(variables: dict[str, Any], reader: ShardedReader) -> dict[str, 
 
 
 def _check(variables: dict[str, Any], reader: ShardedReader, where: str) -> None:
-    """Every variable of the model is in the checkpoint with its shape and dtype, and nothing else is."""
+    """Every variable of the model is in the checkpoint with its shape and a dtype that loads into its own
+    (:func:`~candle_ckpt.core.dtypes.counter_fits`: Adam's int32 iteration under int64, across backends), and
+    nothing else is."""
     saved = {p: info for p, info in reader.variables.items() if not p.startswith("_")}
     problems = [f"{p}: not in the checkpoint" for p in variables if p not in saved]
     problems += [f"{p}: in the checkpoint but not in the model" for p in saved if p not in variables]
@@ -165,52 +185,54 @@ def _check(variables: dict[str, Any], reader: ShardedReader, where: str) -> None
         if info is None:
             continue
         shape, dtype = tuple(int(n) for n in v.shape), keras.backend.standardize_dtype(v.dtype)
-        if tuple(info.global_shape) != shape or info.dtype != np.dtype(_np_dtype(dtype)).name:
+        size = int(np.prod(info.global_shape, dtype=np.int64))
+        fits = counter_fits(info.dtype, dtype_of(dtype).name, size, lambda p=p: reader.read(p))
+        if tuple(info.global_shape) != shape or not fits:
             problems.append(f"{p}: checkpoint {info.dtype}{list(info.global_shape)} != model {dtype}{list(shape)}")
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise ModelMismatch(f"checkpoint {where} does not match the model: {shown}; nothing was loaded")
 
 
-def _np_dtype(name: str) -> Any:
-    if name == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
+def _open(model: Any, reader: ShardedReader, where: str) -> dict[str, Any]:
+    """The model's variables by their saved paths (matched by position when only the names differ), checked."""
+    variables = variables_of(model)
+    if not set(variables) <= set(reader.variables):
+        variables = _by_position(variables, reader) or variables
+    _check(variables, reader, where)
+    return variables
 
-        return ml_dtypes.bfloat16
-    return name
 
+def read_sharded(model: Any, where: str) -> ShardedRead:
+    """This process's share of every variable, read from ``where``; nothing assigned, no collective yet.
 
-def read_sharded(model: Any, where: str) -> dict[str, tuple[Any, Any]]:
-    """Every variable's slices of this process, as ``(variable, array in its current sharding)``; nothing assigned.
-
-    ``model``: a model, or ``{path: variable}``.
+    ``model``: a model, or ``{path: variable}``. Of a block that only this process holds it reads the block;
+    of a block several processes hold (a replicated value), only its own slice (:func:`read_plan`): the
+    others' slices come in :func:`assign_all`, by one collective.
 
     Raises:
         ModelMismatch: the checkpoint's variables, shapes or dtypes differ from the model's.
     """
-    import jax  # noqa: PLC0415 (this module is imported by one-process jobs too)
-
-    variables = variables_of(model)
-    arrays = {}
     with ShardedReader(where) as reader:
-        if not set(variables) <= set(reader.variables):
-            variables = _by_position(variables, reader) or variables
-        _check(variables, reader, where)
-        for path, v in variables.items():
-            sharding = getattr(v.value, "sharding", None)
-            shape = tuple(int(n) for n in v.shape)
-
-            def read(index: Any, path: str = path) -> np.ndarray:
-                return reader.read(path, index)
-
-            value = read(None) if sharding is None else jax.make_array_from_callback(shape, sharding, read)
-            arrays[path] = (v, value)
-    return arrays
+        variables = _open(model, reader, where)
+        return ShardedRead.read(reader, variables, read_plan(variables, _process_index(variables)))
 
 
-def assign_all(arrays: dict[str, tuple[Any, Any]]) -> None:
-    """Assign what :func:`read_sharded` read."""
-    for v, value in arrays.values():
+def _process_index(variables: dict[str, Any]) -> int:
+    """This process's JAX process index (0 when no variable is a JAX array: jax is then not imported)."""
+    if not any(is_global(v.value) for v in variables.values()):
+        return 0
+    import jax  # noqa: PLC0415 (only reached with a JAX array)
+
+    return int(jax.process_index())
+
+
+def assign_all(read: ShardedRead) -> None:
+    """Assign what :func:`read_sharded` read, after the one collective that brings the others' slices.
+
+    Call it on every process of the job once all have read (:func:`read_all_or_none`): the gather waits for all.
+    """
+    for v, value in read.assemble().values():
         v.assign(value)
 
 
@@ -242,11 +264,13 @@ def load_sharded(
     log: Any,
     rank: int = 0,
     agree: Callable[[bool], bool] | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> Pending:
     """Load a sharded checkpoint into ``model`` on process ``rank``; return the state to apply when fit starts.
 
     ``agree(ok)`` (a multi-process restore) is called once every slice is read: True iff every
     process read its slices. Only then is anything assigned, on every process or on none.
+    ``stats``, if given, gets what this process read (:func:`read_stats`).
 
     Raises:
         ModelMismatch: the checkpoint does not match the model (nothing is assigned anywhere).
@@ -257,7 +281,10 @@ def load_sharded(
             f"{where} is a sharded (multi-process) checkpoint, whose optimizer state is stored like the "
             "weights: call model.compile(...) before restart()"
         )
-    assign_all(read_all_or_none(lambda: read_sharded(model, where), where, agree))
+    read = read_all_or_none(lambda: read_sharded(model, where), where, agree)
+    assign_all(read)
+    if stats is not None:
+        stats.update(read_stats(read, where, rank))
     data = contents.get(train_state_part(rank))
     if data is None:
         log.warning(
@@ -268,23 +295,50 @@ def load_sharded(
     return Pending(train_state=bytes(data))
 
 
+def checked_parts(part_count: int, rank: int, processes: int) -> list[int]:
+    """The parts of a checkpoint whose CRC32 process ``rank`` of ``processes`` checks at restore: ``r`` with
+    ``r % processes == rank``.
+
+    Every part is checked once across the job, by one process, and a restore goes on only when every process
+    found its parts sound (all or none), so a process need not check the parts it reads slices from: a part
+    read by several processes (a one-writer checkpoint, or one of another process count) is read whole once,
+    not once per process. With the same process count, each process checks exactly its own part.
+    """
+    return list(range(rank, part_count, max(processes, 1)))
+
+
 def files_to_read(model: Any, where: str, rank: int) -> set[str]:
-    """The files of the sharded checkpoint ``where`` that process ``rank`` reads: the manifest, its training
-    state, and the parts holding a chunk of one of its slices (their ``.bin`` and ``.json``).
+    """The files of the sharded checkpoint ``where`` whose CRC32 process ``rank`` checks at restore: the
+    manifest, its training state, and the parts :func:`checked_parts` gives it (their ``.bin`` and ``.json``).
+
+    ``model`` (a model, or ``{path: variable}``) is not needed: which process checks which part depends on the
+    process count only.
 
     Raises:
         CheckpointError: the manifest cannot be read (the verification then fails, naming it).
     """
-    variables = variables_of(model)
-    needed = {MANIFEST, train_state_part(rank)}
+    del model  # kept in the signature for the callers (agree_on_checkpoint's needed(where))
     with ShardedReader(where) as reader:
-        if not set(variables) <= set(reader.variables):
-            variables = _by_position(variables, reader) or variables
-        ranks: set[int] = set()
-        for path, v in variables.items():
-            if path not in reader.variables:
-                return needed | {p for r in range(reader.process_count) for p in (part_bin(r), part_index(r))}
-            shards = getattr(v.value, "addressable_shards", None)
-            for index in [s.index for s in shards] if shards is not None else [None]:
-                ranks |= reader.parts_for(path, index)
-    return needed | {name for r in ranks for name in (part_bin(r), part_index(r))}
+        parts = checked_parts(reader.process_count, rank, _process_count())
+    return {MANIFEST, train_state_part(rank)} | {name for r in parts for name in (part_bin(r), part_index(r))}
+
+
+def _process_count() -> int:
+    import jax  # noqa: PLC0415 (a multi-process restore: JAX is running)
+
+    return int(jax.process_count())
+
+
+def read_stats(read: ShardedRead, where: str, rank: int) -> dict[str, int]:
+    """What process ``rank`` read of ``where``: ``read_bytes`` (the files it checked, whole, plus what it took
+    from the other parts), ``checked_bytes``, ``slice_bytes`` and ``gathered_bytes``."""
+    names = files_to_read(None, where, rank)
+    checked = sum(os.path.getsize(os.path.join(where, n)) for n in names if os.path.isfile(os.path.join(where, n)))
+    mine = {r for r in read.bytes_from if part_bin(r) in names}
+    elsewhere = sum(n for r, n in read.bytes_from.items() if r not in mine)
+    return {
+        "read_bytes": checked + elsewhere,
+        "checked_bytes": checked,
+        "slice_bytes": read.slice_bytes,
+        "gathered_bytes": read.gathered_bytes,
+    }

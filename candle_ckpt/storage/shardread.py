@@ -71,6 +71,7 @@ class ShardedReader:
             for name, var in body["variables"].items()
         }
         self._maps: dict[int, mmap.mmap | bytes] = {}
+        self.bytes_from: dict[int, int] = {}  # part -> bytes :meth:`read` copied out of it (what it read there)
 
     def part_path(self, rank: int) -> str:
         return os.path.join(self.directory, self.parts[rank]["file"])
@@ -113,6 +114,7 @@ class ShardedReader:
             if both is None:
                 continue
             src = np.frombuffer(self._map(part), dtype, count=nbytes // dtype.itemsize, offset=offset)
+            self.bytes_from[part] = self.bytes_from.get(part, 0) + int(np.prod(shape_of(both))) * dtype.itemsize
             src = src.reshape(shape_of(block))
             out[tuple(slice(s - w, e - w) for (s, e), (w, _) in zip(both, want, strict=True))] = src[
                 tuple(slice(s - b, e - b) for (s, e), (b, _) in zip(both, block, strict=True))

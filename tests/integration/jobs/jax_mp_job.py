@@ -18,6 +18,10 @@ weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer 
 ``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
 ``--pause-epoch-end=E`` prints ``PAUSED`` in ``on_epoch_end`` of epoch E, before that epoch's checkpoint, and sleeps.
 ``--heartbeat=S``: ``jax.distributed.initialize(heartbeat_timeout_seconds=S)`` (how soon a dead peer is noticed).
+``--hidden=H``: H units in the first Dense layer (16 by default; larger values make the state big enough to be
+cut in slices). ``--verbose``: ``restart()`` and the callback log to the console. ``--print-stats``: after fit,
+print ``STATS {json}`` (the callback's ``stats()``: its saves and its restore) and log the closing report
+(``report_final()``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import sys
 import time
 
-os.environ["KERAS_BACKEND"] = "jax"
+os.environ.setdefault("KERAS_BACKEND", "jax")  # another only where a test asks (JaxJob's env)
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -58,11 +62,11 @@ def distribution(kind: str):
     return keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
 
 
-def build_model():
+def build_model(hidden: int = HIDDEN):
     import keras
 
     inputs = keras.Input((FEATURES,))
-    h = keras.layers.Dense(HIDDEN, activation="relu", name="dense_a")(inputs)
+    h = keras.layers.Dense(hidden, activation="relu", name="dense_a")(inputs)
     h = keras.layers.Dropout(0.2, seed=3)(h)
     out = keras.layers.Dense(1, name="dense_b")(h)
     model = keras.Model(inputs, out)
@@ -140,7 +144,9 @@ def main() -> None:
         keras.distribution.set_distribution(d)
     if "--second-model" in flags:  # a model built before: Keras numbers this one's names (adam_1, ...)
         build_model()
-    model = build_model()
+    hidden = next((int(f.split("=")[1]) for f in flags if f.startswith("--hidden=")), HIDDEN)
+    model = build_model(hidden)
+    verbose = "--verbose" in flags
     params = {
         "ckpt_directory": directory,
         "epochs": int(epochs),
@@ -148,11 +154,11 @@ def main() -> None:
         "ckpt_keep_limit": 3,
         "ckpt_async": "--async" in flags,
     }
-    found = candle_ckpt.restart(params, model, verbose=False)
+    found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)
     dump(model, out + ".restored.npz")
-    callbacks = [candle_ckpt.CandleCheckpointCallback(params, verbose=False)]
+    callbacks = [candle_ckpt.CandleCheckpointCallback(params, verbose=verbose)]
     pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
     if pause is not None:
         callbacks.append(Pause(*(int(s) for s in pause.split(":"))))
@@ -168,6 +174,11 @@ def main() -> None:
         callbacks=callbacks, verbose=0,
     )  # fmt: skip
     dump(model, out)
+    if "--print-stats" in flags:
+        import json
+
+        print("STATS " + json.dumps(callbacks[0].stats(), default=str), flush=True)
+        callbacks[0].report_final()
     print("DONE", flush=True)
 
 
