@@ -38,7 +38,7 @@ def test_a_typo_in_a_ckpt_key_gets_one_warning_naming_the_closest_key(tmp_path: 
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--ckpt_keep_limit", "0"], "argument --ckpt_keep_limit: ckpt_keep_limit must be > 0; got 0"),
+        (["--ckpt_keep_limit", "0"], "argument --ckpt_keep_limit: ckpt_keep_limit must be an integer > 0; got 0"),
         (
             ["--ckpt_preempt_signals", "SIGFOO"],
             "argument --ckpt_preempt_signals: ckpt_preempt_signals: 'SIGFOO' is not a signal name on this platform",
