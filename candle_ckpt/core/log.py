@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from candle_ckpt.config.params import take_unreported
+
 ROOT_LOGGER = "candle_ckpt"
 QUIET_LOGGER = "candle_ckpt.quiet"  # verbose=False: warnings only on the console
 _HANDLER_MARK = "_candle_ckpt_console"
@@ -131,6 +133,8 @@ class OpsLog:
         self.path = path
         self.logger = logger
         self._lock = threading.Lock()
+        for message in take_unreported():  # an unknown ckpt_* key of the dict this object was built from
+            self.warning(message)
 
     def write(self, message: str, level: int = logging.INFO, console: bool = True) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")

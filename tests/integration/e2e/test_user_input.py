@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,24 @@ def test_a_typo_in_a_ckpt_key_gets_one_warning_naming_the_closest_key(tmp_path: 
         "unknown parameter ckpt_keep_limt is ignored; did you mean ckpt_keep_limit?",
     ]
     assert sorted(p.name for p in (tmp_path / "ckpts" / "epochs").iterdir()) == ["001", "002"]
+
+
+def test_the_unknown_key_warning_is_a_timestamped_line_on_the_console_and_in_ckpt_log(tmp_path: Path) -> None:
+    """Issue 40 item 5: the Quickstart with a misspelled key in its dict prints the warning once, with the timestamp
+    and 'candle_ckpt WARNING' of every other line (it was printed bare), and ckpt.log holds it once."""
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    line = "gParameters = vars(parser.parse_args())\n"
+    assert line in code
+    code = code.replace(line, line + 'gParameters["ckpt_save_intervall"] = 2\n')
+    (tmp_path / "quickstart.py").write_text(code)
+    proc = run(["python3", "quickstart.py", "--epochs", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = "unknown parameter ckpt_save_intervall is ignored; did you mean ckpt_save_interval?"
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    console = [s for s in proc.stderr.splitlines() if "unknown parameter" in s]
+    assert len(console) == 1 and re.fullmatch(rf"{stamp},\d{{3}} candle_ckpt WARNING: {re.escape(text)}", console[0])
+    log = [s for s in (tmp_path / "save" / "ckpt.log").read_text().splitlines() if "unknown parameter" in s]
+    assert len(log) == 1 and re.fullmatch(rf"{stamp} WARNING {re.escape(text)}", log[0]), log
 
 
 @pytest.mark.parametrize(
