@@ -37,6 +37,7 @@ from candle_ckpt.cli.common import (
 from candle_ckpt.cli.steps import print_step_rows, step_rows, verify_steps
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.log import counted
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -120,7 +121,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     total = sum(r.get("bytes") or 0 for r in rows)
     where = ", ".join(f"{n} -> {L.epoch_name(e) if e is not None else 'none'}" for n, e in pointers.items())
-    print(f"{len(rows)} checkpoints, {fmt_bytes(total)}; {where}")
+    print(f"{counted(len(rows), 'checkpoint')}, {fmt_bytes(total)}; {where}")
     print_step_rows(steps, args.verify)
     if not args.verify:
         print("(read from the sidecars only; add --verify to check every file's CRC32)")
@@ -149,13 +150,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             continue
         unchecked = [n for n, e in side.files.items() if e.crc32 is None]
         how = "sizes only (saved with ckpt_checksum off)" if unchecked else "CRC32 ok"
-        print(f"epoch {L.epoch_name(epoch)}: ok  {len(side.files)} files, {fmt_bytes(side.total_bytes)}, {how}")
+        files = counted(len(side.files), "file")
+        print(f"epoch {L.epoch_name(epoch)}: ok  {files}, {fmt_bytes(side.total_bytes)}, {how}")
     count = len(epochs)
     if with_steps:
         failures += verify_steps(store)
         count += len(store.steps.generations())
     if failures:
-        print(f"{len(failures)} of {count} checkpoints FAILED verification")
+        print(f"{len(failures)} of {counted(count, 'checkpoint')} FAILED verification")
         raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
     print(f"all {count} checkpoints verified" if count > 1 else "checkpoint verified")
     return EXIT_OK
@@ -256,5 +258,5 @@ def cmd_plot(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise CliError(f"cannot plot {store.layout.root}: {err}") from None
-    print(f"wrote {out}: {n} metrics over {len(sides)} checkpoints")
+    print(f"wrote {out}: {counted(n, 'metric')} over {counted(len(sides), 'checkpoint')}")
     return EXIT_OK

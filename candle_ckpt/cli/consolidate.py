@@ -26,6 +26,7 @@ import numpy as np
 from candle_ckpt.cli.common import EXIT_CORRUPT, EXIT_OK, CliError, open_store, resolve_epoch
 from candle_ckpt.cli.console import import_keras_quietly
 from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.log import counted
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.shardread import consolidate
 
@@ -63,7 +64,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {output}: {assigned} variables from {where} ({len(side.files)} files verified)")
+    print(f"wrote {output}: {counted(assigned, 'variable')} from {where} ({counted(len(side.files), 'file')} verified)")
     if skipped:
         print(f"not in the model, left out: {', '.join(skipped)}")
     return EXIT_OK

@@ -12,6 +12,7 @@ from typing import Any
 from candle_ckpt.cli.common import EXIT_OK, PROG, epoch_ranges, fmt_bytes, marks_of, open_store, oplog, read_links
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.log import counted
 from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -50,10 +51,11 @@ def _prune(store: CheckpointStore, policy: Any, args: argparse.Namespace) -> int
     for epoch in doomed:
         print(f"{verb.ljust(13)} {describe(epoch)}")
     freed = sum(sizes.get(e) or 0 for e in doomed)
+    of = counted(len(keep) + len(doomed), "checkpoint")
     if args.dry_run:
-        print(f"dry run: would remove {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)})")
+        print(f"dry run: would remove {len(doomed)} of {of} ({fmt_bytes(freed)})")
     else:
-        print(f"pruned {len(doomed)} of {len(keep) + len(doomed)} checkpoints ({fmt_bytes(freed)} freed)")
+        print(f"pruned {len(doomed)} of {of} ({fmt_bytes(freed)} freed)")
         if doomed:
             oplog(store).info(
                 f"pruned epochs {epoch_ranges(doomed)} by {PROG} "

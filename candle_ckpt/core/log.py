@@ -72,6 +72,25 @@ def human_bytes(n: float | None) -> str:
     return f"{value:.1f} {unit}"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in the right number: ``1 checkpoint``, ``2 checkpoints``, ``0 files``.
+
+    ``plural`` for a noun that does not take an ``s`` (``counted(2, "process", "processes")``). Every
+    line that counts something says it through here, so none reads "1 checkpoints".
+    """
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def position(epoch: int, step: int | None = None) -> str:
+    """Where in training a checkpoint was taken, in Keras's 1-based epochs (what ``fit`` prints):
+    ``epoch 20`` after 20 completed epochs, ``epoch 21, step 1`` after step 1 of the 21st.
+
+    ``epoch`` and ``step`` are the sidecar's fields (completed epochs; steps done of the next one).
+    The log, ``candle-ckpt list``, ``info`` and ``verify`` all name a checkpoint through here.
+    """
+    return f"epoch {epoch}" if step is None else f"epoch {epoch + 1}, step {step}"
+
+
 class LineTracker:
     """A stand-in for ``sys.stdout`` that remembers whether its last line is unterminated."""
 

@@ -82,7 +82,7 @@ def test_sizes_are_printed_in_readable_units_and_the_preemption_line_only_in_ckp
     assert "0.0 MB" not in proc.stdout
     assert "preemption" not in proc.stdout, proc.stdout[-3000:]
     log = (tmp_path / "save" / "ckpt.log").read_text()
-    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
+    assert "INFO preemption: on SIGTERM, a checkpoint is saved at the next step and training stops" in log
 
 
 def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_path: Path) -> None:

@@ -528,3 +528,19 @@ def test_slow_writer_message_states_the_wait_and_the_speeds() -> None:
     tiny = slow_writer_message(3, 2, 2_500, submitted=0.0, wait_start=1.0, wait_end=2.0)
     assert "it wrote 2.5 kB in 2.00 s (1.25 kB/s)" in tiny
     assert "ckpt_save_interval" in msg and "ckpt_save_weights_only" in msg
+
+
+def test_counts_and_positions_read_as_english() -> None:
+    """Issue 40 item 6: one helper for counts ("1 checkpoint", never "1 checkpoints") and one name for a checkpoint's
+    place in training, Keras's 1-based epochs: a step checkpoint after step 1 of fit's epoch 21 is "epoch 21, step 1"
+    (list said "epoch 20 + 1 steps"); the end-of-run report uses the count helper."""
+    from candle_ckpt.core.log import counted, position
+    from candle_ckpt.core.policy import BestState
+    from candle_ckpt.engine.aftercommit import report_summary
+
+    assert [counted(n, "checkpoint") for n in (0, 1, 2)] == ["0 checkpoints", "1 checkpoint", "2 checkpoints"]
+    assert counted(1, "process", "processes") == "1 process" and counted(3, "process", "processes") == "3 processes"
+    assert position(20) == "epoch 20" and position(20, 1) == "epoch 21, step 1"
+    best = BestState(metric="loss", mode="min")
+    line = report_summary([{"epoch": 1, "bytes": 10, "save_s": 0.1}], best, [])
+    assert line.startswith("report: 1 checkpoint, 10 B in 0.10 s"), line
