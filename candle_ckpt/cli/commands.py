@@ -20,6 +20,8 @@ from candle_ckpt.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
+    abandoned_epochs,
+    epoch_ranges,
     fmt_bytes,
     fmt_time,
     fmt_value,
@@ -46,6 +48,7 @@ from candle_ckpt.storage.store import CheckpointStore
 
 def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) -> list[dict[str, Any]]:
     bar_factory = progress_factory() if verify else None
+    abandoned = set(abandoned_epochs(store, links["last"]))
     rows = []
     for epoch in store.epochs():
         row: dict[str, Any] = {
@@ -53,6 +56,7 @@ def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) ->
             "path": store.layout.epoch_dir(epoch),
             "best": links["best"] == epoch,
             "last": links["last"] == epoch,
+            "abandoned": epoch in abandoned,
             "verified": verify,
             "valid": False,
             "problem": None,
@@ -112,7 +116,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
                 metric,
                 r["reason"] or "-",
-                ",".join(n for n in L.LINK_NAMES if r[n]) or "-",
+                ",".join(n for n in (*L.LINK_NAMES, "abandoned") if r[n]) or "-",
                 "ok" if r["valid"] else f"INVALID: {r['problem']}",
             )
         )
@@ -122,6 +126,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     total = sum(r.get("bytes") or 0 for r in rows)
     where = ", ".join(f"{n} -> {L.epoch_name(e) if e is not None else 'none'}" for n, e in pointers.items())
     print(f"{counted(len(rows), 'checkpoint')}, {fmt_bytes(total)}; {where}")
+    abandoned = [r["epoch"] for r in rows if r["abandoned"]]
+    if abandoned:
+        print(
+            f"{counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a rollback abandoned: "
+            f"not on the way to last, never restored; {PROG} prune {args.dir} --abandoned removes them"
+        )
     print_step_rows(steps, args.verify)
     if not args.verify:
         print("(read from the sidecars only; add --verify to check every file's CRC32)")
@@ -133,7 +143,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
+    abandoned = abandoned_epochs(store, store.link_epoch("last")) if args.epoch is None else []
     epochs = [resolve_epoch(store, args.epoch)] if args.epoch is not None else store.epochs()
+    epochs = [e for e in epochs if e not in abandoned]  # not the job's history: checked only when named
+    if abandoned:
+        print(
+            f"not checked: {counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a "
+            f"rollback abandoned (--epoch N checks one; prune --abandoned removes them)"
+        )
     with_steps = args.epoch is None and bool(store.steps.generations())
     if not epochs and not with_steps:
         print(f"no checkpoints in {store.layout.root}")

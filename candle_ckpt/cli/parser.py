@@ -91,8 +91,12 @@ def _rollback_options(p: argparse.ArgumentParser) -> None:
 
 
 def _prune_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--keep-limit", type=keep_limit, required=True, metavar="N", help="checkpoints to keep (an integer > 0)"
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--keep-limit", type=keep_limit, metavar="N", help="checkpoints to keep (an integer > 0)")
+    which.add_argument(
+        "--abandoned",
+        action="store_true",
+        help="remove the checkpoints a rollback abandoned (those 'list' marks 'abandoned'), and nothing else",
     )
     p.add_argument(
         "--keep-mode",
