@@ -35,6 +35,8 @@ def open_store(directory: str) -> CheckpointStore:
     if not store.exists() and flat.exists() and not (L.Layout.at(parent).ckpts == flat.layout.root):
         store = flat  # the flat layout (candle_lib develop): epochs/ right here (a ".../ckpts" gets the hint below)
     root = store.layout.root
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise CliError(f"{directory} is a file, not a checkpoint directory")
     if not os.path.isdir(root):
         raise CliError(f"{directory}: no such directory")
     if not store.exists():

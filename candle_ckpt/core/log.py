@@ -12,6 +12,7 @@ and the console handler ends Keras's unterminated progress-bar line first.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -165,9 +166,21 @@ class OpsLog:
                     with open(self.path, "a", encoding="utf-8") as f:
                         f.write(line)
                 except OSError as err:  # a full disk must not turn a log line into a crash
-                    logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
+                    self._unwritten(err)
         if self.logger is not None:
             self.logger.log(level if console else logging.DEBUG, message)
+
+    def _unwritten(self, err: OSError) -> None:
+        """Say that a line could not be appended: a warning for a disk that fails (full, I/O error).
+
+        A directory that cannot hold ckpt.log at all (not writable, a file in its place) is said once, by
+        the store that opens it for writing, which names that cause; a warning here would come first and
+        name a consequence. The line itself still reaches the console logger.
+        """
+        level = logging.DEBUG if isinstance(err, (PermissionError, FileExistsError, NotADirectoryError)) else None
+        if level is None and err.errno == errno.EROFS:
+            level = logging.DEBUG
+        logging.getLogger(ROOT_LOGGER).log(level or logging.WARNING, "cannot append to %s: %s", self.path, err)
 
     def info(self, message: str) -> None:
         self.write(message, logging.INFO)

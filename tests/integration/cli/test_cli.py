@@ -542,13 +542,18 @@ def _args(command: list[str], directory: Path, tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("command", COMMANDS_ON_DIR, ids=lambda c: c[0])
 def test_not_a_checkpoint_dir_is_one_line_exit_2(command: list[str], tmp_path: Path) -> None:
-    """Every command on a directory without ckpts/epochs/ fails with one line naming it, exit 2."""
+    """Every command on a directory without ckpts/epochs/, a missing one or a file fails with one line naming it and
+    what it is, exit 2."""
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = cli(*_args(command, empty, tmp_path))
     assert_one_line_error(proc, 2, f"{empty} is not a checkpoint directory")
     missing = tmp_path / "missing"
     assert_one_line_error(cli(*_args(command, missing, tmp_path)), 2, f"{missing}: no such directory")
+    a_file = tmp_path / "notadir"  # issue 40 item 3: it said "no such directory"
+    a_file.write_text("x")
+    proc = cli(*_args(command, a_file, tmp_path))
+    assert_one_line_error(proc, 2, f"{a_file} is a file, not a checkpoint directory")
 
 
 def test_pointing_at_ckpts_suggests_the_parent(trained: Trained) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from test_readme import README, blocks, run
+from test_readme import ENV, README, blocks, run
 
 import candle_ckpt as candle
 from candle_ckpt.config import params as params_module
@@ -74,3 +78,40 @@ def test_an_out_of_range_flag_is_a_one_line_argparse_error_with_status_2(tmp_pat
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert proc.stderr.splitlines()[-1].startswith(f"quickstart.py: error: {error}"), proc.stderr[-2000:]
     assert not (tmp_path / "save").exists()
+
+
+def _as_a_user(command: list[str]) -> list[str]:
+    """``command`` run so that file modes apply: as root, with the capabilities that override them dropped."""
+    if os.geteuid() != 0:
+        return command
+    capsh = shutil.which("capsh")
+    if capsh is None:
+        pytest.skip("as root, mode bits are ignored unless capsh (libcap2-bin) drops cap_dac_override; none here")
+    return [capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", " ".join(map(repr, command))]
+
+
+@pytest.mark.parametrize("case", ["read-only directory", "a file"])
+def test_a_ckpt_directory_it_cannot_use_is_named_with_its_cause_first_and_alone(tmp_path: Path, case: str) -> None:
+    """Issue 40 item 3: the Quickstart pointed at an existing directory it cannot write (mode 555; as root, with the
+    capabilities that bypass modes dropped) or at a file stops with the cause ('is not writable by this process';
+    'is a file, not a directory'; it said 'cannot be created: Permission denied'), and no 'cannot append to
+    .../ckpt.log' warning comes before it."""
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    target = tmp_path / "save"
+    if case == "a file":
+        target.write_text("not a directory")
+        cause = f"FileExistsError: [Errno 17] ckpt_directory '{target}' cannot be created: '{target}' is a file, "
+        cause += "not a directory"
+    else:
+        target.mkdir()
+        target.chmod(0o555)
+        cause = (
+            f"PermissionError: [Errno 13] ckpt_directory '{target}' is not writable by this process (Permission denied)"
+        )
+    command = _as_a_user([sys.executable, "quickstart.py", "--epochs", "1"])
+    proc = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    target.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == cause, proc.stderr[-3000:]
+    assert "cannot append" not in proc.stderr and "candle_ckpt WARNING" not in proc.stderr, proc.stderr[-3000:]
