@@ -115,3 +115,45 @@ def test_a_ckpt_directory_it_cannot_use_is_named_with_its_cause_first_and_alone(
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1] == cause, proc.stderr[-3000:]
     assert "cannot append" not in proc.stderr and "candle_ckpt WARNING" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_ctrl_c_in_the_quickstart_keeps_the_traceback_and_says_once_what_is_committed(tmp_path: Path) -> None:
+    """Issue 40 item 8: the Quickstart (a real subprocess) sent a real SIGINT during fit ends as Python ends it
+    (its KeyboardInterrupt traceback, status -SIGINT), and then one line, on the console and in ckpt.log, names
+    the last committed checkpoint (the one `last` points to), as a SIGTERM's line does."""
+    import signal
+    import time
+
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    proc = subprocess.Popen(
+        [sys.executable, "quickstart.py", "--epochs", "100000"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # Keras's import and two epochs, on a loaded machine
+        while not (tmp_path / "save" / "ckpts" / "epochs" / "002").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    lines = err.splitlines()
+    assert "Traceback (most recent call last):" in lines and "KeyboardInterrupt" in lines, err[-3000:]
+    last = tmp_path / "save" / "ckpts" / "last"
+    epoch = int(os.readlink(last).split("/")[-1])
+    said = f"interrupted (Ctrl-C): the last committed checkpoint is epoch {epoch} ({tmp_path / 'save'}/ckpts/epochs/"
+    said += f"{epoch:03d})"
+    console = [s for s in lines if "interrupted (Ctrl-C)" in s]
+    assert len(console) == 1 and console[0].endswith(f"candle_ckpt WARNING: {said}"), err[-3000:]
+    assert lines.index(console[0]) > lines.index("KeyboardInterrupt")  # after Python's traceback, which is kept
+    log = (tmp_path / "save" / "ckpt.log").read_text().splitlines()
+    assert [s for s in log if "interrupted (Ctrl-C)" in s] == [log[-1]] and log[-1].endswith(f"WARNING {said}"), log[
+        -5:
+    ]
