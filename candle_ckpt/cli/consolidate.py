@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.cli.common import EXIT_CORRUPT, EXIT_OK, CliError, open_store, resolve_epoch
-from candle_ckpt.cli.console import import_keras_quietly
+from candle_ckpt.cli.console import import_keras_quietly, native_stderr_hidden
 from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.log import counted
 from candle_ckpt.storage.sharded import MANIFEST
@@ -59,7 +59,8 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     model, assigned, skipped = build_and_assign(config, arrays, where)
     tmp = os.path.join(os.path.dirname(output), f".tmp-{uuid.uuid4().hex[:8]}-{os.path.basename(output)}")
     try:
-        model.save(tmp)
+        with native_stderr_hidden():  # on JAX, Keras's serialization imports TensorFlow here
+            model.save(tmp)
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
