@@ -606,7 +606,7 @@ def test_corrupt_sidecar_is_one_line_exit_2(trained: Trained, tmp_path: Path) ->
         (["info", "{dir}", "abc"], "an epoch must be an integer >= 0; got 'abc'"),
         (["prune", "{dir}", "--keep-limit", "0"], "argument --keep-limit: must be an integer > 0; got 0"),
         (["prune", "{dir}", "--keep-limit", "2", "--keep-mode", "log"], "argument --keep-mode: invalid choice"),
-        (["prune", "{dir}"], "the following arguments are required: --keep-limit"),
+        (["prune", "{dir}"], "one of the arguments --keep-limit --abandoned is required"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],
