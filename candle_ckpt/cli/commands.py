@@ -20,6 +20,8 @@ from candle_ckpt.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
+    abandoned_epochs,
+    epoch_ranges,
     fmt_bytes,
     fmt_time,
     fmt_value,
@@ -37,6 +39,7 @@ from candle_ckpt.cli.common import (
 from candle_ckpt.cli.steps import print_step_rows, step_rows, verify_steps
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.log import counted
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -45,6 +48,7 @@ from candle_ckpt.storage.store import CheckpointStore
 
 def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) -> list[dict[str, Any]]:
     bar_factory = progress_factory() if verify else None
+    abandoned = set(abandoned_epochs(store, links["last"]))
     rows = []
     for epoch in store.epochs():
         row: dict[str, Any] = {
@@ -52,6 +56,7 @@ def _rows(store: CheckpointStore, links: dict[str, int | None], verify: bool) ->
             "path": store.layout.epoch_dir(epoch),
             "best": links["best"] == epoch,
             "last": links["last"] == epoch,
+            "abandoned": epoch in abandoned,
             "verified": verify,
             "valid": False,
             "problem": None,
@@ -111,7 +116,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
                 metric,
                 r["reason"] or "-",
-                ",".join(n for n in L.LINK_NAMES if r[n]) or "-",
+                ",".join(n for n in (*L.LINK_NAMES, "abandoned") if r[n]) or "-",
                 "ok" if r["valid"] else f"INVALID: {r['problem']}",
             )
         )
@@ -120,7 +125,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     total = sum(r.get("bytes") or 0 for r in rows)
     where = ", ".join(f"{n} -> {L.epoch_name(e) if e is not None else 'none'}" for n, e in pointers.items())
-    print(f"{len(rows)} checkpoints, {fmt_bytes(total)}; {where}")
+    print(f"{counted(len(rows), 'checkpoint')}, {fmt_bytes(total)}; {where}")
+    abandoned = [r["epoch"] for r in rows if r["abandoned"]]
+    if abandoned:
+        print(
+            f"{counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a rollback abandoned: "
+            f"not on the way to last, never restored; {PROG} prune {args.dir} --abandoned removes them"
+        )
     print_step_rows(steps, args.verify)
     if not args.verify:
         print("(read from the sidecars only; add --verify to check every file's CRC32)")
@@ -132,7 +143,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
+    abandoned = abandoned_epochs(store, store.link_epoch("last")) if args.epoch is None else []
     epochs = [resolve_epoch(store, args.epoch)] if args.epoch is not None else store.epochs()
+    epochs = [e for e in epochs if e not in abandoned]  # not the job's history: checked only when named
+    if abandoned:
+        print(
+            f"not checked: {counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a "
+            f"rollback abandoned (--epoch N checks one; prune --abandoned removes them)"
+        )
     with_steps = args.epoch is None and bool(store.steps.generations())
     if not epochs and not with_steps:
         print(f"no checkpoints in {store.layout.root}")
@@ -149,13 +167,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             continue
         unchecked = [n for n, e in side.files.items() if e.crc32 is None]
         how = "sizes only (saved with ckpt_checksum off)" if unchecked else "CRC32 ok"
-        print(f"epoch {L.epoch_name(epoch)}: ok  {len(side.files)} files, {fmt_bytes(side.total_bytes)}, {how}")
+        files = counted(len(side.files), "file")
+        print(f"epoch {L.epoch_name(epoch)}: ok  {files}, {fmt_bytes(side.total_bytes)}, {how}")
     count = len(epochs)
     if with_steps:
         failures += verify_steps(store)
         count += len(store.steps.generations())
     if failures:
-        print(f"{len(failures)} of {count} checkpoints FAILED verification")
+        print(f"{len(failures)} of {counted(count, 'checkpoint')} FAILED verification")
         raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
     print(f"all {count} checkpoints verified" if count > 1 else "checkpoint verified")
     return EXIT_OK
@@ -256,5 +275,5 @@ def cmd_plot(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise CliError(f"cannot plot {store.layout.root}: {err}") from None
-    print(f"wrote {out}: {n} metrics over {len(sides)} checkpoints")
+    print(f"wrote {out}: {counted(n, 'metric')} over {counted(len(sides), 'checkpoint')}")
     return EXIT_OK

@@ -55,11 +55,25 @@ def _sigint_held() -> Iterator[None]:
 
 
 def _import_keras() -> ModuleType:
-    level = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if level in ("0", "1", "2"):
+    with native_stderr_hidden():
         import keras
+    return keras
 
-        return keras
+
+@contextlib.contextmanager
+def native_stderr_hidden() -> Iterator[None]:
+    """While the body runs, file descriptor 2 goes to a temporary file: TensorFlow's start-up lines, written
+    there by its C++ code while it loads, are not shown; if the body raises, what was written is shown.
+
+    Around whatever may load TensorFlow: ``import keras`` (TensorFlow backend), and on the JAX backend
+    ``model.save``, where Keras's serialization imports TensorFlow if it is installed (keras 3.15,
+    ``serialization_lib``: ``tf.available``). A user who asks for TF's logs (``TF_CPP_MIN_LOG_LEVEL`` of
+    0, 1 or 2) sees them.
+    """
+    level = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if level in ("0", "1", "2") or "tensorflow" in sys.modules:  # asked for, or already loaded (said its lines)
+        yield
+        return
     import tempfile
 
     sys.stderr.flush()
@@ -67,8 +81,8 @@ def _import_keras() -> ModuleType:
     with tempfile.TemporaryFile() as hidden:
         os.dup2(hidden.fileno(), 2)
         try:
-            import keras
-        except Exception:  # show why the import failed (Ctrl-C during it needs no TF noise)
+            yield
+        except Exception:  # show why it failed (Ctrl-C during it needs no TF noise)
             os.dup2(saved, 2)
             hidden.seek(0)
             sys.stderr.write(hidden.read().decode("utf-8", "replace"))
@@ -76,7 +90,6 @@ def _import_keras() -> ModuleType:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-    return keras
 
 
 def saved_so_far(directory: str) -> str:

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.cli.common import EXIT_CORRUPT, EXIT_OK, CliError, open_store, resolve_epoch
-from candle_ckpt.cli.console import import_keras_quietly
+from candle_ckpt.cli.console import import_keras_quietly, native_stderr_hidden
 from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.log import counted
 from candle_ckpt.storage.sharded import MANIFEST, dtype_of
 from candle_ckpt.storage.shardread import consolidate
 
@@ -59,12 +60,13 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     model, assigned, skipped = build_and_assign(config, arrays, where)
     tmp = os.path.join(os.path.dirname(output), f".tmp-{uuid.uuid4().hex[:8]}-{os.path.basename(output)}")
     try:
-        model.save(tmp)
+        with native_stderr_hidden():  # on JAX, Keras's serialization imports TensorFlow here
+            model.save(tmp)
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {output}: {assigned} variables from {where} ({len(side.files)} files verified)")
+    print(f"wrote {output}: {counted(assigned, 'variable')} from {where} ({counted(len(side.files), 'file')} verified)")
     if skipped:
         print(f"not in the model, left out: {', '.join(skipped)}")
     return EXIT_OK

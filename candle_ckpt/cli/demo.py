@@ -1,7 +1,8 @@
 """The demo job: a small regression model on synthetic data, checkpointed into ./candle_ckpt_demo.
 
 Run it, stop it (Ctrl-C, kill -9) and run it again: it resumes where it
-stopped, and after the last epoch a rerun has nothing left to do::
+stopped, and after the last epoch a rerun has nothing left to do. On a terminal
+each epoch is followed by a 1 s pause (``--sleep``), time to press Ctrl-C::
 
     python3 -m candle_ckpt.cli.demo --epochs 20     # or: candle-ckpt demo --epochs 20
 """
@@ -18,6 +19,18 @@ from typing import Any
 from candle_ckpt.cli.console import DEMO_DIRECTORY, import_keras_quietly, interrupted_demo, sigint_seen, watch_sigint
 
 PROG = "python3 -m candle_ckpt.cli.demo"
+# Seconds of pause after each epoch (an epoch itself takes ~0.3 s): on a terminal, time to press Ctrl-C
+# after a few epochs; piped or in a test, just enough to see the epochs pass.
+PAUSE_ON_A_TERMINAL, PAUSE_OTHERWISE = 1.0, 0.2
+
+
+def default_pause() -> float:
+    """The demo's ``--sleep`` default: :data:`PAUSE_ON_A_TERMINAL` when its output is a terminal."""
+    try:
+        interactive = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        interactive = False
+    return PAUSE_ON_A_TERMINAL if interactive else PAUSE_OTHERWISE
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -26,7 +39,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20, help="total number of epochs of the job (default 20)")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic training samples (default 2048)")
-    parser.add_argument("--sleep", type=float, default=0.2, help="extra seconds per epoch, to leave time for Ctrl-C")
+    parser.add_argument(
+        "--sleep",
+        type=float,
+        default=default_pause(),
+        help=f"seconds of pause after each epoch, to leave time for Ctrl-C (default: {PAUSE_ON_A_TERMINAL:g} on a "
+        f"terminal, {PAUSE_OTHERWISE:g} otherwise)",
+    )
     parser.add_argument("--seed", type=int, default=7, help="random seed for data and weights")
     ckpt_parser(parser)
     # Its own directory: never ./save, where a user's own job (the Quickstart) keeps its checkpoints.

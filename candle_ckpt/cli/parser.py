@@ -10,7 +10,8 @@ from candle_ckpt import __version__
 from candle_ckpt.cli import commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.cli.console import DEMO_DIRECTORY
-from candle_ckpt.config.schema import KEEP_MODES
+from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.schema import _SPEC_BY_KEY, KEEP_MODES
 from candle_ckpt.core import layout as L
 
 EXIT_HELP = (
@@ -37,6 +38,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
     return value
+
+
+def keep_limit(text: str) -> int:
+    """``--keep-limit``: what ``ckpt_keep_limit`` accepts, refused in the same sentence."""
+    try:
+        return _coerce(_SPEC_BY_KEY["ckpt_keep_limit"], text, key="--keep-limit")
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--keep-limit ")) from None  # argparse names it
 
 
 def epoch_arg(text: str) -> int:
@@ -82,8 +91,12 @@ def _rollback_options(p: argparse.ArgumentParser) -> None:
 
 
 def _prune_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--keep-limit", type=positive_int, required=True, metavar="N", help="checkpoints to keep (integer >= 1)"
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--keep-limit", type=keep_limit, metavar="N", help="checkpoints to keep (an integer > 0)")
+    which.add_argument(
+        "--abandoned",
+        action="store_true",
+        help="remove the checkpoints a rollback abandoned (those 'list' marks 'abandoned'), and nothing else",
     )
     p.add_argument(
         "--keep-mode",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from candle_ckpt.core.errors import MissingDependency
+from candle_ckpt.core.log import counted
 from candle_ckpt.core.sidecar import Sidecar
 
 INSTALL_HINT = "python3 -m pip install matplotlib (from a checkout: python3 -m pip install -e '.[plot]')"
@@ -94,7 +95,7 @@ def plot_history(
         ax.legend(fontsize="small")
     axes[-1].set_xlabel("epoch (completed epochs); markers = checkpoints on disk")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(f"{title}: {len(sides)} retained checkpoints", fontsize="medium")
+    fig.suptitle(f"{title}: {counted(len(sides), 'retained checkpoint')}", fontsize="medium")
     fig.savefig(path, dpi=dpi)
     return len(series)
 

@@ -11,6 +11,7 @@ from typing import Any
 from candle_ckpt.cli.common import fmt_bytes, fmt_time, problem
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.log import counted, position
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -49,7 +50,7 @@ def print_step_rows(rows: list[dict[str, Any]], verify: bool) -> None:
         return
     table = [("STEP", "SAVED", "SIZE", "POSITION", "REASON", "CRC" if verify else "SIDECAR")]
     for r in rows:
-        where = f"epoch {r['epoch']} + {r['step']} steps" if r["valid"] else "-"
+        where = position(r["epoch"], r["step"]) if r["valid"] else "-"
         table.append(
             (
                 f"steps/{L.epoch_name(r['generation'])}",
@@ -64,7 +65,7 @@ def print_step_rows(rows: list[dict[str, Any]], verify: bool) -> None:
     print()
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    print(f"{len(rows)} step checkpoint(s): mid-epoch; restart() prefers the newest one committed after last")
+    print(f"{counted(len(rows), 'step checkpoint')}: mid-epoch; restart() prefers the newest one committed after last")
 
 
 def verify_steps(store: CheckpointStore) -> list[str]:
@@ -73,7 +74,7 @@ def verify_steps(store: CheckpointStore) -> list[str]:
     for row in step_rows(store, verify=True):
         name = f"steps/{L.epoch_name(row['generation'])}"
         if row["valid"]:
-            print(f"{name}: ok  epoch {row['epoch']} + {row['step']} steps, {fmt_bytes(row['bytes'])}, CRC32 ok")
+            print(f"{name}: ok  {position(row['epoch'], row['step'])}, {fmt_bytes(row['bytes'])}, CRC32 ok")
         else:
             failures.append(f"{name}: {row['problem']}")
             print(f"{name}: FAILED  {row['problem']}", flush=True)

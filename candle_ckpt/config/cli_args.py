@@ -146,10 +146,14 @@ def _checked(spec: _Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]
     def check(text: str) -> Any:
         if is_none_word(text) and not spec.none_is_value:
             return None  # the default, as CkptConfig.from_params reads it
+        try:  # the parameter's own check first: a flag gets the sentence a gParameters value gets
+            coerced = _coerce(spec, text)
+        except (TypeError, ValueError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
         try:
             value = convert(text)
         except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{spec.key} must be {spec.allowed}; got {describe(text)}") from None
+            return coerced  # "3.0" for an int key: what from_params makes of it
         try:
             _coerce(spec, value)
         except (TypeError, ValueError) as err:

@@ -21,8 +21,21 @@ from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
 
+def must_be(spec: _Spec, key: str) -> str:
+    """The one sentence start for a rejected value of an integer key: ``ckpt_keep_limit must be an integer > 0``.
+
+    Every way of giving the value (a dict entry, a config-file string, a ``--ckpt_*`` flag) says the
+    same, naming what is allowed (the schema's ``allowed``)."""
+    return f"{key} must be an {spec.allowed}" if spec.kind == "int" else f"{key} must be {spec.allowed}"
+
+
 def _check_range(spec: _Spec, key: str, number: float) -> None:
     """Raise ValueError if ``number`` violates the spec's bounds."""
+    if spec.kind == "int":
+        low_ok = spec.minimum is None or (number > spec.minimum if spec.strict else number >= spec.minimum)
+        if not low_ok or (spec.maximum is not None and not number <= spec.maximum):
+            raise ValueError(f"{must_be(spec, key)}; got {describe(number)}")
+        return
     if spec.maximum is not None and not number <= spec.maximum:
         raise ValueError(f"{key} must be <= {spec.maximum:g} ({spec.allowed}); got {describe(number)}")
     if spec.minimum is None:
@@ -53,21 +66,21 @@ def _to_bool(spec: _Spec, key: str, value: object) -> bool:
     raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe_typed(value)}")
 
 
-def _integral_float(key: str, number: float, original: object) -> int:
+def _integral_float(spec: _Spec, key: str, number: float, original: object) -> int:
     """Convert a float to int if it is finite and integral."""
     if not math.isfinite(number) or not number.is_integer():
-        raise ValueError(f"{key} must be an integer; got {describe(original)}")
+        raise ValueError(f"{must_be(spec, key)}; got {describe(original)}")
     return int(number)
 
 
 def _to_int(spec: _Spec, key: str, value: object) -> int:
     """Coerce an integer parameter and check its range."""
     if isinstance(value, bool):
-        raise TypeError(f"{key} must be an integer, not a boolean; got {describe(value)}")
+        raise TypeError(f"{must_be(spec, key)}, not a boolean; got {describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
     elif isinstance(value, numbers.Real):
-        number = _integral_float(key, float(value), value)
+        number = _integral_float(spec, key, float(value), value)
     elif isinstance(value, str):
         text = str.strip(plain_text(value))
         try:
@@ -76,10 +89,10 @@ def _to_int(spec: _Spec, key: str, value: object) -> int:
             try:
                 as_float = float(text)
             except ValueError:
-                raise ValueError(f"{key} must be an integer; got {describe(value)}") from None
-            number = _integral_float(key, as_float, value)
+                raise ValueError(f"{must_be(spec, key)}; got {describe(value)}") from None
+            number = _integral_float(spec, key, as_float, value)
     else:
-        raise TypeError(f"{key} must be an integer; got {describe_typed(value)}")
+        raise TypeError(f"{must_be(spec, key)}; got {describe_typed(value)}")
     _check_range(spec, key, number)
     return number
 

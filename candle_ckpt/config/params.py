@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,9 +217,24 @@ class CkptConfig:
         return dataclasses.replace(self, **changes)
 
 
+_UNREPORTED: list[str] = []  # warnings about the dict, waiting for the log of the object that reads it
+
+
 @functools.cache  # one warning per key and process, however many objects read the dict
 def _warn_unknown(key: str) -> None:
-    """Warn that ``key`` is no ``ckpt_*`` parameter, naming the closest one."""
+    """Warn that ``key`` is no ``ckpt_*`` parameter, naming the closest one.
+
+    The configuration knows no log: the warning waits in :data:`_UNREPORTED` until the object that
+    read the dict (callback, ``restart()``, ``JobRunner``) opens its log (:class:`candle_ckpt.core.log.OpsLog`),
+    which writes it like every other line: in ``ckpt.log`` and, timestamped, on the console.
+    """
     close = difflib.get_close_matches(key, [spec.key for spec in _SPECS], n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}?" if close else "the keys are listed in docs/parameters.rst"
-    logging.getLogger("candle_ckpt").warning("unknown parameter %s is ignored; %s", key, hint)
+    _UNREPORTED.append(f"unknown parameter {key} is ignored; {hint}")
+
+
+def take_unreported() -> list[str]:
+    """The warnings about parameter dicts not written yet, removed from the queue (each is written once)."""
+    taken = list(_UNREPORTED)
+    del _UNREPORTED[: len(taken)]
+    return taken

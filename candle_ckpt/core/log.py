@@ -12,12 +12,15 @@ and the console handler ends Keras's unterminated progress-bar line first.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
 import threading
 import time
 from typing import Any, TextIO
+
+from candle_ckpt.config.params import take_unreported
 
 ROOT_LOGGER = "candle_ckpt"
 QUIET_LOGGER = "candle_ckpt.quiet"  # verbose=False: warnings only on the console
@@ -68,6 +71,25 @@ def human_bytes(n: float | None) -> str:
             break
         value, unit = value / 1000, bigger
     return f"{value:.1f} {unit}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in the right number: ``1 checkpoint``, ``2 checkpoints``, ``0 files``.
+
+    ``plural`` for a noun that does not take an ``s`` (``counted(2, "process", "processes")``). Every
+    line that counts something says it through here, so none reads "1 checkpoints".
+    """
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def position(epoch: int, step: int | None = None) -> str:
+    """Where in training a checkpoint was taken, in Keras's 1-based epochs (what ``fit`` prints):
+    ``epoch 20`` after 20 completed epochs, ``epoch 21, step 1`` after step 1 of the 21st.
+
+    ``epoch`` and ``step`` are the sidecar's fields (completed epochs; steps done of the next one).
+    The log, ``candle-ckpt list``, ``info`` and ``verify`` all name a checkpoint through here.
+    """
+    return f"epoch {epoch}" if step is None else f"epoch {epoch + 1}, step {step}"
 
 
 class LineTracker:
@@ -131,6 +153,8 @@ class OpsLog:
         self.path = path
         self.logger = logger
         self._lock = threading.Lock()
+        for message in take_unreported():  # an unknown ckpt_* key of the dict this object was built from
+            self.warning(message)
 
     def write(self, message: str, level: int = logging.INFO, console: bool = True) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -142,9 +166,21 @@ class OpsLog:
                     with open(self.path, "a", encoding="utf-8") as f:
                         f.write(line)
                 except OSError as err:  # a full disk must not turn a log line into a crash
-                    logging.getLogger(ROOT_LOGGER).warning("cannot append to %s: %s", self.path, err)
+                    self._unwritten(err)
         if self.logger is not None:
             self.logger.log(level if console else logging.DEBUG, message)
+
+    def _unwritten(self, err: OSError) -> None:
+        """Say that a line could not be appended: a warning for a disk that fails (full, I/O error).
+
+        A directory that cannot hold ckpt.log at all (not writable, a file in its place) is said once, by
+        the store that opens it for writing, which names that cause; a warning here would come first and
+        name a consequence. The line itself still reaches the console logger.
+        """
+        level = logging.DEBUG if isinstance(err, (PermissionError, FileExistsError, NotADirectoryError)) else None
+        if level is None and err.errno == errno.EROFS:
+            level = logging.DEBUG
+        logging.getLogger(ROOT_LOGGER).log(level or logging.WARNING, "cannot append to %s: %s", self.path, err)
 
     def info(self, message: str) -> None:
         self.write(message, logging.INFO)

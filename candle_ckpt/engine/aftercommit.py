@@ -14,7 +14,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.log import OpsLog, counted, human_bytes
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import mb_per_s
@@ -111,7 +111,7 @@ def report_summary(records: list[dict[str, Any]], best: BestState, errors: list[
     total = sum(r["bytes"] for r in records)
     secs = sum(r["save_s"] for r in records)
     return (
-        f"report: {len(records)} checkpoints, {human_bytes(total)} in {secs:.2f} s "
+        f"report: {counted(len(records), 'checkpoint')}, {human_bytes(total)} in {secs:.2f} s "
         f"({total / max(secs, 1e-9) / 1e6:.1f} MB/s); last epoch {records[-1]['epoch']}; "
         f"best {best.metric}={best.value} at epoch {best.epoch}; errors {len(errors)}"
     )

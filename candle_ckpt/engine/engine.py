@@ -25,7 +25,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
 from candle_ckpt.core.group import Group
-from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.log import OpsLog, human_bytes, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
@@ -259,7 +259,7 @@ class CheckpointEngine:
         if self.remote is not None:
             self.remote.step_committed(side)
         self.log.info(
-            f"epoch {epoch + 1} step {step}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
+            f"{position(epoch, step)}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
             f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
         return side

@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from candle_ckpt.core.log import position
+
 logger = logging.getLogger("candle_ckpt.engine.preempt")
 
 
@@ -289,6 +291,6 @@ def preempt_record(trigger: Trigger, epoch: int, step: int | None, path: str | N
 def preempt_message(trigger: Trigger, what: str, epoch: int, step: int | None, exit_code: int | None) -> str:
     """The one log line of a preemption save: what was saved, where in training, how long after, and what next."""
     # Keras's numbering: a step save is in epoch epoch + 1 (fit prints "Epoch {epoch + 1}/N"), an epoch save ends epoch.
-    where = f"epoch {epoch}" if step is None else f"epoch {epoch + 1}, step {step}"
+    where = position(epoch, step)
     then = "training stops" if exit_code is None else f"exiting with status {exit_code}"
     return f"{trigger.reason}: {what} ({where}) {time.monotonic() - trigger.at:.3f} s after the request; {then}"

@@ -217,7 +217,8 @@ class PreemptionController:
                 f"when less than one step, one save and {self.cfg.deadline_margin:g} s are left"
             )
         if caught:  # every run says it: ckpt.log only, not the console
-            self.log.note(f"preemption: {', '.join(caught)} save a checkpoint at the next step and stop")
+            on = " or ".join(caught)
+            self.log.note(f"preemption: on {on}, a checkpoint is saved at the next step and training stops")
         held = self.watcher.pending
         if held is not None:
             self.log.warning(

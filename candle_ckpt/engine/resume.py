@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
-from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.log import OpsLog, human_bytes, position
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.engine.capture import Capture
@@ -358,7 +358,7 @@ def load_record(side: Sidecar, verify_s: float, load_s: float) -> dict[str, Any]
 
 def log_resumed(log: OpsLog, layout: L.Layout, side: Sidecar, record: dict[str, Any], who: str = "") -> None:
     path = checkpoint_dir(layout, side)
-    at = f"after epoch {side.epoch}" if side.step is None else f"epoch {side.epoch + 1}, step {side.step}"
+    at = f"after {position(side.epoch)}" if side.step is None else position(side.epoch, side.step)
     log.info(
         f"restart: {who + ' ' if who else ''}resumed from {path} ({at}, "
         f"generation {side.generation}); "

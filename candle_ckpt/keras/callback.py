@@ -20,6 +20,7 @@ from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController
@@ -97,6 +98,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
+        self._interrupt = InterruptNotice(
+            self.log, self.engine.store, lambda: self.engine.writer.join(self.cfg.async_timeout)
+        )
         self._stdout: LineTracker | None = None
         self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
@@ -166,6 +170,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
+        self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
 
     def _hook_fit(self, callback_list: Any) -> None:
         """Hook into this fit's ``callback_list`` (None: not found) and find its input (see
@@ -295,6 +300,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
         finally:
             self._sigterm.disarm()
+            self._interrupt.fit_returned()
             self._pre.close()
             self._fit_ended()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.log import OpsLog, counted, position
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.keras import fit_hooks
 
@@ -29,7 +29,7 @@ def resume_mid_epoch(
     if epoch != side.epoch or iterator is None:
         why = "its epoch iterator could not be found" if iterator is None else f"fit starts at epoch {epoch + 1}"
         log.warning(
-            f"restart: the checkpoint was taken after step {side.step} of epoch {side.epoch + 1} but {why}: "
+            f"restart: the checkpoint was taken at {position(side.epoch, side.step)} but {why}: "
             f"the epoch runs from its first batch and the run will not be bit-identical "
             f"(pass initial_epoch={side.epoch} to fit)"
         )
@@ -45,7 +45,8 @@ def resume_mid_epoch(
         if engine.load is not None:
             engine.load.update(skipped_steps=done, skip_s=round(seconds, 6))
         log.info(
-            f"restart: skipped the {done} steps of epoch {epoch + 1} done before the checkpoint in {seconds:.3f} s "
+            f"restart: skipped {counted(done, 'step')} of epoch {epoch + 1} done before the checkpoint "
+            f"in {seconds:.3f} s "
             f"(their batches {'drawn, not trained on' if consume else 'were already consumed'}); "
             f"restored {', '.join(restored)}"
         )

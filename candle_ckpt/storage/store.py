@@ -13,6 +13,7 @@ anything is loaded.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -103,6 +104,11 @@ class CheckpointStore(CheckpointReader):
             # after the first commit returned could lose ckpts/ or epochs/ themselves.
             self.fs.makedirs(lay.epochs, durable=True)
         except OSError as err:
+            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and os.path.isdir(lay.root):
+                # It exists: the cause is that it cannot be written, not that it cannot be created.
+                raise PermissionError(
+                    err.errno, f"ckpt_directory {lay.root!r} is not writable by this process ({err.strerror})"
+                ) from None
             raise OSError(err.errno, f"ckpt_directory {lay.root!r} cannot be created: {err.strerror}") from None
         if not os.access(lay.ckpts, os.W_OK | os.X_OK) or not os.access(lay.epochs, os.W_OK | os.X_OK):
             raise PermissionError(f"ckpt_directory {lay.root!r} is not writable by this process")

@@ -380,6 +380,57 @@ def test_rollback_then_restart_resumes_there(trained: Trained, tmp_path: Path) -
         np.testing.assert_array_equal(got, want)
 
 
+def test_after_a_rollback_list_marks_the_abandoned_lineage_verify_skips_it_and_prune_removes_it(
+    trained: Trained, tmp_path: Path
+) -> None:
+    """Issue 40 item 7: `rollback DIR 3` and one more epoch of training (a new epoch 4) leave epochs 5-6 of the
+    abandoned run on disk. `list` marks them 'abandoned' (and --json says so), `verify` does not count them as the
+    job's history (a damaged one does not fail it), `prune --abandoned` removes exactly them and logs it."""
+    import keras
+
+    from candle_ckpt import CandleCheckpointCallback, restart
+
+    d = copy_of(trained, tmp_path)
+    assert cli("rollback", d, 3).returncode == 0
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype("float32")
+    y = (x @ rng.standard_normal((8, 1))).astype("float32")
+    model = build_model(seed=5)
+    params = make_params(d, epochs=4)
+    info = restart(params, model, logger=None)
+    assert info["epoch"] == 3
+    ckpt = CandleCheckpointCallback(params, logger=None)
+    model.fit(x, y, validation_data=(x, -y), epochs=4, initial_epoch=3, batch_size=16, verbose=0, callbacks=[ckpt])
+    keras.backend.clear_session()
+    assert os.readlink(d / "ckpts" / "last") == "epochs/004" and epochs_on_disk(d) == list(range(1, EPOCHS + 1))
+
+    proc = cli("list", d)
+    assert proc.returncode == 0, proc.stderr
+    marks = {int(line.split()[0]): line.split()[-2] for line in proc.stdout.splitlines()[1 : EPOCHS + 1]}
+    assert [e for e, mark in marks.items() if "abandoned" in mark] == [5, 6], proc.stdout
+    assert "last" in marks[4]
+    assert (
+        f"2 checkpoints (5-6) of a lineage a rollback abandoned: not on the way to last, never restored; "
+        f"candle-ckpt prune {d} --abandoned removes them"
+    ) in proc.stdout
+    listed = json.loads(cli("list", d, "--json").stdout)
+    assert [c["epoch"] for c in listed["checkpoints"] if c["abandoned"]] == [5, 6]
+
+    flip_byte(d / "ckpts" / "epochs" / "006" / "model.keras")
+    proc = cli("verify", d)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("not checked: 2 checkpoints (5-6) of a lineage a rollback abandoned")
+    assert "all 4 checkpoints verified" in proc.stdout and "epoch 006" not in proc.stdout
+
+    proc = cli("prune", d, "--abandoned")
+    assert proc.returncode == 0, proc.stderr
+    assert "removed       epochs/005" in proc.stdout and "removed       epochs/006" in proc.stdout
+    assert "pruned 2 of 6 checkpoints" in proc.stdout
+    assert epochs_on_disk(d) == [1, 2, 3, 4]
+    assert "pruned epochs 5-6 by candle-ckpt (abandoned)" in (d / "ckpt.log").read_text()
+    assert "abandoned" not in cli("list", d).stdout
+
+
 def test_rollback_to_corrupt_epoch_is_refused(trained: Trained, tmp_path: Path) -> None:
     """`rollback` to a checkpoint that fails its CRC exits 1 with one line, and `last` stays put."""
     d = copy_of(trained, tmp_path)
@@ -491,13 +542,18 @@ def _args(command: list[str], directory: Path, tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("command", COMMANDS_ON_DIR, ids=lambda c: c[0])
 def test_not_a_checkpoint_dir_is_one_line_exit_2(command: list[str], tmp_path: Path) -> None:
-    """Every command on a directory without ckpts/epochs/ fails with one line naming it, exit 2."""
+    """Every command on a directory without ckpts/epochs/, a missing one or a file fails with one line naming it and
+    what it is, exit 2."""
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = cli(*_args(command, empty, tmp_path))
     assert_one_line_error(proc, 2, f"{empty} is not a checkpoint directory")
     missing = tmp_path / "missing"
     assert_one_line_error(cli(*_args(command, missing, tmp_path)), 2, f"{missing}: no such directory")
+    a_file = tmp_path / "notadir"  # issue 40 item 3: it said "no such directory"
+    a_file.write_text("x")
+    proc = cli(*_args(command, a_file, tmp_path))
+    assert_one_line_error(proc, 2, f"{a_file} is a file, not a checkpoint directory")
 
 
 def test_pointing_at_ckpts_suggests_the_parent(trained: Trained) -> None:
@@ -548,9 +604,9 @@ def test_corrupt_sidecar_is_one_line_exit_2(trained: Trained, tmp_path: Path) ->
     "argv, needle",
     [
         (["info", "{dir}", "abc"], "an epoch must be an integer >= 0; got 'abc'"),
-        (["prune", "{dir}", "--keep-limit", "0"], "argument --keep-limit: must be an integer >= 1; got '0'"),
+        (["prune", "{dir}", "--keep-limit", "0"], "argument --keep-limit: must be an integer > 0; got 0"),
         (["prune", "{dir}", "--keep-limit", "2", "--keep-mode", "log"], "argument --keep-mode: invalid choice"),
-        (["prune", "{dir}"], "the following arguments are required: --keep-limit"),
+        (["prune", "{dir}"], "one of the arguments --keep-limit --abandoned is required"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],
@@ -675,7 +731,8 @@ def test_list_verify_and_rollback_show_step_checkpoints(trained: Trained, tmp_pa
     name = f"steps/{generation:03d}"
     proc = cli("list", d)
     assert proc.returncode == 0, proc.stderr
-    assert name in proc.stdout and f"epoch {EPOCHS} + 2 steps" in proc.stdout and "1 step checkpoint(s)" in proc.stdout
+    assert name in proc.stdout and f"epoch {EPOCHS + 1}, step 2" in proc.stdout  # as ckpt.log names it
+    assert "\n1 step checkpoint:" in proc.stdout
     listed = json.loads(cli("list", d, "--json").stdout)
     assert [(s["generation"], s["epoch"], s["step"]) for s in listed["steps"]] == [(generation, EPOCHS, 2)]
     proc = cli("verify", d)

@@ -82,7 +82,7 @@ def test_sizes_are_printed_in_readable_units_and_the_preemption_line_only_in_ckp
     assert "0.0 MB" not in proc.stdout
     assert "preemption" not in proc.stdout, proc.stdout[-3000:]
     log = (tmp_path / "save" / "ckpt.log").read_text()
-    assert "INFO preemption: SIGTERM save a checkpoint at the next step and stop" in log
+    assert "INFO preemption: on SIGTERM, a checkpoint is saved at the next step and training stops" in log
 
 
 def test_demo_prints_no_tensorflow_startup_lines_and_names_its_directory(tmp_path: Path) -> None:
@@ -120,6 +120,27 @@ def test_demo_help_names_the_command_it_was_run_as() -> None:
     )
     assert direct.returncode == 0 and direct.stdout.startswith("usage: python3 -m candle_ckpt.cli.demo ")
     assert "./candle_ckpt_demo" in via_cli.stdout
+
+
+def test_the_demo_pauses_long_enough_for_ctrl_c_on_a_terminal_and_the_readme_says_how() -> None:
+    """Issue 40 item 2: an epoch of the demo takes ~0.3 s, so 'Ctrl-C after a few epochs' was a race. On a
+    terminal the demo's --sleep defaults to 1 s (0.2 s piped, as the tests run it), and the README's demo line
+    and docs/cli.rst name --sleep."""
+    import pty
+
+    code = "from candle_ckpt.cli.demo import build_parser; print(build_parser().parse_args([]).sleep)"
+    piped = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=SHORT_S)
+    assert piped.stdout.strip() == "0.2", piped.stderr[-2000:]
+    main, terminal = pty.openpty()
+    try:
+        subprocess.run([sys.executable, "-c", code], env=ENV, stdout=terminal, timeout=SHORT_S, check=True)
+        assert os.read(main, 100).decode().strip() == "1.0"
+    finally:
+        os.close(main)
+        os.close(terminal)
+    readme = (ROOT / "README.rst").read_text()
+    assert re.search(r"\$ candle-ckpt demo .*--sleep \d", readme), "README's demo line does not show --sleep"
+    assert "1 s by default when its output is a terminal" in " ".join((ROOT / "docs" / "cli.rst").read_text().split())
 
 
 # SIGINT ignored, as a non-interactive shell's ``&`` leaves it: set by a shell that then execs the demo (not by a

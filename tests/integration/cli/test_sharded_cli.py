@@ -201,6 +201,43 @@ def test_cli_rst_consolidate_example_is_real_output(trained, tmp_path: Path) -> 
     assert (tmp_path / words[3]).is_file()
 
 
+SAVE_ONE = """
+import sys
+sys.path[:0] = sys.argv[2:]
+import keras
+from test_sharded_cli import save_epoch
+from candle_ckpt.storage.store import CheckpointStore
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile(optimizer="adam", loss="mse")
+model.optimizer.build(model.trainable_variables)
+store = CheckpointStore(sys.argv[1])
+store.open_for_write()
+save_epoch(store, model, 1)
+store.close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_consolidate_prints_no_tensorflow_startup_lines(tmp_path: Path, backend: str) -> None:
+    """Issue 40 item 1: `candle-ckpt consolidate` run as a user runs it (TF_CPP_MIN_LOG_LEVEL unset) prints its one
+    line and none of TensorFlow's start-up lines: on TensorFlow, Keras's import loads it; on JAX, Keras's
+    serialization imports TensorFlow inside model.save (it printed them there). The checkpoint is saved by two
+    ranks under the same backend (a checkpoint's variable dtypes follow its backend)."""
+    env = {k: v for k, v in ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["KERAS_BACKEND"] = backend
+    here = str(Path(__file__).parent)
+    subprocess.run(
+        [sys.executable, "-c", SAVE_ONE, str(tmp_path / "save"), here, str(REPO / "tests")],
+        env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"), check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "candle_ckpt", "consolidate", str(tmp_path / "save"), str(tmp_path / "m.keras")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == "" and done.stdout.startswith(f"wrote {tmp_path / 'm.keras'}: "), done.stdout + done.stderr
+
+
 def test_consolidate_refuses_what_it_cannot_do(trained, tmp_path: Path) -> None:
     """A wrong output name, an unknown epoch: one line on stderr, exit 2, nothing written."""
     root, _ = trained

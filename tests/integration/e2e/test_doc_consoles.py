@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,6 +84,41 @@ def test_cli_rst_examples_are_real_output(job: Path, tmp_path: Path) -> None:
         )
         status, checked = proc.returncode, checked + 1
     assert checked >= 11 and damaged
+
+
+def test_cli_rst_tensorflow_startup_examples_are_real_output(tmp_path: Path) -> None:
+    """Issue 40 item 1: docs/cli.rst's two runs of the README's Quickstart, with no TF_* variable and with the
+    ones the page names, print TensorFlow's start-up lines as shown, line by line (the README used to say that
+    TF_CPP_MIN_LOG_LEVEL=3 quiets them): what each variable removes, and that the absl and CUDA lines stay."""
+    import os
+
+    import tensorflow as tf
+
+    if not tf.__version__.startswith("2.21."):
+        pytest.skip(f"the page shows TensorFlow 2.21's start-up lines; this is {tf.__version__}")
+    if shutil.which("nvidia-smi"):
+        pytest.skip("the page shows a machine without CUDA drivers; this one has them")
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    examples = [(c, e) for c, e in console_examples(CLI_RST) if "quickstart.py" in c]
+    assert len(examples) == 2, examples
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    base.update(PYTHONPATH=str(README.parent), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    for command, expected in examples:
+        words = command.split("#")[0].split()
+        settings = dict(w.split("=", 1) for w in words if "=" in w)
+        args = [w for w in words if "=" not in w]
+        assert args[:2] == ["python3", "quickstart.py"], command
+        shutil.rmtree(tmp_path / "save", ignore_errors=True)
+        proc = subprocess.run(
+            [sys.executable, *args[1:]], cwd=tmp_path, env={**base, **settings},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        got = proc.stdout.splitlines()
+        assert matches(expected, got), (
+            f"$ {command}\n--- docs/cli.rst:\n" + "\n".join(expected) + ("\n--- real output:\n" + "\n".join(got[:20]))
+        )
 
 
 def test_every_cli_rst_command_is_checked() -> None:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from test_readme import README, blocks, run
+from test_readme import ENV, README, blocks, run
 
 import candle_ckpt as candle
 from candle_ckpt.config import params as params_module
@@ -35,10 +40,28 @@ def test_a_typo_in_a_ckpt_key_gets_one_warning_naming_the_closest_key(tmp_path: 
     assert sorted(p.name for p in (tmp_path / "ckpts" / "epochs").iterdir()) == ["001", "002"]
 
 
+def test_the_unknown_key_warning_is_a_timestamped_line_on_the_console_and_in_ckpt_log(tmp_path: Path) -> None:
+    """Issue 40 item 5: the Quickstart with a misspelled key in its dict prints the warning once, with the timestamp
+    and 'candle_ckpt WARNING' of every other line (it was printed bare), and ckpt.log holds it once."""
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    line = "gParameters = vars(parser.parse_args())\n"
+    assert line in code
+    code = code.replace(line, line + 'gParameters["ckpt_save_intervall"] = 2\n')
+    (tmp_path / "quickstart.py").write_text(code)
+    proc = run(["python3", "quickstart.py", "--epochs", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = "unknown parameter ckpt_save_intervall is ignored; did you mean ckpt_save_interval?"
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    console = [s for s in proc.stderr.splitlines() if "unknown parameter" in s]
+    assert len(console) == 1 and re.fullmatch(rf"{stamp},\d{{3}} candle_ckpt WARNING: {re.escape(text)}", console[0])
+    log = [s for s in (tmp_path / "save" / "ckpt.log").read_text().splitlines() if "unknown parameter" in s]
+    assert len(log) == 1 and re.fullmatch(rf"{stamp} WARNING {re.escape(text)}", log[0]), log
+
+
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--ckpt_keep_limit", "0"], "argument --ckpt_keep_limit: ckpt_keep_limit must be > 0; got 0"),
+        (["--ckpt_keep_limit", "0"], "argument --ckpt_keep_limit: ckpt_keep_limit must be an integer > 0; got 0"),
         (
             ["--ckpt_preempt_signals", "SIGFOO"],
             "argument --ckpt_preempt_signals: ckpt_preempt_signals: 'SIGFOO' is not a signal name on this platform",
@@ -55,3 +78,82 @@ def test_an_out_of_range_flag_is_a_one_line_argparse_error_with_status_2(tmp_pat
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert proc.stderr.splitlines()[-1].startswith(f"quickstart.py: error: {error}"), proc.stderr[-2000:]
     assert not (tmp_path / "save").exists()
+
+
+def _as_a_user(command: list[str]) -> list[str]:
+    """``command`` run so that file modes apply: as root, with the capabilities that override them dropped."""
+    if os.geteuid() != 0:
+        return command
+    capsh = shutil.which("capsh")
+    if capsh is None:
+        pytest.skip("as root, mode bits are ignored unless capsh (libcap2-bin) drops cap_dac_override; none here")
+    return [capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", " ".join(map(repr, command))]
+
+
+@pytest.mark.parametrize("case", ["read-only directory", "a file"])
+def test_a_ckpt_directory_it_cannot_use_is_named_with_its_cause_first_and_alone(tmp_path: Path, case: str) -> None:
+    """Issue 40 item 3: the Quickstart pointed at an existing directory it cannot write (mode 555; as root, with the
+    capabilities that bypass modes dropped) or at a file stops with the cause ('is not writable by this process';
+    'is a file, not a directory'; it said 'cannot be created: Permission denied'), and no 'cannot append to
+    .../ckpt.log' warning comes before it."""
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    target = tmp_path / "save"
+    if case == "a file":
+        target.write_text("not a directory")
+        cause = f"FileExistsError: [Errno 17] ckpt_directory '{target}' cannot be created: '{target}' is a file, "
+        cause += "not a directory"
+    else:
+        target.mkdir()
+        target.chmod(0o555)
+        cause = (
+            f"PermissionError: [Errno 13] ckpt_directory '{target}' is not writable by this process (Permission denied)"
+        )
+    command = _as_a_user([sys.executable, "quickstart.py", "--epochs", "1"])
+    proc = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    target.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == cause, proc.stderr[-3000:]
+    assert "cannot append" not in proc.stderr and "candle_ckpt WARNING" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_ctrl_c_in_the_quickstart_keeps_the_traceback_and_says_once_what_is_committed(tmp_path: Path) -> None:
+    """Issue 40 item 8: the Quickstart (a real subprocess) sent a real SIGINT during fit ends as Python ends it
+    (its KeyboardInterrupt traceback, status -SIGINT), and then one line, on the console and in ckpt.log, names
+    the last committed checkpoint (the one `last` points to), as a SIGTERM's line does."""
+    import signal
+    import time
+
+    (code,) = [b.astext() for b in blocks(README, "python")]
+    (tmp_path / "quickstart.py").write_text(code)
+    proc = subprocess.Popen(
+        [sys.executable, "quickstart.py", "--epochs", "100000"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # Keras's import and two epochs, on a loaded machine
+        while not (tmp_path / "save" / "ckpts" / "epochs" / "002").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    lines = err.splitlines()
+    assert "Traceback (most recent call last):" in lines and "KeyboardInterrupt" in lines, err[-3000:]
+    last = tmp_path / "save" / "ckpts" / "last"
+    epoch = int(os.readlink(last).split("/")[-1])
+    said = f"interrupted (Ctrl-C): the last committed checkpoint is epoch {epoch} ({tmp_path / 'save'}/ckpts/epochs/"
+    said += f"{epoch:03d})"
+    console = [s for s in lines if "interrupted (Ctrl-C)" in s]
+    assert len(console) == 1 and console[0].endswith(f"candle_ckpt WARNING: {said}"), err[-3000:]
+    assert lines.index(console[0]) > lines.index("KeyboardInterrupt")  # after Python's traceback, which is kept
+    log = (tmp_path / "save" / "ckpt.log").read_text().splitlines()
+    assert [s for s in log if "interrupted (Ctrl-C)" in s] == [log[-1]] and log[-1].endswith(f"WARNING {said}"), log[
+        -5:
+    ]

@@ -409,15 +409,15 @@ def test_restart_epoch_that_does_not_exist_names_the_key(tmp_path):
 
 # -- bad parameters ----------------------------------------------------------------------------
 BAD_PARAMS = [
-    ({"ckpt_keep_limit": 0}, ValueError, r"ckpt_keep_limit must be > 0"),
+    ({"ckpt_keep_limit": 0}, ValueError, r"ckpt_keep_limit must be an integer > 0; got 0"),
     ({"ckpt_keep_mode": "fibonacci"}, ValueError, r"ckpt_keep_mode must be one of 'linear', 'exponential'"),
     ({"ckpt_restart_mode": "maybe"}, ValueError, r"ckpt_restart_mode must be one of 'off', 'auto', 'required'"),
-    ({"ckpt_save_interval": -1}, ValueError, r"ckpt_save_interval must be >= 0"),
+    ({"ckpt_save_interval": -1}, ValueError, r"ckpt_save_interval must be an integer >= 0 \(0 disables saving\)"),
     ({"ckpt_save_best": "perhaps"}, ValueError, r"ckpt_save_best must be a boolean"),
     ({"ckpt_skip_epochs": 1.5}, ValueError, r"ckpt_skip_epochs must be an integer"),
     ({"ckpt_keep_limit": [3]}, TypeError, r"ckpt_keep_limit must be an integer"),
     ({"ckpt_on_error": "ignore"}, ValueError, r"ckpt_on_error must be one of 'raise', 'warn'"),
-    ({"ckpt_restart_epoch": -2}, ValueError, r"ckpt_restart_epoch must be >= 0"),
+    ({"ckpt_restart_epoch": -2}, ValueError, r"ckpt_restart_epoch must be an integer >= 0 or None; got -2"),
 ]
 
 

@@ -86,7 +86,8 @@ def resume_times(directory: Path) -> dict[str, float]:
     """What the rerun logged: restart()'s read+verify and load seconds, and the skip of the done steps."""
     text = (directory / "ckpt.log").read_text()
     verify, load = re.findall(r"read and verified in ([0-9.]+) s, loaded in ([0-9.]+) s", text)[-1]
-    skip = re.findall(r"restart: skipped the [0-9]+ steps .* in ([0-9.]+) s", text)[-1]
+    count, word, skip = re.findall(r"restart: skipped ([0-9]+) (steps?) of epoch .* in ([0-9.]+) s", text)[-1]
+    assert (count == "1") == (word == "step"), text  # "skipped 1 step", never "the 1 steps" (issue 40 item 6)
     return {"restart_verify_s": float(verify), "restart_load_s": float(load), "skip_s": float(skip)}
 
 

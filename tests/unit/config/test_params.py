@@ -552,13 +552,13 @@ def test_every_key_has_an_invalid_case() -> None:
 
 def test_bool_for_int_rejected() -> None:
     """A bool is not accepted as an integer, even though bool subclasses int."""
-    with pytest.raises(TypeError, match=r"ckpt_save_interval must be an integer, not a boolean"):
+    with pytest.raises(TypeError, match=r"ckpt_save_interval must be an integer >= 0 \(.*\), not a boolean"):
         CkptConfig.from_params({"ckpt_save_interval": True})
 
 
 def test_range_message_names_value_and_range() -> None:
     """A range violation names the key, the offending value and the allowed range."""
-    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be >= 0; got -3"):
+    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be an integer >= 0; got -3"):
         CkptConfig.from_params({"ckpt_skip_epochs": "-3"})
 
 
@@ -611,7 +611,7 @@ def test_deeply_nested_list_raises_type_error() -> None:
 
 def test_huge_negative_int_message_is_short() -> None:
     """An integer too large for repr is summarised in the error message."""
-    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be >= 0; got <int with \d+ bits>"):
+    with pytest.raises(ValueError, match=r"ckpt_skip_epochs must be an integer >= 0; got <int with \d+ bits>"):
         CkptConfig.from_params({"ckpt_skip_epochs": -(10**5000)})
 
 
@@ -1050,3 +1050,23 @@ def test_upload_options_not_an_object_is_refused() -> None:
     """A JSON list is valid JSON but not storage options: the message says an object is needed."""
     with pytest.raises(ValueError, match=r"ckpt_upload_options must be a JSON object"):
         CkptConfig.from_params({"ckpt_upload_options": "[1]"})
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "sentence"),
+    [
+        ("ckpt_keep_limit", "many", "ckpt_keep_limit must be an integer > 0; got 'many'"),
+        ("ckpt_keep_limit", "0", "ckpt_keep_limit must be an integer > 0; got 0"),
+        ("ckpt_save_steps", "-1", "ckpt_save_steps must be an integer >= 0 (0 disables); got -1"),
+    ],
+)
+def test_a_bad_integer_reads_the_same_from_the_dict_and_the_flag(key, text, sentence, capsys):
+    """Issue 40 item 4: a gParameters value and the --ckpt_* flag are refused in one sentence naming what is allowed
+    (the dict said 'must be an integer', the flag 'must be integer > 0')."""
+    with pytest.raises(ValueError) as raised:
+        CkptConfig.from_params({key: text})
+    assert str(raised.value) == sentence
+    parser = ckpt_parser(argparse.ArgumentParser(prog="job"))
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"--{key}", text])
+    assert capsys.readouterr().err.splitlines()[-1] == f"job: error: argument --{key}: {sentence}"

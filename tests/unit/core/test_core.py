@@ -528,3 +528,39 @@ def test_slow_writer_message_states_the_wait_and_the_speeds() -> None:
     tiny = slow_writer_message(3, 2, 2_500, submitted=0.0, wait_start=1.0, wait_end=2.0)
     assert "it wrote 2.5 kB in 2.00 s (1.25 kB/s)" in tiny
     assert "ckpt_save_interval" in msg and "ckpt_save_weights_only" in msg
+
+
+def test_counts_and_positions_read_as_english() -> None:
+    """Issue 40 item 6: one helper for counts ("1 checkpoint", never "1 checkpoints") and one name for a checkpoint's
+    place in training, Keras's 1-based epochs: a step checkpoint after step 1 of fit's epoch 21 is "epoch 21, step 1"
+    (list said "epoch 20 + 1 steps"); the end-of-run report uses the count helper."""
+    from candle_ckpt.core.log import counted, position
+    from candle_ckpt.core.policy import BestState
+    from candle_ckpt.engine.aftercommit import report_summary
+
+    assert [counted(n, "checkpoint") for n in (0, 1, 2)] == ["0 checkpoints", "1 checkpoint", "2 checkpoints"]
+    assert counted(1, "process", "processes") == "1 process" and counted(3, "process", "processes") == "3 processes"
+    assert position(20) == "epoch 20" and position(20, 1) == "epoch 21, step 1"
+    best = BestState(metric="loss", mode="min")
+    line = report_summary([{"epoch": 1, "bytes": 10, "save_s": 0.1}], best, [])
+    assert line.startswith("report: 1 checkpoint, 10 B in 0.10 s"), line
+
+
+def test_current_lineage_follows_last_back_through_rollbacks() -> None:
+    """Issue 40 item 7: core.lineage.current_lineage reads the job's history from the sidecars (epoch, generation,
+    resumed_from): after a rollback to 3 and two new epochs, the old 6-10 are abandoned; a second rollback into the
+    old lineage (to 8) abandons the new 4-5 instead; an epoch an older run saved but the current run skipped (another
+    save interval) is not the current run's past; no last, nothing can be told apart."""
+    from candle_ckpt.core.lineage import Record, current_lineage
+
+    first = {e: Record(e, None) for e in range(1, 11)}  # a run from scratch saved 1-10 (generations 1-10)
+    after = {**first, 4: Record(11, 3), 5: Record(12, 3)}  # rollback 3; the resumed run saved 4 and 5
+    assert current_lineage(after, 5) == {1, 2, 3, 4, 5}
+    assert current_lineage(after, 8) == {1, 2, 3, 6, 7, 8}  # rolled back again, into the first run
+    skipped = {**first, 4: Record(11, 2), 6: Record(12, 2)}  # resumed after 2, saving every 2nd epoch
+    assert current_lineage(skipped, 6) == {1, 2, 4, 6}
+    crash = {**{e: Record(e, None) for e in (1, 2, 3)}, 4: Record(4, 3), 5: Record(5, 3)}  # a plain resume
+    assert current_lineage(crash, 5) == {1, 2, 3, 4, 5}
+    assert current_lineage(after, None) == set() and current_lineage(after, 99) == set()
+    candle = {e: Record(0, None) for e in (1, 2, 3)}  # adopted CANDLE checkpoints: generation 0
+    assert current_lineage(candle, 3) == {1, 2, 3}

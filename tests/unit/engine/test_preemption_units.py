@@ -75,7 +75,7 @@ def test_preemption_defaults_and_none():
     [
         ({"ckpt_preempt_exit_code": 256}, "ckpt_preempt_exit_code must be <= 255"),
         ({"ckpt_preempt_exit_code": -1}, "ckpt_preempt_exit_code must be >= 0"),
-        ({"ckpt_save_steps": -2}, "ckpt_save_steps must be >= 0"),
+        ({"ckpt_save_steps": -2}, r"ckpt_save_steps must be an integer >= 0 \(0 disables\); got -2"),
         ({"ckpt_deadline_margin": "soon"}, "ckpt_deadline_margin must be a number"),
         ({"ckpt_deadline": "tomorrow"}, "ckpt_deadline must be auto, none"),
         ({"ckpt_deadline": "+ten"}, "ckpt_deadline: '\\+ten' must be \\+ followed by"),
