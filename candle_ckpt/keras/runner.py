@@ -24,13 +24,14 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.group import SOLO, scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
-from candle_ckpt.engine.group_commit import group_timeout, meeting
-from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, plain_logs
+from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.group_restart import agree_on_checkpoint
 from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
@@ -208,7 +209,7 @@ class JobRunner:
     def _resume_group(self) -> Mapping[str, Any] | None:
         """Every process restores the checkpoint the primary chose, verified on every process (all or none)."""
         group, start = self.group, time.perf_counter()
-        self._meeting = name = meeting("restore")
+        self._meeting = name = group.meeting("restore")
         needed = files_for(self.objects, self.state, self.kinds, group.rank)
         chosen = agree_on_checkpoint(
             self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch
@@ -268,7 +269,9 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        self.group = jax_group() if self.strategy is None else None
+        # One scope of the group per train(): its meeting names and keys are its own (core/group.scoped).
+        group = scoped(jax_group(), "train") if self.strategy is None else SOLO
+        self.group = group if group.size > 1 else None
         if self.group is not None:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)
@@ -308,7 +311,10 @@ class JobRunner:
                     except Exception as err:
                         self.log.warning(f"while stopping after an error: {err}")
             finally:
-                self._sync.close()
+                ended = done or self.preempted is not None  # as on every process: they meet once more
+                self._sync.close(ended=ended)
+                if ended and self.group is not None:  # the last meeting: every key of this train() is deleted
+                    self.group.close(group_timeout())
                 self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
@@ -381,7 +387,7 @@ class JobRunner:
         else:
             sync = PreemptionController(self.cfg, self.engine, self.log)
             if self.group is not None and sync.enabled:  # the processes agree: the same step, or none
-                sync.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
+                sync.agreement = NoticeAgreement(self.group, timeout_s=group_timeout())
                 sync.who = f"process {self.group.rank} "
         sync.arm()
         return sync
