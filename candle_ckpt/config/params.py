@@ -64,7 +64,7 @@ class CkptConfig:
             ``"return"`` (stop training, ``fit`` returns) or an exit status.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
-        preempt_check: Multi-worker: steps between two preemption agreements.
+        preempt_check: Deprecated, no effect (a warning says so; the value is still checked).
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -143,6 +143,8 @@ class CkptConfig:
         for key in params:
             if isinstance(key, str) and key.startswith("ckpt_") and key not in _SPEC_BY_KEY:
                 _warn_unknown(key)
+        if params.get("ckpt_preempt_check") is not None:
+            _warn_deprecated("ckpt_preempt_check")
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
@@ -193,6 +195,14 @@ class CkptConfig:
             TypeError: A new value has an invalid type or a name is unknown.
         """
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache  # one warning per key and process
+def _warn_deprecated(key: str) -> None:
+    """Say once that ``key`` no longer does anything (its value is still checked, so old configs stay valid)."""
+    logging.getLogger("candle_ckpt").warning(
+        "%s is deprecated and has no effect: no process talks on a training step any more (docs/preemption.rst)", key
+    )
 
 
 @functools.cache  # one warning per key and process, however many objects read the dict

@@ -1031,3 +1031,16 @@ def test_upload_options_not_an_object_is_refused() -> None:
     """A JSON list is valid JSON but not storage options: the message says an object is needed."""
     with pytest.raises(ValueError, match=r"ckpt_upload_options must be a JSON object"):
         CkptConfig.from_params({"ckpt_upload_options": "[1]"})
+
+
+def test_preempt_check_is_deprecated_with_one_warning(caplog) -> None:
+    """ckpt_preempt_check still parses (old configs stay valid) but says once that it no longer does anything."""
+    from candle_ckpt.config.params import _warn_deprecated
+
+    _warn_deprecated.cache_clear()
+    with caplog.at_level("WARNING", logger="candle_ckpt"):
+        CkptConfig.from_params({"ckpt_preempt_check": 4})
+        CkptConfig.from_params({"ckpt_preempt_check": 4})
+    said = [r.getMessage() for r in caplog.records if "ckpt_preempt_check" in r.getMessage()]
+    assert said == ["ckpt_preempt_check is deprecated and has no effect: no process talks on a training step any "
+                    "more (docs/preemption.rst)"]  # fmt: skip

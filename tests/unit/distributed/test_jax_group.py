@@ -57,6 +57,23 @@ _SCRIPT = textwrap.dedent(
         except GroupTimeout as err:
             print("T", err)
     g.barrier("t/end", 60)
+    # The client calls JaxStore relies on (jaxlib's coordination client, found by experiment):
+    c, s = g.store.client, g.store
+    g.barrier("api/start", 60)
+    won = s.set("x/notice", f"r{rank}")  # first writer wins: the other gets ALREADY_EXISTS, i.e. False
+    g.barrier("api/set", 60)
+    print("W", won, s.get("x/notice", 5))
+    if rank == 0:
+        for k in ("x/a/0", "x/a/1", "x/ab"):
+            s.set(k, "v")
+        print("D", c.key_value_dir_get("x/a"))  # children only, never the sibling x/ab
+        s.delete("x/a")  # the key's subtree goes, the sibling stays
+        print("K", s.keys("x/"))
+        print("G", s.get("x/none", 0.2))  # DEADLINE_EXCEEDED after the timeout: None
+        print("I", s.increment("x/n"), s.increment("x/n"))
+        s.delete("x/")
+        print("E", s.keys(""))
+    g.barrier("api/end", 60)
     """
 )
 
@@ -86,3 +103,8 @@ def test_meeting_points_in_two_real_processes(tmp_path):
     for out in outs:
         assert "B hello" in out and "A False True" in out and "X ['r0', 'r1']" in out
     assert "T the processes did not all reach 't/alone' within 2 s (rank(s) 0 never came)" in outs[1]
+    won = [out.split("W ")[1].split()[0] for out in outs]
+    assert sorted(won) == ["False", "True"], outs
+    assert all(f"W {w} r{won.index('True')}" in out for w, out in zip(won, outs, strict=True)), outs
+    assert "D [('x/a/0', 'v'), ('x/a/1', 'v')]" in outs[0] and "K ['x/ab', 'x/notice']" in outs[0]
+    assert "G None" in outs[0] and "I 1 2" in outs[0] and "E []" in outs[0], outs[0]
