@@ -96,7 +96,9 @@ class NoticeAgreement:
       thread, with its rank and reason; the first writer wins, and every watcher wakes;
     - each watcher then sets :attr:`noticed` and reads :attr:`count` (points passed: steps and epoch ends)
       under one lock, and the ranks ``exchange`` their counts once (O(N) messages): the save point is
-      ``S = max + 1``, the same on every rank;
+      ``S = max + 1``, the same on every rank (the asking rank's training thread, which waits at the point
+      where it asked, counts as having noticed just before it: with its peers behind it in the step's
+      collective, ``S`` is the very step it asked at);
     - the training thread's cost per point is ``count += 1`` and a flag read under that lock. Once it sees
       :attr:`noticed` it waits (bounded) for its watcher to learn ``S``, then runs on to point ``S`` and
       answers True there. This cannot deadlock: the counts are exchanged by the watcher threads, never the
@@ -120,7 +122,7 @@ class NoticeAgreement:
         self.requested: tuple[int, str] | None = None
         self.stop_at: int | None = None  # S, once agreed (None: not yet, or never: the notice was a close)
         self.agree_s = 0.0
-        self.count, self.noticed = 0, False
+        self.count, self.noticed, self._noticed_at = 0, False, 0
         self._lock = threading.Lock()
         self._decided = threading.Event()
         self._stop = threading.Event()
@@ -160,7 +162,9 @@ class NoticeAgreement:
         began = time.perf_counter()
         rank, _, reason = said.partition(":")
         with self._lock:
-            self.noticed, count = True, self.count
+            if not self.noticed:
+                self.noticed, self._noticed_at = True, self.count
+            count = self._noticed_at
         try:
             counts = lane.exchange("stop", str(count), self.timeout_s)
             if reason != self.CLOSED:
@@ -188,6 +192,9 @@ class NoticeAgreement:
             return True
         if local and not self._posted:  # once: the first writer wins, every watcher (ours too) wakes
             self._posted = True
+            with self._lock:  # this thread waits at this point: as if it had noticed just before it
+                if not self.noticed:
+                    self.noticed, self._noticed_at = True, count - 1
             reason = local if isinstance(local, str) else "request"
             self._lane.store.set(self._notice_key(), f"{self.group.rank}:{reason}")
         self._wait()

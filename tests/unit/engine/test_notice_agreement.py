@@ -105,7 +105,7 @@ def assert_one_save_step(results: dict, requester: int, reason: str) -> int:
 
 @pytest.mark.parametrize("asker", [0, 1, 2])
 def test_a_request_on_any_rank_stops_every_rank_at_the_same_step(asker: int) -> None:
-    """One rank's signal before its step 5: every rank saves one step S > 5, records the signal, exits 143
+    """One rank's signal before its step 5: every rank saves one step S >= 5, records the signal, exits 143
     (the asker: 128 + SIGUSR1), and rank r's count when it noticed is at most S - 1."""
     hub = ThreadGroup(3)
 
@@ -115,7 +115,7 @@ def test_a_request_on_any_rank_stops_every_rank_at_the_same_step(asker: int) -> 
 
     results = run_job(3, 40, at_step, hub)
     s = assert_one_save_step(results, asker, "SIGUSR1")
-    assert s >= 6
+    assert s >= 5
     assert {r: out["code"] for r, out in results.items()} == {
         r: 128 + signal.SIGUSR1 if r == asker else 143 for r in range(3)
     }
@@ -168,7 +168,7 @@ def test_a_deadline_on_one_rank_stops_every_rank() -> None:
 
     results = run_job(2, 60, at_step, hub)
     s = assert_one_save_step(results, 1, "deadline")
-    assert s >= 8 and results[0]["code"] == results[1]["code"] == 143
+    assert s >= 7 and results[0]["code"] == results[1]["code"] == 143
 
 
 def test_steps_without_a_request_make_no_store_call_and_close_leaves_no_key() -> None:
@@ -179,16 +179,17 @@ def test_steps_without_a_request_make_no_store_call_and_close_leaves_no_key() ->
 
     def at_step(r: int, step: int, pre: PreemptionController) -> None:
         if step == 2 and r == 0:
-            time.sleep(0.2)  # every watcher is blocked on its read by now
+            deadline = time.monotonic() + 30
+            while hub.store.calls["get"] < 4 and time.monotonic() < deadline:  # every watcher is blocked
+                time.sleep(0.01)
             seen["before"] = sum(hub.store.calls.values())
-        if step == 300 and r == 0:
+        if step == 299 and r == 0:  # no rank can be past the collective of step 300 yet
             seen["after"] = sum(hub.store.calls.values())
 
     results = run_job(4, 300, at_step, hub)
     assert all(out["saved"] == [] and out["code"] is None for out in results.values())
     assert all(out["agreement"].stop_at is None for out in results.values())
-    # Rank 0 may have finished its steps while others still run theirs: nothing they do calls the store.
-    assert seen["after"] - seen["before"] == 0, hub.store.calls
+    assert seen["after"] - seen["before"] == 0, seen
     assert sorted(hub.store.keys(ROOT + "/")) == [f"{ROOT}/opened/{r}" for r in range(4)]
     # The whole fit: 4 counter increments, 4 watcher reads, the close notices and two O(N) meetings.
     assert sum(hub.store.calls.values()) <= 8 * 4 + 10, hub.store.calls
