@@ -44,6 +44,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from candle_ckpt.core.errors import GroupTimeout
@@ -158,6 +159,64 @@ class CallCount:
         with self._count_lock:
             self.calls[op] += 1
             self.by_thread[threading.current_thread().name] += 1
+
+
+def read_until(read: Callable[[float], str], timeout_s: float, chunk_s: float = 30.0) -> str | None:
+    """A coordination service's blocking read, ``read(seconds)``, repeated in chunks until ``timeout_s`` passes.
+
+    Returns the value, or None once the time is up, or at once when the read fails otherwise (the service is
+    gone: the caller names the rank it waited for).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return str(read(max(0.001, min(left, chunk_s))))
+        except Exception as err:  # DEADLINE_EXCEEDED (JAX), DeadlineExceededError (TensorFlow): not set yet
+            said = f"{type(err).__name__} {err}"
+            if "DEADLINE_EXCEEDED" not in said and "DeadlineExceeded" not in said and "timed out" not in said:
+                return None
+        if time.monotonic() >= deadline:
+            return None
+
+
+class ServiceStore(CallCount):
+    """A :class:`KVStore` over a coordination service's client: a subclass gives the three raw calls.
+
+    ``_insert(key, value)`` raises when the key exists (its error says "already exists" in some spelling);
+    ``_read(key, ms)`` blocks at most ``ms`` and raises a deadline error; ``_delete(key)`` deletes the subtree.
+    Every call is counted (:class:`CallCount`).
+    """
+
+    def _insert(self, key: str, value: str) -> None:
+        raise NotImplementedError
+
+    def _read(self, key: str, timeout_ms: int) -> str:
+        raise NotImplementedError
+
+    def _delete(self, key: str) -> None:
+        raise NotImplementedError
+
+    def set(self, key: str, value: str) -> bool:
+        self.count("set")
+        try:
+            self._insert(key, value)
+        except Exception as err:  # ALREADY_EXISTS (JAX), AlreadyExistsError (TensorFlow): the first writer won
+            if "already" in f"{type(err).__name__} {err}".lower().replace("_", " "):
+                return False
+            raise
+        return True
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        def read(seconds: float) -> str:
+            self.count("get")
+            return self._read(key, max(1, int(seconds * 1000)))  # at least 1 ms: 0 waits forever in TensorFlow
+
+        return read_until(read, timeout_s)
+
+    def delete(self, key: str) -> None:
+        self.count("delete")
+        self._delete(key)
 
 
 class MemoryStore:

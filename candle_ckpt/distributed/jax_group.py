@@ -20,13 +20,9 @@ unless told to overwrite, ``key_value_delete`` deletes a key's subtree,
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
-from candle_ckpt.core.group import SOLO, CallCount, Group, StoreGroup
-
-# Longest single blocking read: a longer wait is several reads (a watcher that must notice close).
-_READ_CHUNK_S = 30.0
+from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
 
 
 def coordination_client() -> Any:
@@ -50,38 +46,20 @@ def process_place() -> tuple[int, int]:
     return int(jax_mod.process_index()), int(jax_mod.process_count())
 
 
-class JaxStore(CallCount):
+class JaxStore(ServiceStore):
     """A :class:`~candle_ckpt.core.group.KVStore` over the JAX coordination client (one call per method call)."""
 
     def __init__(self, client: Any) -> None:
         super().__init__()
         self.client = client
 
-    def set(self, key: str, value: str) -> bool:
-        self.count("set")
-        try:
-            self.client.key_value_set(key, value)
-        except Exception as err:
-            if "ALREADY_EXISTS" in str(err):
-                return False
-            raise
-        return True
+    def _insert(self, key: str, value: str) -> None:
+        self.client.key_value_set(key, value)
 
-    def get(self, key: str, timeout_s: float) -> str | None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            self.count("get")
-            try:
-                return str(self.client.blocking_key_value_get(key, max(1, int(min(left, _READ_CHUNK_S) * 1000))))
-            except Exception as err:  # DEADLINE_EXCEEDED: not set yet; anything else: the service is gone
-                if "DEADLINE_EXCEEDED" not in str(err) and "timed out" not in str(err).lower():
-                    return None
-            if time.monotonic() >= deadline:
-                return None
+    def _read(self, key: str, timeout_ms: int) -> str:
+        return self.client.blocking_key_value_get(key, timeout_ms)
 
-    def delete(self, key: str) -> None:
-        self.count("delete")
+    def _delete(self, key: str) -> None:
         self.client.key_value_delete(key)
 
     def increment(self, key: str) -> int:

@@ -14,47 +14,37 @@ The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from candle_ckpt.core.group import SOLO, CallCount, Group, StoreGroup
+from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
 
 
-def _context() -> Any:
-    from tensorflow.python.eager import context  # noqa: PLC0415 (the coordination service's only handle)
+def coordination_context() -> Any:
+    """TensorFlow's eager context: its ``*_config_key_value`` calls reach the coordination service.
+
+    This module is the gateway to TensorFlow's coordination service, as ``jax_group.coordination_client`` is
+    to JAX's (TensorFlow has no public handle on it; its own ``PreemptionCheckpointHandler`` uses this one).
+
+    Relies on: ``tensorflow.python.eager.context.context()`` (``set_config_key_value``,
+    ``get_config_key_value``, ``delete_config_key_value``)
+    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
+    """
+    from tensorflow.python.eager import context  # noqa: PLC0415
 
     return context.context()
 
 
-class TfStore(CallCount):
+class TfStore(ServiceStore):
     """A :class:`~candle_ckpt.core.group.KVStore` over TensorFlow's coordination service (one call per call)."""
 
-    def set(self, key: str, value: str) -> bool:
-        self.count("set")
-        try:
-            _context().set_config_key_value(key, value)
-        except Exception as err:
-            if "already exists" in str(err).lower() or type(err).__name__ == "AlreadyExistsError":
-                return False
-            raise
-        return True
+    def _insert(self, key: str, value: str) -> None:
+        coordination_context().set_config_key_value(key, value)
 
-    def get(self, key: str, timeout_s: float) -> str | None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            self.count("get")
-            try:  # a timeout of 0 would wait forever: at least 1 ms
-                return str(_context().get_config_key_value(key, max(1, int(min(left, 30.0) * 1000))))
-            except Exception as err:  # DEADLINE_EXCEEDED: not set yet; anything else: the service is gone
-                if type(err).__name__ != "DeadlineExceededError" and "timed out" not in str(err).lower():
-                    return None
-            if time.monotonic() >= deadline:
-                return None
+    def _read(self, key: str, timeout_ms: int) -> str:
+        return coordination_context().get_config_key_value(key, timeout_ms)
 
-    def delete(self, key: str) -> None:
-        self.count("delete")
-        _context().delete_config_key_value(key)
+    def _delete(self, key: str) -> None:
+        coordination_context().delete_config_key_value(key)
 
     def increment(self, key: str) -> int:
         # Each rank increments only its own counter (core.group.scoped), so read-delete-set cannot race.
@@ -68,7 +58,12 @@ class TfStore(CallCount):
 
 
 def tf_group(strategy: Any, num_workers: int) -> Group:
-    """The group of ``strategy``'s workers (several), else :data:`SOLO`."""
+    """The group of ``strategy``'s workers (several), else :data:`SOLO`; the chief is rank 0.
+
+    Relies on: ``tensorflow.python.distribute.multi_worker_util.id_in_cluster`` (the rank, as TensorFlow's
+    own ``PreemptionCheckpointHandler`` numbers the workers)
+    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
+    """
     resolver = getattr(strategy, "cluster_resolver", None) if strategy is not None else None
     if num_workers <= 1 or resolver is None or getattr(resolver, "task_type", None) is None:
         return SOLO

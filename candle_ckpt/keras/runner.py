@@ -24,7 +24,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.group import SOLO, scoped
+from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
@@ -130,7 +130,7 @@ class JobRunner:
         self.fs = fs
         self.strategy = strategy
         self.workers = None  # the WorkerTrainingState of a distributed run
-        self.group = None  # the processes of a multi-process JAX job (each writes its part of every checkpoint)
+        self.group: Group = SOLO  # the processes of a multi-process JAX job (each writes its part of every checkpoint)
         self._agree: Callable[[bool], bool] | None = None  # all processes read their part (a group restore)
         self._meeting = ""  # the group restore's meeting point prefix
         self.engine: CheckpointEngine | None = None
@@ -154,26 +154,26 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def reads(self) -> list[str]:
-        rank = self.group.rank if self.group is not None else 0
+        rank = self.group.rank
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(group_reads(rank))
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
 
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
-        if self.group is not None:  # this process's part: its shards and its own loop state
+        if self.group.size > 1:  # this process's part: its shards and its own loop state
             copy = self.cfg.async_save and step is None  # a step checkpoint is written at once
             return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group.rank, copy)
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
-        rank = self.group.rank if self.group is not None else 0
+        rank = self.group.rank
         if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
             self._restored_at = restore_runner_sharded(
                 self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
             )
             return
-        if self.group is None:
+        if self.group.size == 1:
             self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
             return
         # A one-process checkpoint under several processes: every process loads the same files (mapped
@@ -189,7 +189,7 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
-        if self.group is not None:
+        if self.group.size > 1:
             return self._resume_group()
         if self.workers is not None:
             found = self.workers.restore(epoch=self.resume_from_epoch)
@@ -271,8 +271,8 @@ class JobRunner:
         """
         # One scope of the group per train(): its meeting names and keys are its own (core/group.scoped).
         group = scoped(jax_group(), "train") if self.strategy is None else SOLO
-        self.group = group if group.size > 1 else None
-        if self.group is not None:
+        self.group = group
+        if self.group.size > 1:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)
             self.log = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
@@ -313,7 +313,7 @@ class JobRunner:
             finally:
                 ended = done or self.preempted is not None  # as on every process: they meet once more
                 self._sync.close(ended=ended)
-                if ended and self.group is not None:  # the last meeting: every key of this train() is deleted
+                if ended:  # the last meeting: every key of this train() is deleted (SOLO: nothing to do)
                     self.group.close(group_timeout())
                 self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None and self.preempted is None:
@@ -386,7 +386,7 @@ class JobRunner:
             sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
             sync = PreemptionController(self.cfg, self.engine, self.log)
-            if self.group is not None and sync.enabled:  # the processes agree: the same step, or none
+            if self.group.size > 1 and sync.enabled:  # the processes agree: the same step, or none
                 sync.agreement = NoticeAgreement(self.group, timeout_s=group_timeout())
                 sync.who = f"process {self.group.rank} "
         sync.arm()

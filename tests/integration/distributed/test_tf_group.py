@@ -8,9 +8,6 @@ over them as over JAX's service.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -53,28 +50,13 @@ _SCRIPT = textwrap.dedent(
 def test_tf_group_meets_over_tensorflows_coordination_service(tmp_path):
     """Two workers: ranks from the cluster, first writer wins, exchange/all_agree, per-rank counters, subtree
     delete, and a lone rank's GroupTimeout naming the primary."""
-    from cluster import free_ports
-    from locations import REPO
+    from cluster import free_ports, run_pair
+    from pace import wait_s
 
     script = tmp_path / "g.py"
     script.write_text(_SCRIPT)
-    ports = free_ports(2)
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    env.pop("TF_CONFIG", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), *map(str, ports)], env=env, stdout=subprocess.PIPE, text=True
-        )
-        for i in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    ports = [str(p) for p in free_ports(2)]
+    outs = run_pair(script, [[str(i), *ports] for i in (0, 1)], {"CUDA_VISIBLE_DEVICES": ""}, wait_s(90))
     assert "R 0 2" in outs[0] and "R 1 2" in outs[1]
     won = [out.split("W ")[1].split()[0] for out in outs]
     assert sorted(won) == ["False", "True"], outs

@@ -7,9 +7,6 @@ the tripwire fails loudly when JAX moves the coordination client that
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -81,25 +78,12 @@ _SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_meeting_points_in_two_real_processes(tmp_path):
     """barrier, broadcast, all_agree and exchange across 2 processes; a lone rank times out naming the missing one."""
-    from cluster import free_ports
-    from locations import REPO
+    from cluster import free_ports, run_pair
 
     script = tmp_path / "g.py"
     script.write_text(_SCRIPT)
-    (port,) = free_ports(1)
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(i), str(port)], env=env, stdout=subprocess.PIPE, text=True)
-        for i in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    port = str(free_ports(1)[0])
+    outs = run_pair(script, [[str(i), port] for i in (0, 1)], {"JAX_PLATFORMS": "cpu"}, 120)
     for out in outs:
         assert "B hello" in out and "A False True" in out and "X ['r0', 'r1']" in out
     assert "T the processes did not all reach 't/alone' within 2 s (rank(s) 0 never came)" in outs[1]
