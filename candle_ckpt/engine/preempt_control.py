@@ -128,15 +128,13 @@ class NoticeAgreement:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._posted = False
+        self._reason = "request"
         self._lane: Any = None
         self._thread: threading.Thread | None = None
 
     @property
     def multi(self) -> bool:
         return self.group.size > 1
-
-    def _notice_key(self) -> str:
-        return f"{self._lane.prefix}/notice"
 
     def start(self) -> None:
         """At the start of a fit: a fresh lane of the group and its watcher thread (several ranks only)."""
@@ -147,13 +145,43 @@ class NoticeAgreement:
         if not self.multi:
             return
         self._lane = self.group.lane(self.group.meeting("preempt"))
+        self._asked = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="candle_ckpt-preempt-watch", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._tell, args=(self._lane, self._asked), name="candle_ckpt-preempt-tell",
+                         daemon=True).start()  # fmt: skip
+
+    def request(self, reason: str) -> None:
+        """This process's request, from a signal handler: posted at once by a thread (not at the next step end).
+
+        Every watcher then notices it while the training threads are still inside their steps, so ``S`` is
+        the next step of the slowest of them. Safe in a signal handler: it only sets an event.
+        """
+        self._reason = reason
+        event = getattr(self, "_asked", None)
+        if event is not None:
+            event.set()
+
+    def _tell(self, lane: Any, asked: threading.Event) -> None:
+        """The thread that posts a request :meth:`request` recorded (it waits for nothing else)."""
+        while not asked.wait(self.timeout_s):
+            if self._stop.is_set():
+                return
+        if not self._stop.is_set():
+            self._post(lane, self._reason)
+
+    def _post(self, lane: Any, reason: str) -> None:
+        """Set ``notice`` once from this process (the first writer of the job wins; every watcher wakes)."""
+        with self._lock:
+            if self._posted:
+                return
+            self._posted = True
+        lane.store.set(f"{lane.prefix}/notice", f"{self.group.rank}:{reason}")
 
     def _watch(self) -> None:
         """The watcher thread: wait for ``notice``, then agree on ``S`` with the other watchers."""
         lane = self._lane  # its own: close() lets go of the agreement's
-        key = self._notice_key()
+        key = f"{lane.prefix}/notice"
         said = None
         while said is None:
             if self._stop.is_set():
@@ -190,13 +218,11 @@ class NoticeAgreement:
             return False
         if not self.multi:
             return True
-        if local and not self._posted:  # once: the first writer wins, every watcher (ours too) wakes
-            self._posted = True
+        if local and not self._posted:  # a deadline (a signal was posted by request() already, as a rule)
             with self._lock:  # this thread waits at this point: as if it had noticed just before it
                 if not self.noticed:
                     self.noticed, self._noticed_at = True, count - 1
-            reason = local if isinstance(local, str) else "request"
-            self._lane.store.set(self._notice_key(), f"{self.group.rank}:{reason}")
+            self._post(self._lane, local if isinstance(local, str) else "request")
         self._wait()
         return self.stop_at is not None and count >= self.stop_at
 
@@ -302,6 +328,11 @@ class PreemptionController:
             return
         caught = self.watcher.arm()
         getattr(self.agreement, "start", lambda: None)()
+        request = getattr(self.agreement, "request", None)
+        if request is not None:  # a signal is told to the other processes at once, not at the next step end
+            self.watcher.on_signal = lambda trigger: request(trigger.reason)
+            if self.watcher.pending is not None:  # held since restart()
+                request(self.watcher.pending.reason)
         if self.watcher.deadline is not None:
             left = self.watcher.time_left() or 0.0
             self.log.info(

@@ -263,8 +263,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if self._train is not None:
             by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
-        if self.group.size > 1:  # this process's part: its shards and its training state
-            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self.group, data)
+        if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
+            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self._fit_group, data)
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if data is not None:

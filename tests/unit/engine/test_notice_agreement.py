@@ -207,3 +207,24 @@ def test_a_rank_that_never_comes_makes_the_others_raise_group_timeout_naming_it(
     with pytest.raises(GroupTimeout, match=r"'stop' within 0.3 s \(rank\(s\) 1 never came\)"):
         pre.step_end(0, 1, Engine().save(1))
     pre.close(ended=False)
+
+
+def test_a_signal_is_told_at_once_not_at_the_askers_next_step_end() -> None:
+    """A signal handler's request() posts the notice from a thread: the other ranks notice it while the asking
+    rank is still inside its step 5 (it waits there until they have), and all save step 5 or 6."""
+    hub = ThreadGroup(3)
+    agreements: dict[int, NoticeAgreement] = {}
+
+    def at_step(r: int, step: int, pre: PreemptionController) -> None:
+        agreements[r] = pre.agreement
+        if r == 1 and step == 5:
+            pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
+            pre.agreement.request("SIGUSR1")  # what the signal handler does (PreemptionWatcher.on_signal)
+            deadline = time.monotonic() + 30
+            while not all(agreements[q].noticed for q in (0, 2)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert all(agreements[q].noticed for q in (0, 2)), "the notice waited for the asker's step end"
+
+    results = run_job(3, 40, at_step, hub)
+    assert assert_one_save_step(results, 1, "SIGUSR1") in (5, 6)
+    assert only_counters_left(hub) == []

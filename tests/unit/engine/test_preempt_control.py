@@ -188,3 +188,24 @@ def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> No
     off = make_controller(CkptConfig.from_params({**params, "ckpt_save_interval": 0}), Engine(), None, info,
                           OpsLog(None))  # fmt: skip
     assert not off.enabled
+
+
+def test_a_caught_signal_is_handed_to_the_agreement_at_once() -> None:
+    """arm() wires the signal handler to the agreement's request(): the other processes hear of a signal when
+    it comes, not at this process's next step end."""
+    import os
+
+    class Asking(ScriptedAgreement):
+        asked: list[str] = []
+
+        def request(self, reason: str) -> None:
+            self.asked.append(reason)
+
+    agreement = Asking(at=100)
+    pre = controller(Engine(), agreement)
+    pre.arm()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert agreement.asked == ["SIGUSR1"] and pre.watcher.pending.reason == "SIGUSR1"
+    finally:
+        pre.close(ended=False)
