@@ -92,8 +92,9 @@ class NoticeAgreement:
     The protocol (as TensorFlow's ``PreemptionCheckpointHandler`` and JAX's preemption sync point):
 
     - each rank runs a watcher thread that blocks on one key of the group's store, ``notice``;
-    - a rank whose own request comes (a signal, its deadline) sets ``notice`` once, from the training
-      thread, with its rank and reason; the first writer wins, and every watcher wakes;
+    - a rank whose own request comes sets ``notice`` once, with its rank and reason: a signal at once, from
+      a thread the signal handler wakes (:meth:`request`), a deadline from the training thread at its step
+      end; the first writer of the job wins, and every watcher wakes;
     - each watcher then sets :attr:`noticed` and reads :attr:`count` (points passed: steps and epoch ends)
       under one lock, and the ranks ``exchange`` their counts once (O(N) messages): the save point is
       ``S = max + 1``, the same on every rank (the asking rank's training thread, which waits at the point
@@ -129,6 +130,7 @@ class NoticeAgreement:
         self._error: BaseException | None = None
         self._posted = False
         self._reason = "request"
+        self._asked = threading.Event()
         self._lane: Any = None
         self._thread: threading.Thread | None = None
 
@@ -158,9 +160,7 @@ class NoticeAgreement:
         the next step of the slowest of them. Safe in a signal handler: it only sets an event.
         """
         self._reason = reason
-        event = getattr(self, "_asked", None)
-        if event is not None:
-            event.set()
+        self._asked.set()
 
     def _tell(self, lane: Any, asked: threading.Event) -> None:
         """The thread that posts a request :meth:`request` recorded (it waits for nothing else)."""
@@ -242,6 +242,8 @@ class NoticeAgreement:
             except Exception:  # a rank that died: the job is over, and the training has seen the error
                 lane = None
         self._stop.set()
+        if self.multi:
+            self._asked.set()  # the teller thread wakes, sees the stop, and ends
         if lane is not None and meet:
             lane.close(self.timeout_s)
 
