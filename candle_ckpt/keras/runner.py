@@ -269,9 +269,7 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        # One scope of the group per train(): its meeting names and keys are its own (core/group.scoped).
-        group = scoped(jax_group(), "train") if self.strategy is None else SOLO
-        self.group = group
+        self.group = scoped(jax_group(), "train") if self.strategy is None else SOLO  # this train()'s own keys
         if self.group.size > 1:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)
