@@ -67,7 +67,7 @@ class CkptConfig:
             ``"return"`` (stop training, ``fit`` returns) or an exit status.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
-        preempt_check: Multi-worker: steps between two preemption agreements.
+        preempt_check: Deprecated, no effect (a warning says so; the value is still checked).
         epochs: Total number of training epochs, or None if unknown.
     """
 
@@ -150,6 +150,8 @@ class CkptConfig:
         for key in params:
             if isinstance(key, str) and key.startswith("ckpt_") and key not in _SPEC_BY_KEY:
                 _warn_unknown(key)
+        if params.get("ckpt_preempt_check") is not None:
+            _warn_deprecated("ckpt_preempt_check")
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:
             value = params.get(spec.key)
@@ -218,6 +220,17 @@ class CkptConfig:
 
 
 _UNREPORTED: list[str] = []  # warnings about the dict, waiting for the log of the object that reads it
+
+
+@functools.cache  # one warning per key and process
+def _warn_deprecated(key: str) -> None:
+    """Say once that ``key`` no longer does anything (its value is still checked, so old configs stay valid).
+
+    Queued in :data:`_UNREPORTED` like the unknown-key warning, so it is written like every other line.
+    """
+    _UNREPORTED.append(
+        f"{key} is deprecated and has no effect: no process talks on a training step any more (docs/preemption.rst)"
+    )
 
 
 @functools.cache  # one warning per key and process, however many objects read the dict

@@ -391,8 +391,8 @@ _SPECS: tuple[_Spec, ...] = (
         kind="int",
         default=1,
         help=(
-            "Multi-worker: every N training steps the workers agree, in one small all-reduce, whether any "
-            "of them was signalled (or is near its deadline), so that all save at the same step."
+            "Deprecated, no effect (a warning says so): the processes of a multi-process job no longer talk on "
+            "a step; a request reaches all of them through the coordination service (docs/preemption.rst)."
         ),
         allowed="integer > 0",
         minimum=0,

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.core.errors import CheckpointError
+from candle_ckpt.core.errors import GroupTimeout
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,8 @@ def sum_over_workers(strategy: Any, timeout_s: float, values: list[int], what: s
         total = strategy.extended.reduce_to(
             tf.distribute.ReduceOp.SUM, per_replica, destinations=per_replica, options=options
         )
-    except tf.errors.DeadlineExceededError as err:
-        raise CheckpointError(
-            f"restore ({what}): the other workers did not answer within {timeout_s:.0f} s "
-            f"(a worker died or is not running restore()): {err.message}"
-        ) from None
+    except tf.errors.DeadlineExceededError:
+        # The one timeout exception of every group (a CheckpointError); a collective cannot tell who is missing.
+        raise GroupTimeout(f"restore/{what}", timeout_s) from None
     result = strategy.experimental_local_results(total)[0]
     return [int(v) for v in result.numpy().tolist()]

@@ -8,14 +8,15 @@ sidecar and publishes exactly as a one-process commit; every rank hears the
 outcome and returns or raises the same. A crash of any process at any moment
 leaves the previous checkpoint or the new one.
 
-The meeting points' names come from a per-process sequence (:func:`meeting`),
-the same on every rank because every rank saves and restores in the same
-order. Each wait is bounded by :func:`group_timeout`.
+The meeting points' names come from the group's own sequence
+(:meth:`~candle_ckpt.core.group.Group.meeting`; the group is scoped to one
+``fit`` by :func:`~candle_ckpt.core.group.scoped`), the same on every rank
+because every rank saves and restores in the same order. Each wait is
+bounded by :func:`group_timeout`.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any
 
@@ -29,12 +30,6 @@ from candle_ckpt.storage.store import CheckpointStore
 # Bound on each meeting point of a save or a restore: a peer that died makes the others raise after this
 # (CANDLE_CKPT_GROUP_TIMEOUT_S overrides it).
 GROUP_TIMEOUT_S = 300.0
-_counters: dict[str, Any] = {}
-
-
-def meeting(kind: str) -> str:
-    """The next meeting point prefix of ``kind`` (``save``, ``restore``...), e.g. ``save/3``."""
-    return f"{kind}/{next(_counters.setdefault(kind, itertools.count()))}"
 
 
 def group_timeout() -> float:
@@ -70,7 +65,7 @@ def commit_epoch(
     store: CheckpointStore, group: Group, epoch: int, cap: Capture, template: Sidecar, best_epoch: int | None
 ) -> Sidecar | None:
     """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks."""
-    key, timeout_s = meeting("save"), group_timeout()
+    key, timeout_s = group.meeting("save"), group_timeout()
     if group.rank != 0:
         write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
         return None
@@ -80,7 +75,7 @@ def commit_epoch(
 
 def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar:
     """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar."""
-    key, timeout_s = meeting("save"), group_timeout()
+    key, timeout_s = group.meeting("save"), group_timeout()
     if group.rank != 0:
         where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
         return store.steps.read_sidecar(int(where.rsplit("/", 1)[-1]))

@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +175,8 @@ class PreemptionWatcher:
         self._released = False
         self._restoring = False
         self.left_alone: list[str] = []  # signals whose handler the program installed itself (not caught)
+        # Called (in the signal handler) with the first signal's trigger: must only set a flag or an event.
+        self.on_signal: Callable[[Trigger], None] | None = None
 
     @property
     def active(self) -> bool:
@@ -245,6 +247,8 @@ class PreemptionWatcher:
         # Only a record: the save happens at the next step boundary, on the training thread.
         if self._trigger is None:
             self._trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic())
+            if self.on_signal is not None:
+                self.on_signal(self._trigger)
 
     def trigger(self, reason: str, signum: int | None = None) -> Trigger:
         """Record a stop request from another source (a peer worker, a test); the first one is kept."""

@@ -16,6 +16,7 @@ from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -23,7 +24,7 @@ from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.preempt import PreemptExit
-from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController
+from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.writer import SigtermExit
 from candle_ckpt.keras import finished, fit_hooks, internals
@@ -88,8 +89,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().__init__()
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
-        self.group = keras_group()
-        primary = self.group is None or self.group.rank == 0
+        self.group = keras_group()  # SOLO in one process
+        primary = self.group.rank == 0
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
@@ -112,8 +113,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epoch = 0  # Keras's index of the epoch running now
         # Signals, deadline, step checkpoints; several processes agree through the group (same step, or none).
         self._pre = PreemptionController(self.cfg, self.engine, self.log, step_saves=True)
-        if self.group is not None and self._pre.enabled:
-            self._pre.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
+        self._fit_group: Group = SOLO  # this fit's scope of the group (its meetings, keys and cleanup)
+        if self.group.size > 1 and self._pre.enabled:
             self._pre.who = f"process {self.group.rank} "
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
@@ -165,12 +166,27 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             fit_hooks.before_train_end(callback_list, lambda: self._before_epoch(-1))
         elif self._restore is not None and not self._hooked:
             self._before_epoch(-1)
+        self._scope_fit()
         # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
         self._pre.arm()
         # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
         self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
+
+    def _scope_fit(self) -> None:
+        """Several processes: this fit's own scope of the group, for its saves and its preemption agreement."""
+        if self.group.size <= 1:
+            return
+        self._fit_group = scoped(self.group, "fit")
+        self.engine.group = self._fit_group
+        if self._pre.enabled:  # nothing is said on a step unless a process asked to stop
+            self._pre.agreement = NoticeAgreement(self._fit_group, timeout_s=group_timeout())
+
+    def _close_fit_group(self) -> None:
+        """The fit ended alike on every process: the last meeting deletes every key of this fit."""
+        group, self._fit_group = self._fit_group, SOLO
+        group.close(group_timeout())
 
     def _hook_fit(self, callback_list: Any) -> None:
         """Hook into this fit's ``callback_list`` (None: not found) and find its input (see
@@ -222,7 +238,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             raise
         except BaseException:  # a failed step save (ckpt_on_error=raise): fit stops here, the guard frees the lock
             self._sigterm.disarm()
-            self._pre.close()
+            self._pre.close(ended=False)
             raise
         if stop:
             self.model.stop_training = True
@@ -231,6 +247,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         """ckpt_preempt_exit_code: the checkpoint is committed; give the signals and the lock back before exit."""
         self._sigterm.disarm()
         self._pre.close()
+        self._close_fit_group()
         self.close()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -250,8 +267,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if self._train is not None:
             by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
-        if self.group is not None:  # this process's part: its shards and its training state
-            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self.group, data)
+        if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
+            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self._fit_group, data)
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if data is not None:
@@ -281,7 +298,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             # unless a write is in flight; then the guard waits for it on its own thread (this one
             # must unwind, so that a SIGTERM's exit hook can commit that write).
             self._sigterm.disarm()
-            self._pre.close()
+            self._pre.close(ended=False)
             if not self.engine.writer.in_flight():
                 self._guard.disarm()
                 self._fit_ended()
@@ -296,12 +313,16 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.log.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"
             )
+        ended = False
         try:
             self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
+            ended = True
         finally:
             self._sigterm.disarm()
             self._interrupt.fit_returned()
-            self._pre.close()
+            self._pre.close(ended=ended)
+            if ended:
+                self._close_fit_group()
             self._fit_ended()
 
     def _fit_ended(self) -> None:

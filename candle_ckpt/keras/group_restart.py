@@ -37,7 +37,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.engine.group_commit import group_timeout, meeting
+from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import (
     Chosen,
@@ -144,7 +144,7 @@ def agree_on_checkpoint(
     chooses again (round N meets at ``name/N``), every process with it.
 
     Args:
-        name: This restore's meeting point prefix (:func:`~candle_ckpt.engine.group_commit.meeting`).
+        name: This restore's meeting point prefix (``group.meeting("restore")``).
         reads: The files this process loads into memory.
         needed: ``needed(where)``: the files of the sharded checkpoint ``where`` this process reads.
         epoch: Exactly this epoch (``ckpt_restart_epoch`` otherwise), as ``select_checkpoint``.
@@ -192,7 +192,10 @@ def agree_on_checkpoint(
 def restart_group(
     cfg: CkptConfig, model: Any, group: Group, logger: str | logging.Logger | None, verbose: bool
 ) -> dict[str, Any] | None:
-    """``restart()`` on one process of ``group`` (call it on every process; see the module docstring)."""
+    """``restart()`` on one process of ``group`` (call it on every process; see the module docstring).
+
+    ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
+    """
     layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
     log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
@@ -200,15 +203,17 @@ def restart_group(
     internals.warm_skipsets()
     if getattr(model, "optimizer", None) is not None:
         build_optimizer(model)
-    name = meeting("restore")
+    name = group.meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
     reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
     chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
     if chosen is None:
+        group.close(group_timeout())
         return None
     record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
+    group.close(group_timeout())  # the last meeting: every key of this restore is deleted
     resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
     attach_resumed(model, resumed)
     resumed.pending.guard(model, log, checkpoint_dir(layout, chosen.sidecar))

@@ -19,6 +19,7 @@ from candle_ckpt.adapters import WorkerTrainingState, is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.group import scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.worker_state import multi_worker_strategy
 from candle_ckpt.engine.decision import checkpointing_off
@@ -82,10 +83,10 @@ def restart(
     if is_tf_keras(model) or multi_worker_strategy(model) is not None:
         return _restart_through_worker(gParameters, model, logger, verbose)
     group = keras_group()
-    if group is not None:  # several JAX processes: the primary chooses, all load the same one or none
+    if group.size > 1:  # several JAX processes: the primary chooses, all load the same one or none
         from candle_ckpt.keras.group_restart import restart_group
 
-        return restart_group(cfg, model, group, logger, verbose)
+        return restart_group(cfg, model, scoped(group, "restore"), logger, verbose)
     return _restart_keras(cfg, model, logger, verbose)
 
 

@@ -24,12 +24,13 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
-from candle_ckpt.engine.group_commit import group_timeout, meeting
-from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, plain_logs
+from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.keras.group_restart import agree_on_checkpoint
 from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
@@ -129,7 +130,7 @@ class JobRunner:
         self.fs = fs
         self.strategy = strategy
         self.workers = None  # the WorkerTrainingState of a distributed run
-        self.group = None  # the processes of a multi-process JAX job (each writes its part of every checkpoint)
+        self.group: Group = SOLO  # the processes of a multi-process JAX job (each writes its part of every checkpoint)
         self._agree: Callable[[bool], bool] | None = None  # all processes read their part (a group restore)
         self._meeting = ""  # the group restore's meeting point prefix
         self.engine: CheckpointEngine | None = None
@@ -153,26 +154,26 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def reads(self) -> list[str]:
-        rank = self.group.rank if self.group is not None else 0
+        rank = self.group.rank
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(group_reads(rank))
 
     def capture(self, cfg: CkptConfig) -> Capture:
         return self._capture(self.epoch)
 
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
-        if self.group is not None:  # this process's part: its shards and its own loop state
+        if self.group.size > 1:  # this process's part: its shards and its own loop state
             copy = self.cfg.async_save and step is None  # a step checkpoint is written at once
             return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group.rank, copy)
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
-        rank = self.group.rank if self.group is not None else 0
+        rank = self.group.rank
         if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
             self._restored_at = restore_runner_sharded(
                 self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
             )
             return
-        if self.group is None:
+        if self.group.size == 1:
             self._restored_at = restore_runner(self.objects, self.state, chosen, log, where)
             return
         # A one-process checkpoint under several processes: every process loads the same files (mapped
@@ -188,7 +189,7 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
-        if self.group is not None:
+        if self.group.size > 1:
             return self._resume_group()
         if self.workers is not None:
             found = self.workers.restore(epoch=self.resume_from_epoch)
@@ -208,7 +209,7 @@ class JobRunner:
     def _resume_group(self) -> Mapping[str, Any] | None:
         """Every process restores the checkpoint the primary chose, verified on every process (all or none)."""
         group, start = self.group, time.perf_counter()
-        self._meeting = name = meeting("restore")
+        self._meeting = name = group.meeting("restore")
         needed = files_for(self.objects, self.state, self.kinds, group.rank)
         chosen = agree_on_checkpoint(
             self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch
@@ -268,8 +269,8 @@ class JobRunner:
                 with ``ckpt_on_error=raise``; earlier checkpoints are intact.
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
-        self.group = keras_group() if self.strategy is None else None
-        if self.group is not None:
+        self.group = scoped(keras_group(), "train") if self.strategy is None else SOLO  # this train()'s own keys
+        if self.group.size > 1:
             # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
             layout = L.Layout.of(self.cfg)
             self.log = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
@@ -308,7 +309,10 @@ class JobRunner:
                     except Exception as err:
                         self.log.warning(f"while stopping after an error: {err}")
             finally:
-                self._sync.close()
+                ended = done or self.preempted is not None  # as on every process: they meet once more
+                self._sync.close(ended=ended)
+                if ended:  # the last meeting: every key of this train() is deleted (SOLO: nothing to do)
+                    self.group.close(group_timeout())
                 self.engine.close()  # the writer lock is held only while train() runs
         if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
@@ -380,8 +384,8 @@ class JobRunner:
             sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
         else:
             sync = PreemptionController(self.cfg, self.engine, self.log)
-            if self.group is not None and sync.enabled:  # the processes agree: the same step, or none
-                sync.agreement = GroupAgreement(self.group, every=self.cfg.preempt_check, timeout_s=group_timeout())
+            if self.group.size > 1 and sync.enabled:  # the processes agree: the same step, or none
+                sync.agreement = NoticeAgreement(self.group, timeout_s=group_timeout())
                 sync.who = f"process {self.group.rank} "
         sync.arm()
         return sync

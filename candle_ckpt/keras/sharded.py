@@ -35,7 +35,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.core.group import Group
-from candle_ckpt.distributed.jax_group import JaxGroup, jax_group
+from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.keras import internals
@@ -51,7 +51,7 @@ CONFIG_FILE, METADATA_FILE = "config.json", "metadata.json"
 ORDER = "keras_variable_order"  # the manifest's extra: the paths in model-then-optimizer variable order
 
 
-def keras_group() -> JaxGroup | None:
+def keras_group() -> Group:
     """This process's group when JAX runs several processes (:func:`~candle_ckpt.distributed.jax_group.jax_group`),
     refusing at once where Keras does not run on JAX: its variables are then no JAX arrays, and every save
     would fail.
@@ -59,8 +59,8 @@ def keras_group() -> JaxGroup | None:
     Raises:
         RuntimeError: ``jax.distributed`` is initialized but the Keras backend is not JAX (naming the fix).
     """
-    group = jax_group()
-    if group is not None and keras.backend.backend() != "jax":
+    group = jax_group()  # SOLO in one process
+    if group.size > 1 and keras.backend.backend() != "jax":
         raise RuntimeError(
             f"jax.distributed is initialized (process {group.rank} of {group.size}) but Keras runs on "
             f"{keras.backend.backend()}: set KERAS_BACKEND=jax before importing keras"

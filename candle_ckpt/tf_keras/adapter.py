@@ -357,7 +357,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self._back_up(epoch, logs)
         except BaseException:
             self._sigterm.disarm()  # fit stops here without on_train_end
-            self._close_sync()
+            self._close_sync(ended=False)
             engine = self.state.engine
             if engine is None or not engine.writer.in_flight():  # else the guard waits for it, off this thread
                 self._guard.disarm()
@@ -414,9 +414,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         """``(epoch, steps done)`` of the preemption save of the last ``fit`` (0-based epoch), else None."""
         return self._sync.saved_at if self._sync is not None else None
 
-    def _close_sync(self) -> None:
+    def _close_sync(self, ended: bool = True) -> None:
+        """``ended``: the fit ended alike on every worker, which then meet once more (preempt_control)."""
         if self._sync is not None:
-            self._sync.close()
+            self._sync.close(ended)
 
     def _fit_ended(self) -> None:
         """Release what a fit that raised held: the signals (back on the main thread soon) and the lock."""

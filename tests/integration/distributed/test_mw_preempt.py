@@ -2,9 +2,10 @@
 
 Two real worker processes on localhost (``mw_preempt_job.py``), each with its own
 ``TF_CONFIG``. The non-chief waits after a known batch until SIGTERM has
-reached it; the workers' next agreement (an all-reduce after every step) makes
-both save the following step, the chief commits it, and both stop (or exit
-with ``ckpt_preempt_exit_code``). The restarted cluster continues from that
+reached it; it sets the notice key of TensorFlow's coordination service at its
+next step, the workers agree once on one step (that one, or the next if the
+chief had passed it), both save it, the chief commits it, and both stop (or
+exit with ``ckpt_preempt_exit_code``). The restarted cluster continues from that
 step and ends bit-identical to an uninterrupted run of the same shape (two
 replicas: each all-reduced element is ``a + b``, exact on CPU).
 """
@@ -74,30 +75,35 @@ def step_checkpoints(directory: Path) -> list[dict]:
 
 
 def assert_preempted_at(
-    cluster: Cluster, directory: Path, epoch: int, step: int, files: list[str], reason: str = "peer"
-) -> None:
-    """Both workers saved ``step`` steps of ``epoch``; the chief committed exactly that (its reason: ``peer``,
-    the signal went to another worker), the non-chief nothing."""
-    for i in range(len(cluster.procs)):
-        assert cluster.line(i, r"^PREEMPTED (\d+):(\d+)").groups() == (str(epoch), str(step))
+    cluster: Cluster, directory: Path, epoch: int, step: int, files: list[str], reason: str = "SIGTERM"
+) -> int:
+    """Both workers saved the same step S of ``epoch``, ``step`` or the next (the workers agree once, through
+    the coordination service, on one more than the steps they had passed when the notice came: the chief may
+    have passed ``step`` already); the chief committed exactly that, recording the signal's own reason (not
+    "peer"), the non-chief nothing. Returns S."""
+    said = {cluster.line(i, r"^PREEMPTED (\d+):(\d+)").groups() for i in range(len(cluster.procs))}
+    assert len(said) == 1, said
+    ((at_epoch, at_step),) = said
+    assert int(at_epoch) == epoch and int(at_step) in (step, step + 1), said
     (side,) = step_checkpoints(directory)
-    assert (side["epoch"], side["step"], side["reason"]) == (epoch, step, reason)
+    assert (side["epoch"], side["step"], side["reason"]) == (epoch, int(at_step), reason)
     assert sorted(side["files"]) == files
     assert not any((directory / "ckpts").glob(".tmp-worker-*"))  # the non-chief's scratch copy is gone
     assert os.readlink(directory / "ckpts" / "last") == f"epochs/{epoch:03d}"  # the epochs before it
+    return int(at_step)
 
 
 def test_job_runner_sigterm_to_non_chief_both_save_same_step_and_exit_with_code(tmp_path: Path) -> None:
-    """JobRunner on 2 workers: SIGTERM to worker 1 after batch 1 of epoch 1; both save step 3 of epoch 1,
+    """JobRunner on 2 workers: SIGTERM to worker 1 after batch 1 of epoch 1; both save step 3 (or 4) of epoch 1,
     the chief commits it, both exit 42; the restarted cluster continues from that step (model, optimizer
     and loop state) and ends bit-identical to an uninterrupted run."""
     ckpt, ref_dir = tmp_path / "ckpt", tmp_path / "ref"
     ref = Cluster(tmp_path, "ref", "k3", ref_dir, 3)  # runs alongside
     run = preempt(tmp_path, "k3", ckpt, 3, "1:1", exit_code=42)
-    assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"])
+    at = assert_preempted_at(run, ckpt, 1, 3, ["loop_state.json", "model.weights.h5"])
     again = run_to_end(tmp_path, "again", "k3", ckpt, 3)
-    for i in range(2):
-        assert again.line(i, r"^RESTORED epoch=(\d+) step=(\d+) batches=(\d+)").groups() == ("1", "3", "11")
+    for i in range(2):  # 8 batches per epoch
+        assert again.line(i, r"^RESTORED epoch=(\d+) step=(\d+) batches=(\d+)").groups() == ("1", str(at), str(8 + at))
     assert_same(again.restored(0), again.restored(1))
     assert ref.wait() == [0, 0]
     for i in range(2):
@@ -108,16 +114,16 @@ def test_job_runner_sigterm_to_non_chief_both_save_same_step_and_exit_with_code(
 
 
 def test_tf_keras_fit_sigterm_to_non_chief_both_save_same_step_and_stop(tmp_path: Path) -> None:
-    """tf_keras fit on 2 workers: SIGTERM to worker 1 after batch 0 of epoch 1; both save step 2 of
+    """tf_keras fit on 2 workers: SIGTERM to worker 1 after batch 0 of epoch 1; both save step 2 (or 3) of
     epoch 1 and exit 143 (the default, the chief too); restart() on every worker returns that epoch and step, and the
     cluster that fits the rest ends bit-identical to an uninterrupted run."""
     ckpt = tmp_path / "ckpt"
     ref = Cluster(tmp_path, "ref", "tfk", tmp_path / "ref", 3)
     run = preempt(tmp_path, "tfk", ckpt, 3, "1:0", exit_code=None)
-    assert_preempted_at(run, ckpt, 1, 2, ["model.h5", "model_weights.h5", "optimizer.npz", "train.state.npz"])
+    at = assert_preempted_at(run, ckpt, 1, 2, ["model.h5", "model_weights.h5", "optimizer.npz", "train.state.npz"])
     again = run_to_end(tmp_path, "again", "tfk", ckpt, 3)
     for i in range(2):
-        assert again.line(i, r"^RESTORED epoch=(\d+) step=(\d+)").groups() == ("1", "2")
+        assert again.line(i, r"^RESTORED epoch=(\d+) step=(\d+)").groups() == ("1", str(at))
     assert_same(again.restored(0), again.restored(1))
     assert ref.wait() == [0, 0]
     for i in range(2):

@@ -31,6 +31,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def run_pair(script: Path, args: list[list[str]], env: dict[str, str], timeout_s: float) -> list[str]:
+    """Run ``script`` once per argument list (a small job of a few processes); their outputs once all exited 0.
+
+    Every wait is bounded: a process still running at ``timeout_s`` is killed, and the test fails with all outputs.
+    """
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", **env)
+    env.pop("TF_CONFIG", None)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), *a], env=env, stdout=subprocess.PIPE, text=True) for a in args
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * len(procs), outs
+    return outs
+
+
 class WorkerCluster:
     """``n`` worker processes of ``script`` (``n == 1``: no TF_CONFIG); ``extra[i]``: worker ``i``'s arguments.
 

@@ -1070,3 +1070,17 @@ def test_a_bad_integer_reads_the_same_from_the_dict_and_the_flag(key, text, sent
     with pytest.raises(SystemExit):
         parser.parse_args([f"--{key}", text])
     assert capsys.readouterr().err.splitlines()[-1] == f"job: error: argument --{key}: {sentence}"
+
+
+def test_preempt_check_is_deprecated_with_one_warning() -> None:
+    """ckpt_preempt_check still parses (old configs stay valid) but says once, through the log that opens next
+    (as the unknown-key warning), that it no longer does anything."""
+    from candle_ckpt.config.params import _warn_deprecated, take_unreported
+
+    _warn_deprecated.cache_clear()
+    take_unreported()
+    CkptConfig.from_params({"ckpt_preempt_check": 4})
+    CkptConfig.from_params({"ckpt_preempt_check": 4})
+    said = [line for line in take_unreported() if "ckpt_preempt_check" in line]
+    assert said == ["ckpt_preempt_check is deprecated and has no effect: no process talks on a training step any "
+                    "more (docs/preemption.rst)"]  # fmt: skip

@@ -3,31 +3,33 @@
 from __future__ import annotations
 
 import signal
-import threading
 from pathlib import Path
 
 import pytest
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.group import ThreadGroup
+from candle_ckpt.core.group import SOLO
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.distributed.agreement import SaveAgreement, make_controller
+from candle_ckpt.distributed.agreement import make_controller
 from candle_ckpt.distributed.worker_state import WorkerInfo
-from candle_ckpt.engine.preempt_control import GroupAgreement, PreemptionController, exit_status
+from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, exit_status
 
 
-class CountingAgreement(SaveAgreement):
-    """A multi-worker agreement whose collective is a list: the other workers' flags, one per check."""
+class ScriptedAgreement:
+    """An agreement of several workers where another worker asked: it answers True from the ``at``-th point on."""
 
-    def __init__(self, every: int, others: list[bool]) -> None:
-        super().__init__(None, 2, every=every)
-        self.others = others
-        self.sent: list[float] = []
+    def __init__(self, at: int) -> None:
+        self.at, self.points = at, 0
 
-    def _sum(self, value: float) -> float:
-        self.sent.append(value)
-        return value + (1.0 if self.others.pop(0) else 0.0)
+    def step_end(self, local) -> bool:
+        self.points += 1
+        return bool(local) or self.points >= self.at
+
+    now = step_end
+
+    def stats(self) -> dict:
+        return {"points": self.points}
 
 
 class Store:
@@ -64,40 +66,25 @@ def controller(engine: Engine, agreement=None, **params) -> PreemptionController
 
 
 def test_one_process_answers_with_its_own_flag_at_every_step_without_a_collective() -> None:
-    """With one worker (MirroredStrategy, or none) the local flag is the answer at every step, every=1 or not."""
-    agreement = SaveAgreement(None, 1, every=5)
+    """With one worker (MirroredStrategy, or none) the local flag is the answer at every step."""
+    agreement = NoticeAgreement(SOLO)
+    agreement.start()
     assert [agreement.step_end(flag) for flag in (False, True, False)] == [False, True, False]
-    assert agreement.stats()["checks"] == 0
-
-
-def test_workers_check_every_k_steps_and_a_flag_waits_for_the_next_check() -> None:
-    """Only every k-th step runs the collective; another worker's flag counts as ours."""
-    agreement = CountingAgreement(every=3, others=[False, True])
-    answers = [agreement.step_end(step == 4) for step in range(1, 7)]
-    assert answers == [False, False, False, False, False, True]  # checks at steps 3 and 6 only
-    assert agreement.sent == [0.0, 0.0]
-    assert agreement.stats()["checks"] == 2
-
-
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
-def test_check_interval_must_be_a_positive_int(bad) -> None:
-    """ckpt_preempt_check is named when it is not an int > 0."""
-    with pytest.raises(ValueError, match="ckpt_preempt_check"):
-        SaveAgreement(None, 2, every=bad)
+    agreement.close()
 
 
 def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143() -> None:
     """When the workers agree on another worker's request, this one saves that step once (reason 'peer'),
     joins the write, records it in engine.preempt, and exits with 143 (a peer's request counts as SIGTERM)."""
     engine = Engine(scratch_dir="/tmp/scratch")
-    agreement = CountingAgreement(1, [False, True])
+    agreement = ScriptedAgreement(at=2)
     pre = controller(engine, agreement)
     assert pre.step_end(0, 1, engine.save(0, 1)) is False
     with pytest.raises(SystemExit) as exc:
         pre.step_end(0, 2, engine.save(0, 2, {"loss": 0.5}))
     assert exc.value.code == 143
     assert engine.saved == [(0, 2, {"loss": 0.5}, "peer")] and engine.finished == 1
-    assert pre.saved_at == (0, 2) and pre.mid_epoch and agreement.stats()["checks"] == 2
+    assert pre.saved_at == (0, 2) and pre.mid_epoch and agreement.stats()["points"] == 2
     assert engine.preempt["reason"] == "peer" and engine.preempt["step"] == 2 and engine.preempt["exit_code"] == 143
     assert pre.step_end(0, 3, engine.save(0, 3)) is True and engine.saved[1:] == []
 
@@ -135,9 +122,9 @@ def test_the_exit_status_is_128_plus_the_signal_unless_one_is_given(setting, rea
 
 
 def test_an_epoch_end_request_saves_that_epoch_with_the_given_save() -> None:
-    """epoch_end: the workers agree at once (whatever ckpt_preempt_check says) and the epoch's save runs."""
+    """epoch_end: an epoch end is a point of the agreement like a step; there the epoch's save runs."""
     engine, reasons = Engine(), []
-    agreement = CountingAgreement(every=100, others=[False, True])
+    agreement = ScriptedAgreement(at=2)
     pre = controller(engine, agreement, ckpt_preempt_exit_code="return")
     assert pre.epoch_end(1, False, reasons.append) is False
     assert pre.epoch_end(2, False, reasons.append) is True
@@ -166,11 +153,11 @@ def test_tensor_like_logs_become_numbers_only_for_the_save() -> None:
 
 def test_nothing_watched_means_no_agreement_at_all() -> None:
     """ckpt_preempt_signals=none and no deadline (the same on every worker): no collective ever runs."""
-    agreement = CountingAgreement(every=1, others=[])
+    agreement = ScriptedAgreement(at=1)
     engine = Engine()
     pre = controller(engine, agreement, ckpt_preempt_signals="none")
-    assert not any(pre.step_end(0, s, engine.save(0, s)) for s in range(1, 5)) and agreement.sent == []
-    assert pre.epoch_end(1, False, engine.save(1, None)) is False and agreement.sent == []
+    assert not any(pre.step_end(0, s, engine.save(0, s)) for s in range(1, 5)) and agreement.points == 0
+    assert pre.epoch_end(1, False, engine.save(1, None)) is False and agreement.points == 0
 
 
 def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
@@ -184,35 +171,8 @@ def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
     assert not PreemptionController(cfg, Engine(), OpsLog(None)).enabled
 
 
-def test_a_group_agreement_stops_every_rank_at_the_same_step() -> None:
-    """GroupAgreement (the JAX coordination service's exchange, here threads): one rank's signal at step 3,
-    checks every 2 steps: every rank saves step 4; the others record the signal's name as the reason, at rank 1's
-    request, and exit 143 (a peer's request counts as SIGTERM)."""
-    group, results = ThreadGroup(3), {}
-
-    def rank(r: int) -> None:
-        engine = Engine()
-        pre = controller(engine, GroupAgreement(group.members[r], every=2, timeout_s=30), ckpt_preempt_check=2)
-        try:
-            for step in range(1, 9):
-                if r == 1 and step == 3:
-                    pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
-                pre.step_end(0, step, engine.save(0, step))
-        except SystemExit as exc:
-            results[r] = (exc.code, engine.saved, engine.preempt.get("requested_by"))
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert results[1] == (128 + signal.SIGUSR1, [(0, 4, {}, "SIGUSR1")], None)
-    assert results[0] == results[2] == (143, [(0, 4, {}, "SIGUSR1")], 1)
-
-
 def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> None:
-    """make_controller: ckpt_preempt_check, the signals, the deadline and the exit code; checkpointing off
-    catches nothing."""
+    """make_controller: the signals, the deadline and the exit code; checkpointing off catches nothing."""
     params = {
         "ckpt_preempt_check": 4,
         "ckpt_preempt_exit_code": 3,
@@ -221,10 +181,31 @@ def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> No
     }
     info = WorkerInfo("worker", 1, 2, False)
     pre = make_controller(CkptConfig.from_params(params), Engine(), None, info, OpsLog(None))
-    assert pre.agreement.every == 4 and pre.agreement.multi
+    assert isinstance(pre.agreement, NoticeAgreement)
     assert pre.cfg.preempt_exit_code == 3 and pre.who == "worker worker:1 "
     assert sorted(pre.watcher.signals) == sorted([signal.SIGUSR1, signal.SIGTERM])
     assert 3500 < pre.watcher.time_left() <= 3600
     off = make_controller(CkptConfig.from_params({**params, "ckpt_save_interval": 0}), Engine(), None, info,
                           OpsLog(None))  # fmt: skip
     assert not off.enabled
+
+
+def test_a_caught_signal_is_handed_to_the_agreement_at_once() -> None:
+    """arm() wires the signal handler to the agreement's request(): the other processes hear of a signal when
+    it comes, not at this process's next step end."""
+    import os
+
+    class Asking(ScriptedAgreement):
+        asked: list[str] = []
+
+        def request(self, reason: str) -> None:
+            self.asked.append(reason)
+
+    agreement = Asking(at=100)
+    pre = controller(Engine(), agreement)
+    pre.arm()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert agreement.asked == ["SIGUSR1"] and pre.watcher.pending.reason == "SIGUSR1"
+    finally:
+        pre.close(ended=False)

@@ -1,0 +1,74 @@
+"""The workers of a ``MultiWorkerMirroredStrategy`` job as a :class:`~candle_ckpt.core.group.Group`.
+
+The strategy starts TensorFlow's coordination service (the one its own
+``PreemptionCheckpointHandler`` meets through); :class:`TfStore` is that
+service's key-value store, reached through ``context.context()``'s
+``set_config_key_value`` / ``get_config_key_value`` / ``delete_config_key_value``.
+The protocol is :class:`~candle_ckpt.core.group.StoreGroup`'s, the same as
+for JAX: O(N) messages per meeting, every key deleted once it has served, no
+device collective (so a watcher thread may use it while the training thread
+runs its all-reduces).
+
+The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
+
+
+def coordination_context() -> Any:
+    """TensorFlow's eager context: its ``*_config_key_value`` calls reach the coordination service.
+
+    This module is the gateway to TensorFlow's coordination service, as ``jax_group.coordination_client`` is
+    to JAX's (TensorFlow has no public handle on it; its own ``PreemptionCheckpointHandler`` uses this one).
+
+    Relies on: ``tensorflow.python.eager.context.context()`` (``set_config_key_value``,
+    ``get_config_key_value``, ``delete_config_key_value``)
+    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
+    """
+    from tensorflow.python.eager import context  # noqa: PLC0415
+
+    return context.context()
+
+
+class TfStore(ServiceStore):
+    """A :class:`~candle_ckpt.core.group.KVStore` over TensorFlow's coordination service (one call per call)."""
+
+    def _insert(self, key: str, value: str) -> None:
+        coordination_context().set_config_key_value(key, value)
+
+    def _read(self, key: str, timeout_ms: int) -> str:
+        return coordination_context().get_config_key_value(key, timeout_ms)
+
+    def _delete(self, key: str) -> None:
+        coordination_context().delete_config_key_value(key)
+
+    def increment(self, key: str) -> int:
+        # Each rank increments only its own counter (core.group.scoped), so read-delete-set cannot race.
+        value = int(self.get(key, 0.001) or 0) + 1
+        self.delete(key)
+        self.set(key, str(value))
+        return value
+
+    def keys(self, prefix: str) -> None:
+        return None  # the service has no listing call in TensorFlow's Python API
+
+
+def tf_group(strategy: Any, num_workers: int) -> Group:
+    """The group of ``strategy``'s workers (several), else :data:`SOLO`; the chief is rank 0.
+
+    Relies on: ``tensorflow.python.distribute.multi_worker_util.id_in_cluster`` (the rank, as TensorFlow's
+    own ``PreemptionCheckpointHandler`` numbers the workers)
+    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None) if strategy is not None else None
+    if num_workers <= 1 or resolver is None or getattr(resolver, "task_type", None) is None:
+        return SOLO
+    from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
+
+    spec = resolver.cluster_spec().as_dict()
+    rank = multi_worker_util.id_in_cluster(spec, resolver.task_type, int(resolver.task_id or 0))
+    return StoreGroup(TfStore(), rank, num_workers)
