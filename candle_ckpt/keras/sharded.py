@@ -284,7 +284,10 @@ def files_to_read(model: Any, where: str, rank: int) -> set[str]:
         for path, v in variables.items():
             if path not in reader.variables:
                 return needed | {p for r in range(reader.process_count) for p in (part_bin(r), part_index(r))}
-            shards = getattr(v.value, "addressable_shards", None)
-            for index in [s.index for s in shards] if shards is not None else [None]:
+            # The sharding's map, not addressable_shards: with one device per process, a variable Keras has just
+            # placed (JAX 0.10.2) cannot list its shards ("... input arrays must have one shard each").
+            sharding = getattr(v.value, "sharding", None)
+            mapped = sharding.addressable_devices_indices_map(tuple(v.value.shape)) if sharding is not None else {}
+            for index in list(mapped.values()) or [None]:
                 ranks |= reader.parts_for(path, index)
     return needed | {name for r in ranks for name in (part_bin(r), part_index(r))}
