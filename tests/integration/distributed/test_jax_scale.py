@@ -36,6 +36,7 @@ from jax_cluster import JaxJob, differing  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,  # real jobs of 4 and 8 processes (a minute or more each on 2 cores)
+    pytest.mark.scale,  # .ci/run's scale pass
     # JAX processes whatever this process runs: they run once, in the JAX scale pass of .ci/run.
     pytest.mark.skipif(os.environ.get("KERAS_BACKEND") != "jax", reason="runs in a JAX pass (KERAS_BACKEND=jax)"),
 ]
