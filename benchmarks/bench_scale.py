@@ -346,19 +346,27 @@ def main() -> None:
     if args.steps < 2 * args.epoch_steps:
         parser.error("--steps must be at least two epochs (--epoch-steps) so that a checkpoint follows another")
     report = {"date": datetime.date.today().isoformat(), "load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
-    rows = [run(n, args.steps, args.base_steps, args.epoch_steps, args.timeout) for n in args.n]
-    report["rows"] = rows
+    path = os.path.join(args.out_dir, f"scale-{report['date']}.json") if args.out_dir else None
+    rows = report["rows"] = []
+    for n in args.n:  # each N's row is printed and written as soon as it is measured (a long run can be cut)
+        rows.append(run(n, args.steps, args.base_steps, args.epoch_steps, args.timeout))
+        print(table(rows[-1:], None).splitlines()[1], file=sys.stderr, flush=True)
+        _write(path, report)
     report["stall"] = None if args.no_stall else stall(args.stall_mib, args.timeout)
     report["load_average_after"] = os.getloadavg()
     report["targets"] = TARGETS
     text = table(rows, report["stall"])
     print(text)
-    if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        path = os.path.join(args.out_dir, f"scale-{report['date']}.json")
+    if path:
+        _write(path, report)
+        print(f"wrote {path}")
+
+
+def _write(path: str | None, report: dict) -> None:
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
-        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
