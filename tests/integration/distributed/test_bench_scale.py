@@ -18,7 +18,7 @@ from locations import REPO
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-pytestmark = [pytest.mark.slow, pytest.mark.scale]  # two multi-process jobs; .ci/run's scale pass runs it
+pytestmark = [pytest.mark.slow, pytest.mark.scale]  # two small multi-process jobs (their own JAX processes: any pass)
 
 SCRIPT = REPO / "benchmarks" / "bench_scale.py"
 
