@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("jax")
-from jax_cluster import JaxJob  # noqa: E402
+from jax_cluster import JaxJob, differing  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,  # real multi-process jobs (seconds each)
@@ -33,11 +33,7 @@ pytestmark = [
 EPOCHS = 3
 
 
-def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
-    """The variables (by position: ``NNN:path``, a path Keras may number otherwise) whose arrays differ bit for bit,
-    or that only one side has."""
-    a, b = ({k.split(":")[0]: v for k, v in d.items()} for d in (a, b))
-    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not np.array_equal(a[k], b[k]))
+_same = differing  # the arrays that differ bit for bit (the name this module's tests use)
 
 
 @pytest.fixture(scope="module")

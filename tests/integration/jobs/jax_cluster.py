@@ -1,8 +1,8 @@
 """Processes of a multi-process JAX job (``jax_mp_job.py``) on localhost: free ports, bounded waits, signals.
 
-Each process gets 2 CPU devices and gloo collectives; the job's coordination service listens on a free
-port. Every wait is bounded by ``timeout_s`` (derived by the tests from a measured run); a failed wait
-SIGKILLs every process before failing, so one failure never leaves processes behind.
+Each process gets ``devices`` CPU devices (2 unless told) and gloo collectives; the job's coordination
+service listens on a free port. Every wait is bounded by ``timeout_s`` (derived by the tests from a measured
+run); a failed wait SIGKILLs every process before failing, so one failure never leaves processes behind.
 """
 
 from __future__ import annotations
@@ -13,12 +13,21 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from cluster import WorkerCluster, free_ports
 from locations import REPO, job_script
 
 
+def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
+    """The variables (by position: ``NNN:path``, a path Keras may number otherwise) whose arrays differ bit for bit,
+    or that only one side has."""
+    a, b = ({k.split(":")[0]: v for k, v in d.items()} for d in (a, b))
+    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not np.array_equal(a[k], b[k]))
+
+
 class JaxJob(WorkerCluster):
-    """``n`` processes of ``script DIST DIR EPOCHS OUT PORT RANK N [flags]``; ``extra[i]``: rank ``i``'s flags.
+    """``n`` processes of ``script DIST DIR EPOCHS OUT PORT RANK N [flags]``; ``extra[i]``: rank ``i``'s flags,
+    ``devices``: CPU devices per process.
 
     Logs go to ``<name>-p<i>.log`` in ``tmp``, final arrays to ``<name>-p<i>.npz``. Waiting, killing, exit
     codes and the saved arrays are :class:`~cluster.WorkerCluster`'s; only the launch differs.
@@ -26,14 +35,15 @@ class JaxJob(WorkerCluster):
 
     def __init__(
         self, tmp: Path, name: str, dist: str, directory: Path, epochs: int, n: int = 2, extra=None,
-        timeout_s: float = 240, env: dict | None = None, script: str = "jax_mp_job.py",
+        timeout_s: float = 240, env: dict | None = None, script: str = "jax_mp_job.py", devices: int = 2,
     ) -> None:  # fmt: skip
         self.timeout_s = timeout_s
         self.started = time.monotonic()
         self.outs = [tmp / f"{name}-p{i}.npz" for i in range(n)]
         self.logs = [tmp / f"{name}-p{i}.log" for i in range(n)]
         (port,) = free_ports(1)
-        base = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
+        base = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+        base["JAX_NUM_CPU_DEVICES"] = str(devices)
         base.update({"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"})
         base.pop("TF_CONFIG", None)
         base.update(env or {})

@@ -5,11 +5,11 @@ Usage::
     srun -n N python jax_mp_job.py DIST DIR EPOCHS OUT{rank}.npz slurm - - [flags]   (under Slurm)
 
     python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
-        [--pause-epoch-end=E] [--heartbeat=S]
+        [--pause-epoch-end=E] [--heartbeat=S] [--rows=R] [--mesh=B,M] [--keys-out=PATH]
 
 DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
 ``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
-one process). Each process has 2 CPU devices (``JAX_NUM_CPU_DEVICES``), gloo collectives.
+one process). Each process has 2 CPU devices unless ``JAX_NUM_CPU_DEVICES`` says otherwise, gloo collectives.
 
 Every process runs the same code: ``restart(params, model)`` before ``fit``, the callback in
 ``fit`` (``shuffle=True``, validation data). It prints ``RESTORED epoch=N``, saves the restored
@@ -22,6 +22,11 @@ weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer 
 cut in slices). ``--verbose``: ``restart()`` and the callback log to the console. ``--print-stats``: after fit,
 print ``STATS {json}`` (the callback's ``stats()``: its saves and its restore) and log the closing report
 (``report_final()``).
+``--rows=R``: R rows of data in all (64 unless told; under ``dp`` each process feeds R / NPROC of them).
+``--mesh=B,M``: ``mp`` on a B x M mesh (``batch`` x ``model``, B * M devices in all) instead of 1 x D; the
+processes of one mesh row feed the same rows, each row its own share.
+``--keys-out=PATH``: after fit, every process meets (a device barrier), then rank 0 writes to PATH, as JSON,
+the keys under ``candle_ckpt/`` still held by the coordination service (what a long job accumulates).
 """
 
 from __future__ import annotations
@@ -37,17 +42,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 N, FEATURES, HIDDEN, BATCH = 64, 8, 16, 8
 
 
-def make_data():
+def make_data(rows: int = N):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, FEATURES)).astype("float32")
-    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((N, 1))).astype("float32")
+    x = rng.standard_normal((rows, FEATURES)).astype("float32")
+    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1 * rng.standard_normal((rows, 1))).astype("float32")
     return x, y
 
 
-def distribution(kind: str):
-    """The job's keras.distribution (None for ``none``)."""
+def distribution(kind: str, shape: tuple[int, int] | None = None):
+    """The job's keras.distribution (None for ``none``); ``shape``: the ``mp`` mesh (1 x D unless given)."""
     import keras
 
     if kind == "none":
@@ -55,7 +60,7 @@ def distribution(kind: str):
     devices = keras.distribution.list_devices()
     if kind == "dp":
         return keras.distribution.DataParallel(devices=devices)
-    mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+    mesh = keras.distribution.DeviceMesh(shape or (1, len(devices)), ["batch", "model"], devices)
     layout = keras.distribution.LayoutMap(mesh)
     layout["dense_a/kernel"] = (None, "model")
     layout["dense_a/bias"] = ("model",)
@@ -117,6 +122,29 @@ def PauseAtEpochEnd(epoch: int, seconds: int = 600):
     return _Pause()
 
 
+def flag(flags: list[str], name: str) -> str | None:
+    """The value of ``--name=VALUE`` among ``flags`` (None if absent)."""
+    return next((f.split("=", 1)[1] for f in flags if f.startswith(f"--{name}=")), None)
+
+
+def write_keys(path: str) -> None:
+    """Every process meets; then rank 0 writes the keys under ``candle_ckpt/`` the coordination service holds."""
+    import json
+
+    import jax
+    from jax.experimental import multihost_utils
+
+    from candle_ckpt.distributed.jax_group import coordination_client
+
+    multihost_utils.sync_global_devices("keys-out")  # every process is past fit: no meeting is under way
+    if jax.process_index() == 0:
+        client = coordination_client()
+        keys = sorted(k for k, _ in client.key_value_dir_get("candle_ckpt/")) if client is not None else []
+        with open(path, "w") as f:
+            json.dump({"processes": jax.process_count(), "keys": keys}, f)
+    multihost_utils.sync_global_devices("keys-read")  # nobody shuts the service down before rank 0 has read
+
+
 def main() -> None:
     dist, directory, epochs, out, port, rank, nproc = sys.argv[1:8]
     flags = sys.argv[8:]
@@ -138,7 +166,8 @@ def main() -> None:
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
-    d = distribution(dist)
+    mesh = flag(flags, "mesh")
+    d = distribution(dist, tuple(int(s) for s in mesh.split(",")) if mesh else None)
     if d is not None:
         d.auto_shard_dataset = False  # each process feeds its own part of the data (below)
         keras.distribution.set_distribution(d)
@@ -165,10 +194,13 @@ def main() -> None:
     at_end = next((f.split("=")[1] for f in flags if f.startswith("--pause-epoch-end=")), None)
     if at_end is not None:
         callbacks.append(PauseAtEpochEnd(int(at_end)))
-    x, y = make_data()
+    x, y = make_data(int(flag(flags, "rows") or N))
     if dist == "dp":  # the batch is split over the processes: each feeds its own part of every global batch
         x, y = x[rank::nproc], y[rank::nproc]
-    # ModelParallel: the 'batch' axis has one device, so every process feeds the same whole batches
+    elif mesh:  # one batch row per mesh row: the processes of a row (rank // M, one device each) feed the same
+        rows, cols = (int(s) for s in mesh.split(","))
+        x, y = x[rank // cols :: rows], y[rank // cols :: rows]
+    # ModelParallel on 1 x D: the 'batch' axis has one device, so every process feeds the same whole batches
     model.fit(
         x, y, batch_size=BATCH, epochs=int(epochs), initial_epoch=epoch, validation_data=(x[:16], y[:16]),
         callbacks=callbacks, verbose=0,
@@ -179,6 +211,9 @@ def main() -> None:
 
         print("STATS " + json.dumps(callbacks[0].stats(), default=str), flush=True)
         callbacks[0].report_final()
+    keys_out = flag(flags, "keys-out")
+    if keys_out:
+        write_keys(keys_out)
     print("DONE", flush=True)
 
 
