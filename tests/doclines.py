@@ -67,8 +67,10 @@ def console_examples(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def shape(line: str) -> str:
-    """A line with what changes between runs masked: dates, times, CRCs, numbers; runs of blanks as one."""
+    """A line with what changes between runs masked: dates, times, lineage ids, CRCs, numbers; runs of blanks as
+    one."""
     line = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\+\d{4})?", "<time>", line)
+    line = re.sub(r"\b[0-9a-f]{16}\b", "<id>", line)  # a lineage id (sidecar's "lineage")
     line = re.sub(r"\b[0-9a-f]{8}\b", "<crc>", line)
     line = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "<n>", line)
     return " ".join(line.split())

@@ -150,7 +150,8 @@ class CkptConfig:
         for key in params:
             if isinstance(key, str) and key.startswith("ckpt_") and key not in _SPEC_BY_KEY:
                 _warn_unknown(key)
-        if params.get("ckpt_preempt_check") is not None:
+        # Said only where a value other than the default was given: a parser's or CANDLE's defaults dict carries it.
+        if params.get("ckpt_preempt_check") not in (None, _SPEC_BY_KEY["ckpt_preempt_check"].default, "1"):
             _warn_deprecated("ckpt_preempt_check")
         kwargs: dict[str, Any] = {}
         for spec in _SPECS:

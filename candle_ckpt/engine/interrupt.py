@@ -72,5 +72,7 @@ class InterruptNotice:
         # sys.last_value; this fit never ended (its frames live on in that traceback).
         if self._in_fit and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
             self._in_fit = False
-            self.settle()
-            self.log.warning(f"interrupted (Ctrl-C): {last_committed(self.store)}")
+            try:
+                self.settle()
+            finally:  # the line is said even where the write in flight failed (its error is raised after it)
+                self.log.warning(f"interrupted (Ctrl-C): {last_committed(self.store)}")

@@ -99,9 +99,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._state: ModelState | None = None
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
-        self._interrupt = InterruptNotice(
-            self.log, self.engine.store, lambda: self.engine.writer.join(self.cfg.async_timeout)
-        )
+        self._interrupt = InterruptNotice(self.log, self.engine.store, self._settle_at_exit)
         self._stdout: LineTracker | None = None
         self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
@@ -173,6 +171,15 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # commits the last snapshot instead of the process dying mid-write.
         self._sigterm.arm(self.engine.writer)
         self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
+
+    def _settle_at_exit(self) -> None:
+        """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit: waiting
+        up to' line, the bounded join, its error handled), so that the line names what really is committed."""
+        writer = self.engine.writer
+        if hasattr(writer, "join_at_exit"):
+            writer.join_at_exit()
+        else:
+            writer.join(self.cfg.async_timeout)
 
     def _scope_fit(self) -> None:
         """Several processes: this fit's own scope of the group, for its saves and its preemption agreement."""

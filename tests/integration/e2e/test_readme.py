@@ -143,10 +143,11 @@ def test_setup_demo_command_runs_as_written_and_resumes(tmp_path: Path) -> None:
 
 def test_setup_test_command_is_what_ci_runs() -> None:
     """The README's test command installs the 'test' extra and runs the pytest command that .ci/run runs, which
-    prints each skip's reason (-rs: a missing torch, Slurm, second Keras or package index is named)."""
+    prints each skip's reason (-rfEs: a missing torch, Slurm, second Keras or package index is named) and still
+    lists the failures and errors at the end (a bare -rs would replace pytest's default -rfE)."""
     _, command = setup_commands()
     pip, pytest_cmd = (part.strip() for part in command.split("&&"))
-    assert "-rs" in shlex.split(pytest_cmd), pytest_cmd
+    assert "-rfEs" in shlex.split(pytest_cmd), pytest_cmd
     assert pip == 'python3 -m pip install -e ".[test]"'
     assert "test" in extras()
     ci = (ROOT / ".ci" / "run").read_text()

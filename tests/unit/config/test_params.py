@@ -1081,6 +1081,14 @@ def test_preempt_check_is_deprecated_with_one_warning() -> None:
     take_unreported()
     CkptConfig.from_params({"ckpt_preempt_check": 4})
     CkptConfig.from_params({"ckpt_preempt_check": 4})
+    CkptConfig.from_params({"ckpt_preempt_check": 1})  # the default, as a parser's defaults dict carries it
+    _warn_deprecated.cache_clear()
+    CkptConfig.from_params({"ckpt_preempt_check": 1})
+    assert [line for line in take_unreported() if "ckpt_preempt_check" in line] == [
+        "ckpt_preempt_check is deprecated and has no effect: no process talks on a training step any more "
+        "(docs/preemption.rst)"
+    ]  # the 4 only: a default value says nothing
+    CkptConfig.from_params({"ckpt_preempt_check": 4})
     said = [line for line in take_unreported() if "ckpt_preempt_check" in line]
     assert said == ["ckpt_preempt_check is deprecated and has no effect: no process talks on a training step any "
                     "more (docs/preemption.rst)"]  # fmt: skip
