@@ -209,12 +209,17 @@ def threads() -> int:
 
 def import_once() -> int:
     """A server's imports, inherited by every child: Keras and candle_ckpt's public names. Returns the threads a
-    fork may carry: those running once numpy is imported (its OpenBLAS pool, which re-creates itself in a child).
+    fork may carry: those running once numpy and scipy's BLAS are loaded (each an OpenBLAS pool, which re-creates
+    itself in a child; keras-nightly imports ``scipy.linalg``, whose bundled OpenBLAS starts a pool of its own).
     Keras, TensorFlow and JAX start none at import; they start with a first op or ``jax.process_count()``
-    (measured: 2 threads after ``import numpy``, still 2 after these imports, 14 after ``jax.process_count()``),
-    which only the children run."""
+    (measured: 2 threads after ``import numpy``, 3 after ``scipy.linalg``, no more after these imports, 14 after
+    ``jax.process_count()``), which only the children run."""
     import numpy  # noqa: F401, PLC0415
 
+    try:
+        import scipy.linalg  # noqa: F401, PLC0415
+    except ImportError:  # Keras does not need scipy; without it there is no second pool
+        pass
     baseline = threads()
     import keras  # noqa: F401, PLC0415
 

@@ -34,6 +34,7 @@ class JobServer:
         self.script, self.stderr_path = script, stderr
         self.err = open(stderr, "w")  # noqa: SIM115
         self.ids = itertools.count(1)
+        self.own_lines: list[str] = []  # the server's own words (not led by a job id), shown if it exits
         self.proc: subprocess.Popen | None = None
         self._start()
 
@@ -57,7 +58,9 @@ class JobServer:
             return None
         got = self.proc.stdout.readline()
         if not got:
-            pytest.fail(f"{self.script} exited; stderr:\n{self.stderr_path.read_text()[-3000:]}")
+            pytest.fail(
+                f"{self.script} exited; it said {self.own_lines[-5:]}; stderr:\n{self.stderr_path.read_text()[-3000:]}"
+            )
         return got.strip()
 
     def run(
@@ -84,7 +87,9 @@ class JobServer:
                 )
             said, _, rest = got.partition(" ")
             if said != job:
-                continue  # another request's line: a job given up on earlier
+                if not said.isdigit():
+                    self.own_lines.append(got)
+                continue  # another request's line (a job given up on earlier), or the server's own
             if rest.startswith("started "):
                 pid = int(rest.split()[1])
             elif rest.startswith("reaped "):
