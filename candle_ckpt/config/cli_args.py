@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from candle_ckpt.config.coerce import _coerce
-from candle_ckpt.config.raw import bool_word, describe, is_none_like, is_none_word
+from candle_ckpt.config.raw import bool_word, describe, is_auto_word, is_none_like, is_none_word
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _SPECS, _Spec
 
 
@@ -35,6 +35,23 @@ def str2bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {describe(value)}")
 
 
+def str2bool_or_auto(value: str | bool) -> bool | None:
+    """:func:`str2bool`, or None for ``auto`` (an optional boolean such as ``ckpt_async``: decided later)."""
+    if isinstance(value, str) and is_auto_word(value):
+        return None
+    try:
+        return str2bool(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"Boolean value or auto expected ({_BOOL_ALLOWED}, auto); got {describe(value)}"
+        ) from None
+
+
+def _arg_type(spec: _Spec) -> Callable[[str], Any]:
+    """The argparse/CANDLE type of ``spec``'s flag."""
+    return str2bool_or_auto if spec.kind == "bool" and spec.optional else _DEF_TYPES[spec.kind]
+
+
 _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "bool": str2bool,
     "int": int,
@@ -57,7 +74,7 @@ def _definition(spec: _Spec) -> dict[str, Any]:
     """Return the CANDLE benchmark definition dict for ``spec``."""
     definition: dict[str, Any] = {
         "name": spec.key,
-        "type": _DEF_TYPES[spec.kind],
+        "type": _arg_type(spec),
         "default": spec.default,
         "help": spec.help,
     }
@@ -128,7 +145,7 @@ def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             continue
         kwargs: dict[str, Any] = {"default": spec.default, "help": spec.help}
         if spec.kind == "bool":
-            kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
+            kwargs.update(type=_arg_type(spec), nargs="?", const=True, metavar="BOOL")
         elif spec.kind == "choice":
             kwargs.update(type=_normalise_choice, choices=list(spec.choices))
         elif spec.kind == "int" and spec.optional:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from candle_ckpt.config.deadline import parse_deadline
-from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_none_like, plain_text
+from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_auto_word, is_none_like, plain_text
 from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
@@ -49,15 +49,18 @@ def _check_range(spec: _Spec, key: str, number: float) -> None:
     raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {describe(number)}")
 
 
-def _to_bool(spec: _Spec, key: str, value: object) -> bool:
-    """Coerce a boolean parameter."""
+def _to_bool(spec: _Spec, key: str, value: object) -> bool | None:
+    """Coerce a boolean parameter (an optional one also takes ``auto``: None, decided later)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
         word = bool_word(value)
         if word is not None:
             return word
-        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe(value)}")
+        if spec.optional and is_auto_word(value):
+            return None
+        also = " or auto" if spec.optional else ""
+        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}){also}; got {describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
         if number in (0, 1):

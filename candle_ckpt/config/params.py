@@ -85,7 +85,7 @@ class CkptConfig:
     save_weights_only: bool = False
     restart_epoch: int | None = None
     on_error: str = "raise"
-    async_save: bool = False
+    async_save: bool | None = None  # None: "auto", decided by resolved() once the job's size is known
     async_timeout: float = 600.0
     upload_url: str | None = None
     upload_mode: str = "every"
@@ -195,6 +195,17 @@ class CkptConfig:
     def drain_policy(self) -> str:
         """``ckpt_drain``, else the deprecated ``ckpt_upload_mode`` (``every`` or ``end``)."""
         return self.drain if self.drain is not None else self.upload_mode
+
+    def resolved(self, processes: int) -> CkptConfig:
+        """This configuration with ``ckpt_async=auto`` (None) decided for a job of ``processes`` processes.
+
+        Auto means async in a multi-process job, sync in one process: a multi-process save's write is
+        slower than one process's (every process meets twice), and an asynchronous writer hides it behind
+        the next epoch (docs/async.rst says what that trades). A value the user gave is kept.
+        """
+        if self.async_save is not None:
+            return self
+        return self.replace(async_save=processes > 1)
 
     def restores(self, epoch: int | None = None) -> bool:
         """Whether a restart looks for a checkpoint at all.

@@ -55,6 +55,11 @@ def is_none_word(value: object) -> bool:
     return value is None or (isinstance(value, str) and str.lower(str.strip(plain_text(value))) == "none")
 
 
+def is_auto_word(value: str) -> bool:
+    """Return True for the string ``"auto"`` in any case (an optional boolean's "decide for me")."""
+    return str.lower(str.strip(plain_text(value))) == "auto"
+
+
 def bool_word(value: str) -> bool | None:
     """``True``/``False`` for a boolean word (``yes``, ``off``, ``1`` ...), None for any other text."""
     text = str.lower(str.strip(plain_text(value)))

@@ -201,9 +201,13 @@ _SPECS: tuple[_Spec, ...] = (
         key="ckpt_async",
         field="async_save",
         kind="bool",
-        default=False,
-        help=("Write checkpoints in a background thread so that training is not blocked by disk I/O."),
-        allowed="boolean",
+        default=None,
+        help=(
+            "Write checkpoints in a background thread so that training is not blocked by disk I/O "
+            "(auto, the default: on in a multi-process job, off in one process)."
+        ),
+        allowed="boolean, or auto",
+        optional=True,
     ),
     _Spec(
         key="ckpt_async_timeout",

@@ -104,6 +104,7 @@ class WorkerTrainingState:
         if not (number and collective_timeout_s > 0):
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
         self.timeout_s = float(collective_timeout_s)
+        self.cfg = self.cfg.resolved(self.info.num_workers)  # ckpt_async=auto: async with several workers
         self.layout = Layout.of(self.cfg)
         self.log = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
         self.fs = fs or LocalFS()

@@ -65,6 +65,8 @@ class CheckpointEngine:
     def __init__(
         self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
     ) -> None:
+        # ckpt_async=auto, where a front end has not decided it (the front ends do, before they capture).
+        cfg = cfg.resolved(group.size if group is not None else 1)
         self.cfg = cfg
         # group: the processes of a multi-process job that write each checkpoint together (see
         # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)

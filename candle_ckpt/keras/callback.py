@@ -90,6 +90,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = keras_group()  # SOLO in one process
+        self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
         primary = self.group.rank == 0
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)

@@ -241,6 +241,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 verbose=self._verbose,
                 fs=self._fs,
             )
+            self.cfg = self.state.cfg  # ckpt_async=auto decided for the cluster's size: capture as the writer writes
 
     def on_train_begin(self, logs=None) -> None:
         # First: a fit that raises releases the lock, and an earlier fit's release under way ends here.

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 def _default(spec) -> str:
     if spec.default is None:
+        if spec.kind == "bool" and spec.optional:
+            return "auto"  # an optional boolean's None is "auto" (ckpt_async: decided by the job's size)
         return "(required)" if spec.key == "epochs" else "None"
     return str(spec.default)
 

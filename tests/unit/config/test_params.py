@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool
+from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool, str2bool_or_auto
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.schema import _SPECS, CKPT_KEYS
 
@@ -34,7 +34,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "save_weights_only": False,
     "restart_epoch": None,
     "on_error": "raise",
-    "async_save": False,
+    "async_save": None,
     "async_timeout": 600.0,
     "upload_url": None,
     "upload_mode": "every",
@@ -569,6 +569,24 @@ def test_choice_message_lists_choices() -> None:
         CkptConfig.from_params({"ckpt_keep_mode": "foo"})
 
 
+def test_ckpt_async_auto_is_the_default_and_decides_by_the_job_size() -> None:
+    """ckpt_async is 'auto' unless given: async in a multi-process job, sync in one process; a given value stays."""
+    for params in ({}, {"ckpt_async": "auto"}, {"ckpt_async": " AUTO "}, {"ckpt_async": None}):
+        config = CkptConfig.from_params(params)
+        assert config.async_save is None
+        assert config.resolved(1).async_save is False
+        assert config.resolved(2).async_save is True
+    assert CkptConfig.from_params({"ckpt_async": False}).resolved(8).async_save is False
+    assert CkptConfig.from_params({"ckpt_async": "yes"}).resolved(1).async_save is True
+    with pytest.raises(ValueError, match=r"ckpt_async must be a boolean \(true/false.*\) or auto; got 'sometimes'"):
+        CkptConfig.from_params({"ckpt_async": "sometimes"})
+    parser = ckpt_parser(argparse.ArgumentParser())
+    assert parser.parse_args(["--ckpt_async", "auto"]).ckpt_async is None
+    assert parser.parse_args(["--ckpt_async"]).ckpt_async is True
+    assert parser.parse_args(["--ckpt_async", "false"]).ckpt_async is False
+    assert parser.parse_args([]).ckpt_async is None
+
+
 def test_bool_message_lists_spellings() -> None:
     """An unrecognised boolean string lists the accepted spellings."""
     with pytest.raises(ValueError, match=r"ckpt_save_best must be a boolean \(true/false"):
@@ -773,7 +791,7 @@ def test_ckpt_defs_types_and_defaults() -> None:
     """Definitions use str2bool/int/float/str types and the documented defaults."""
     by_name = {d["name"]: d for d in ckpt_defs()}
     for key in BOOL_KEYS:
-        assert by_name[key]["type"] is str2bool
+        assert by_name[key]["type"] is (str2bool_or_auto if key == "ckpt_async" else str2bool)
     for key in INT_KEYS[:-1]:
         assert by_name[key]["type"] is int
     assert by_name["ckpt_async_timeout"]["type"] is float
