@@ -38,9 +38,10 @@ _same = differing  # the arrays that differ bit for bit (the name this module's 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Uninterrupted runs (dp with async saves, mp sync): their directories, final arrays and wall time."""
+    """Uninterrupted runs (dp at the defaults: ckpt_async=auto, asynchronous with 2 processes; mp with
+    --sync): their directories, final arrays and wall time."""
     out = {}
-    for dist, flags in (("dp", ["--async"]), ("mp", [])):
+    for dist, flags in (("dp", []), ("mp", ["--sync"])):
         tmp = tmp_path_factory.mktemp(f"ref-{dist}")
         job = JaxJob(tmp, "ref", dist, tmp / "ck", EPOCHS, extra={0: flags, 1: flags}, timeout_s=600)
         took = job.succeed()

@@ -105,6 +105,8 @@ def test_every_rank_closes_with_what_it_wrote(dp2):
     assert [s["epoch"] for s in saves] == list(range(1, EPOCHS + 1)) and all(s["part"] for s in saves)
     assert saves[-1]["bytes"] >= shares[1]
     assert f"report: {EPOCHS} checkpoints," in job.output(0)
+    # ckpt_async's default (auto) in a 2-process job: every process wrote on its background writer
+    assert _stats(job, 0)["async"] is True and _stats(job, 1)["async"] is True
 
 
 def test_restore_reads_half_per_process_and_gathers_the_rest(dp2, tmp_path):

@@ -4,8 +4,8 @@ Usage::
 
     srun -n N python jax_mp_job.py DIST DIR EPOCHS OUT{rank}.npz slurm - - [flags]   (under Slurm)
 
-    python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async] [--pause-at=E:B[:S]] [--second-model]
-        [--pause-epoch-end=E] [--heartbeat=S] [--rows=R] [--mesh=B,M] [--keys-out=PATH]
+    python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async | --sync] [--pause-at=E:B[:S]]
+        [--second-model] [--pause-epoch-end=E] [--heartbeat=S] [--rows=R] [--mesh=B,M] [--keys-out=PATH]
 
 DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
 ``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
@@ -181,8 +181,9 @@ def main() -> None:
         "epochs": int(epochs),
         "ckpt_save_interval": 1,
         "ckpt_keep_limit": 3,
-        "ckpt_async": "--async" in flags,
     }
+    if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous in a multi-process job)
+        params["ckpt_async"] = "--async" in flags
     found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)
