@@ -32,7 +32,7 @@ from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state
-from candle_ckpt.keras.sharded import capture_sharded, keras_group
+from candle_ckpt.keras.sharded import SpareChunks, capture_sharded, keras_group
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
 from candle_ckpt.storage.store import FileSpec
@@ -98,6 +98,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.engine = CheckpointEngine(self.cfg, self.log, fs=fs, group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
         self._state: ModelState | None = None
+        self._spare = SpareChunks()  # an async multi-process save's buffers, reused once written
         self._sigterm = SigtermExit()
         self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
         self._interrupt = InterruptNotice(self.log, self.engine.store, self._settle_at_exit)
@@ -276,7 +277,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
         if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
-            return capture_sharded(self.model, self.cfg if step is None else self._sync_cfg, self._fit_group, data)
+            cfg = self.cfg if step is None else self._sync_cfg
+            return capture_sharded(self.model, cfg, self._fit_group, data, self._spare)
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if data is not None:

@@ -97,37 +97,84 @@ def variables_of(source: Any) -> dict[str, Any]:
     return source if isinstance(source, dict) else state_variables(source)
 
 
-def capture_chunks(model: Any, rank: int, copy: bool) -> tuple[list[Chunk], dict[str, str]]:
+class SpareChunks:
+    """The host buffers of an async capture's chunks, reused by the next capture once they are written.
+
+    As :meth:`~candle_ckpt.keras.state.ModelState.snapshot` does for one process: after the first save a
+    capture is one ``memcpy`` per chunk into memory already mapped (a fresh ``np.array`` of a 128 MiB share
+    page-faults on every page, every save). The engine waits for the write in flight before the next capture,
+    so the buffers are free by then; a write that failed or never finished leaves them busy, and the next
+    capture takes fresh ones (never writing over buffers a write may still read).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, Index | None], np.ndarray] = {}
+        self._busy = False
+
+    def buffer(self, key: tuple[str, Index | None], like: np.ndarray) -> np.ndarray:
+        """An owned buffer shaped as ``like``: the last capture's for ``key`` when it is free and fits."""
+        old = None if self._busy else self._buffers.get(key)
+        return old if old is not None and old.shape == like.shape and old.dtype == like.dtype else _empty(like)
+
+    def hold(self, buffers: dict[tuple[str, Index | None], np.ndarray]) -> None:
+        """The buffers of the capture just taken: busy until :meth:`written`."""
+        self._buffers, self._busy = buffers, True
+
+    def written(self) -> None:
+        self._busy = False
+
+
+def _empty(like: np.ndarray) -> np.ndarray:
+    return np.empty(like.shape, like.dtype)  # C order, whatever the source's strides
+
+
+def _owned(data: np.ndarray, key: tuple[str, Index | None], spare: SpareChunks | None, taken: dict) -> np.ndarray:
+    """An owned C-ordered copy of ``data`` (in a spare buffer where one is free), recorded in ``taken``."""
+    dst = spare.buffer(key, data) if spare is not None else _empty(data)
+    np.copyto(dst, data)
+    taken[key] = dst
+    return dst
+
+
+def capture_chunks(
+    model: Any, rank: int, copy: bool, spare: SpareChunks | None = None
+) -> tuple[list[Chunk], dict[str, str]]:
     """This process's chunks of every variable of ``model`` (or of ``{path: variable}``), and their shardings.
 
     Of a JAX array, the slices :func:`state_plan` gives process ``rank``; of a host value, the whole, on rank 0.
+    ``copy``: owned copies (an async save), in ``spare``'s buffers where they are free.
     """
     variables = variables_of(model)
     mine: dict[str, list[tuple[Index, Index]]] = {}
     for (path, block), piece in slices_of(state_plan(variables), rank).items():
         mine.setdefault(path, []).append((block, piece))
-    chunks, sharding = [], {}
+    chunks, sharding, taken = [], {}, {}
     for path, v in variables.items():
         value = v.value
         sharding[path] = str(getattr(value, "sharding", "host"))
         shape = tuple(int(n) for n in v.shape)
         if not is_global(value):
             if rank == 0:
-                data = np.array(value, copy=copy)
+                data = _owned(np.asarray(value), (path, None), spare, taken) if copy else np.asarray(value)
                 chunks.append(Chunk(path, data.dtype.name, shape, None, np.require(data, requirements="C")))
             continue
         held = local_blocks(value, shape)
         for block, piece in mine.get(path, ()):
             data = np.asarray(held[block])[local(piece, block)]
-            data = np.array(data, copy=True) if copy else data
+            data = _owned(data, (path, piece), spare, taken) if copy else data
             chunks.append(Chunk(path, data.dtype.name, shape, piece, np.require(data, requirements="C")))
+    if copy and spare is not None:
+        spare.hold(taken)
     return chunks, sharding
 
 
-def capture_sharded(model: Any, cfg: CkptConfig, group: Group, train_state: bytes | None) -> Capture:
+def capture_sharded(
+    model: Any, cfg: CkptConfig, group: Group, train_state: bytes | None, spare: SpareChunks | None = None
+) -> Capture:
     """The capture of a multi-process save: this process's part (and, on the primary, the model's config)."""
     start = time.perf_counter()
-    chunks, sharding = capture_chunks(model, group.rank, copy=cfg.async_save)
+    copy = bool(cfg.async_save)
+    chunks, sharding = capture_chunks(model, group.rank, copy=copy, spare=spare)
     own: list[FileSpec] = []
     if train_state is not None:
         own.append(FileSpec(train_state_part(group.rank), lambda f: f.write(train_state)))
@@ -141,6 +188,8 @@ def capture_sharded(model: Any, cfg: CkptConfig, group: Group, train_state: byte
 
     def parts(work: str) -> None:
         write_part(work, group.rank, chunks, files=own)
+        if copy and spare is not None:
+            spare.written()  # the next capture may copy into these buffers
 
     return Capture(
         files=files,

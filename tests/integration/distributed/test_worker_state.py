@@ -278,7 +278,8 @@ class _NonChiefStrategy:
 def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Worker 1 of 2 snapshots and writes its scratch copy, then removes it: no checkpoint, no ckpt.log line."""
+    """Worker 1 of 2 with synchronous saves (ckpt_async=false) snapshots and writes its scratch copy, then
+    removes it: no checkpoint, no ckpt.log line."""
     _two_workers(monkeypatch, 1)
     created: list[str] = []
 
@@ -287,7 +288,8 @@ def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
             if op == "create":
                 created.append(os.path.relpath(path, tmp_path))
 
-    state = WorkerTrainingState(_params(tmp_path), _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
+    params = {**_params(tmp_path), "ckpt_async": False}
+    state = WorkerTrainingState(params, _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
     assert not state.is_chief
     assert state.back_up(1, {"loss": 1.0})
     assert created == ["save/ckpts/.tmp-worker-1/model.keras"]
@@ -299,8 +301,9 @@ def test_non_chief_backup_leaves_nothing_in_the_checkpoint_directory(
 def test_non_chief_async_backup_writes_its_scratch_copy_on_the_writer_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With ckpt_async, worker 1 of 2 returns from back_up while its scratch copy is still being written on
-    the background writer (never fsynced); finish() waits for it, and nothing is left or committed."""
+    """At the defaults (ckpt_async=auto: asynchronous with 2 workers), worker 1 of 2 returns from back_up while
+    its scratch copy is still being written on the background writer (never fsynced); finish() waits for it,
+    and nothing is left or committed."""
     _two_workers(monkeypatch, 1)
     seen: list[tuple[str, str, str]] = []
     entered, release = threading.Event(), threading.Event()
@@ -313,8 +316,8 @@ def test_non_chief_async_backup_writes_its_scratch_copy_on_the_writer_thread(
                 entered.set()
                 assert release.wait(30), "the test never released the writer"
 
-    params = {**_params(tmp_path), "ckpt_async": True}
-    state = WorkerTrainingState(params, _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
+    state = WorkerTrainingState(_params(tmp_path), _k3_model(), _NonChiefStrategy(), verbose=False, fs=Recording())
+    assert state.engine.writer.is_async and state.cfg.async_save is True
     assert state.back_up(1, {"loss": 1.0})
     assert entered.wait(30)
     scratch = tmp_path / "save" / "ckpts" / ".tmp-worker-1"
