@@ -259,7 +259,7 @@ class CheckpointEngine:
         if self.remote is not None:
             self.remote.step_committed(side)
         self.log.info(
-            f"{position(epoch, step)}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
+            f"{position(epoch, step)}: saved {L.step_name(side.generation)} ({reason}) "
             f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
         return side

@@ -196,7 +196,7 @@ def restart_group(
 
     ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
     """
-    layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
+    layout = L.Layout.of(cfg)
     log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.

@@ -244,6 +244,15 @@ def test_parse_link_target_reads_the_relative_form():
     assert layout.link_target(12) == "epochs/012"
 
 
+def test_step_names_round_trip_and_nothing_else_parses_as_one():
+    """steps/GGG is written and read back by Layout's two functions; an epoch's name or a path is not one."""
+    assert layout.step_name(12) == "steps/012"
+    assert layout.parse_step_name(layout.step_name(12)) == 12
+    assert layout.parse_step_name(layout.step_name(1234)) == 1234
+    for name in ("epochs/012", "steps/12", "steps/012/", "/x/steps/012", "steps/../012", "error: x"):
+        assert layout.parse_step_name(name) is None, name
+
+
 # -- the store, with a fake writer ------------------------------------------------------------------
 def _files(**named: bytes) -> list[FileSpec]:
     return [FileSpec(name, lambda f, data=data: f.write(data)) for name, data in named.items()]
