@@ -73,7 +73,7 @@ class CheckpointEngine:
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
         self.log = log if not self.policy.off or scratch_dir is not None else OpsLog(None, log.logger)
-        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
+        self.store = CheckpointStore.of(cfg, fs=fs)
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and

@@ -254,6 +254,19 @@ def test_step_names_round_trip_and_nothing_else_parses_as_one():
 
 
 # -- the store, with a fake writer ------------------------------------------------------------------
+def test_a_store_of_a_config_has_its_directory_layout_and_checksum(tmp_path):
+    """CheckpointStore.of(cfg) is the store every job builds: ckpt_directory, ckpt_layout, ckpt_checksum."""
+    from candle_ckpt.config.params import CkptConfig
+
+    fs = LocalFS()
+    cfg = CkptConfig.from_params({"ckpt_directory": str(tmp_path), "ckpt_layout": "flat", "ckpt_checksum": False})
+    store = CheckpointStore.of(cfg, fs=fs)
+    assert (store.layout, store.checksum, store.fs) == (layout.Layout.of(cfg), False, fs)
+    assert store.layout.epochs == str(tmp_path / "epochs")
+    nested = CheckpointStore.of(CkptConfig.from_params({"ckpt_directory": str(tmp_path)}))
+    assert (nested.layout.epochs, nested.checksum) == (str(tmp_path / "ckpts" / "epochs"), True)
+
+
 def _files(**named: bytes) -> list[FileSpec]:
     return [FileSpec(name, lambda f, data=data: f.write(data)) for name, data in named.items()]
 
