@@ -568,6 +568,20 @@ def test_counts_and_positions_read_as_english() -> None:
     assert line.startswith("report: 1 checkpoint, 10 B in 0.10 s"), line
 
 
+def test_said_once_passes_each_message_on_the_first_time_only() -> None:
+    """core.log.SaidOnce is the one said-once helper (the Keras 3 and tf_keras train states use it): a message
+    given again is dropped, another message is said, and each object keeps its own memory."""
+    from candle_ckpt.core.log import SaidOnce
+
+    said: list[str] = []
+    warn_once = SaidOnce(said.append)
+    for message in ("a", "b", "a", "b", "c"):
+        warn_once(message)
+    assert said == ["a", "b", "c"]
+    SaidOnce(said.append)("a")
+    assert said == ["a", "b", "c", "a"]
+
+
 def test_current_lineage_follows_last_back_through_rollbacks() -> None:
     """Issue 40 item 7: core.lineage.current_lineage reads the job's history from the sidecars (epoch, generation,
     resumed_from): after a rollback to 3 and two new epochs, the old 6-10 are abandoned; a second rollback into the
