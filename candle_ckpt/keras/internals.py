@@ -239,17 +239,6 @@ def tf_op_seed_rng() -> Any:
     return getattr(context.context(), "_rng", None)
 
 
-def tf_global_generator() -> Any:
-    """TensorFlow's global ``tf.random.Generator`` if one exists (the public getter would create it).
-
-    Relies on: ``tensorflow.python.ops.stateful_random_ops.global_generator``
-    -- tripwire ``test_resume_order.py::test_every_global_rng_state_round_trips``.
-    """
-    from tensorflow.python.ops import stateful_random_ops
-
-    return getattr(stateful_random_ops, "global_generator", None)
-
-
 def tf_out_of_range() -> type[BaseException]:
     """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration.
 

@@ -237,14 +237,3 @@ def set_first_epoch(model: Any, epoch: int | None) -> bool:
         return False
     model._training_state = _FirstEpoch(epoch)
     return True
-
-
-def tf_global_generator() -> Any:
-    """TensorFlow's global ``tf.random.Generator`` if one exists (the public getter would create it).
-
-    Relies on: ``tensorflow.python.ops.stateful_random_ops.global_generator``
-    -- tripwire ``test_tfk_exactness.py::test_tf_keras_global_rngs_and_callback_state_resume_bit_identical``.
-    """
-    from tensorflow.python.ops import stateful_random_ops
-
-    return getattr(stateful_random_ops, "global_generator", None)

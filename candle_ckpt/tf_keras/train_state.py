@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-import candle_ckpt.tf_keras.internals as internals
 from candle_ckpt.core.log import SaidOnce
+from candle_ckpt.distributed.tf_internals import tf_global_generator
 from candle_ckpt.engine import dataset_attrs
 from candle_ckpt.engine.callback_state import CallbackRule
 from candle_ckpt.engine.state_file import (
@@ -114,7 +114,7 @@ class TfTrainState:
                 self.warn_once(message)
         doc: dict[str, Any] = {}
         doc["rng"], arrays = capture_rng()
-        capture_generator(internals.tf_global_generator(), doc["rng"], arrays)
+        capture_generator(tf_global_generator(), doc["rng"], arrays)
         doc["callbacks"], more = RULE.capture(self.callbacks)
         arrays.update(more)
         if self.sequence is not None:

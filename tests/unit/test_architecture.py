@@ -178,7 +178,12 @@ def test_exceptions_have_one_home() -> None:
 # The only modules that reach framework internals (docs/api.rst lists what each relies on).
 # The framework gateways, and the one to TensorFlow's coordination service (as jax_group.coordination_client is
 # JAX's: distributed/ may import neither keras/ nor tf_keras/, and its group needs that service).
-GATEWAYS = {"candle_ckpt.keras.internals", "candle_ckpt.tf_keras.internals", "candle_ckpt.distributed.tf_group"}
+GATEWAYS = {
+    "candle_ckpt.keras.internals",
+    "candle_ckpt.tf_keras.internals",
+    "candle_ckpt.distributed.tf_group",
+    "candle_ckpt.distributed.tf_internals",  # TensorFlow's pieces both Keras adapters read (its global generator)
+}
 PRIVATE_PREFIXES = ("keras.src", "tensorflow.python", "tf_keras.src")
 PRIVATE_CALLS = ("_getframe",)
 
