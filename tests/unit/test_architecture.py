@@ -108,6 +108,25 @@ def test_config_imports_only_the_standard_library() -> None:
     assert not wrong, wrong
 
 
+def _private_imports(tree: ast.Module) -> list[str]:
+    """The ``_private`` names a module imports from another candle_ckpt module (at any depth)."""
+    return [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("candle_ckpt")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A name one module shares with another is public (config's schema table is ``SPECS``, not ``_SPECS``)."""
+    wrong = [f"{name} imports {what}" for name, _, tree in _modules() for what in _private_imports(tree)]
+    assert not wrong, wrong
+    source = "from candle_ckpt.config.schema import SPECS, _Spec\ndef f():\n    from candle_ckpt.core.x import _y\n"
+    assert _private_imports(ast.parse(source)) == ["candle_ckpt.config.schema._Spec", "candle_ckpt.core.x._y"]
+
+
 def test_no_import_cycle_between_modules() -> None:
     """The module-level import graph of candle_ckpt has no cycle."""
     trees = {name: tree for name, _, tree in _modules()}
