@@ -182,6 +182,18 @@ def _release(version: str | None) -> tuple[int, int] | None:
 # -- models and optimizers ------------------------------------------------------------------
 
 
+def callback_model(callback: Any) -> Any:
+    """The model ``set_model`` gave a Keras callback, or None before it.
+
+    Not the ``model`` property, which on JAX first copies the training state into the model's variables
+    (``jax_state_sync``) and on torch unwraps a ``DistributedDataParallel``.
+
+    Relies on: ``keras.callbacks.Callback._model`` (None from ``__init__``, set by ``set_model``)
+    -- tripwire ``test_candle_api.py::test_the_gateway_reads_the_model_set_model_gave_a_callback``.
+    """
+    return getattr(callback, "_model", None)
+
+
 def flatten_layers(model: Any) -> list[Any]:
     """Every layer inside ``model``, nested ones included, the model itself left out.
 

@@ -245,6 +245,37 @@ def test_the_gateway_check_finds_a_private_import() -> None:
     ]
 
 
+def _private_attributes_by_name(tree: ast.Module) -> list[str]:
+    """Private attributes read or set by name (``getattr(obj, "_x")``): another object's internals. Our own marks on
+    a foreign object are named ``_candle...``."""
+    return [
+        node.args[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr", "setattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+        and node.args[1].value.startswith("_")
+        and not node.args[1].value.startswith(("__", "_candle"))
+    ]
+
+
+def test_only_the_gateways_read_private_attributes_by_name() -> None:
+    """A framework object's private attribute (``getattr(model, "_distribute_strategy")``) is read in a gateway,
+    where its accessor names a tripwire; the check flags a sample (it can fail)."""
+    wrong = [
+        f"{name}: {attr}"
+        for name, _, tree in _modules()
+        if name not in GATEWAYS
+        for attr in _private_attributes_by_name(tree)
+    ]
+    assert not wrong, wrong
+    sample = "getattr(h, '_adapter', None)\nhasattr(m, '_candle_mark')\nsetattr(m, '__x', 1)\ngetattr(m, name)\n"
+    assert _private_attributes_by_name(ast.parse(sample)) == ["_adapter"]
+
+
 def _tripwires(doc: str) -> list[str]:
     """The tests named after "tripwire" in an accessor's docstring: ``file.py`` or ``file.py::test_name``."""
     text = " ".join(doc.split())
