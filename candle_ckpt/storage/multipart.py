@@ -24,7 +24,6 @@ checkpoint stays what ``restart()`` picks. A process that dies anywhere leaves
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -163,8 +162,3 @@ def write_rank_part(
     if outcome.startswith(ERROR):
         raise CheckpointSaveError(f"{key}: the primary did not publish the checkpoint ({outcome.removeprefix(ERROR)})")
     return outcome
-
-
-def published_name(layout: L.Layout, path: str) -> str:
-    """``epochs/NNN`` or ``steps/GGG``: a checkpoint directory relative to ``ckpts/``."""
-    return os.path.relpath(path, layout.ckpts)
