@@ -95,7 +95,7 @@ def fit_arguments(model: Any) -> dict[str, Any] | None:
     return None
 
 
-def data_adapter(handler: Any) -> Any:
+def handler_adapter(handler: Any) -> Any:
     """The ``DataAdapter`` of a ``fit``'s ``DataHandler`` (``fit``'s local ``data_handler``), or None.
 
     Relies on: ``DataHandler._adapter``
@@ -124,7 +124,7 @@ def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
 
     handler = fit_locals.get("data_handler")
     first = getattr(handler, "_initial_epoch", 0)
-    if handler is None or not first or data_adapter(handler).should_recreate_iterator():
+    if handler is None or not first or handler_adapter(handler).should_recreate_iterator():
         return False
     again = data_adapter.DataHandler(
         x=fit_locals["x"],
