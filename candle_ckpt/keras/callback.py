@@ -16,7 +16,7 @@ from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -90,7 +90,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = keras_group()  # SOLO in one process
-        primary = self.group.rank == 0
+        primary = is_primary(self.group)
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
