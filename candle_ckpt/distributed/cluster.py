@@ -68,6 +68,11 @@ def worker_info(strategy: Any = None) -> WorkerInfo:
     return WorkerInfo(task_type, task_id, num_workers, is_chief)
 
 
+def is_tf_keras(model: Any) -> bool:
+    """True for a tf_keras (Keras 2) model, False for a Keras 3 one (read from its classes; imports neither)."""
+    return any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(model).__mro__)
+
+
 def multi_worker_strategy(model: Any) -> Any:
     """The model's ``tf.distribute`` strategy if it spans several workers, else None."""
     # Keras 3's (TensorFlow backend) and tf_keras's property: the strategy the model was built under, else the
