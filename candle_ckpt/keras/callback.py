@@ -13,13 +13,13 @@ from typing import Any
 import keras
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.pending import Pending

@@ -265,7 +265,7 @@ def tf_out_of_range() -> type[BaseException]:
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES`` (the dispatcher's ``self`` is the
     ``CallbackList`` whose death ends the guarded fit)

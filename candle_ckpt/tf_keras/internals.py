@@ -16,7 +16,7 @@ from typing import Any
 
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt.core.fit_guard import weakly_bound
+from candle_ckpt.engine.fit_guard import weakly_bound
 
 # The file names of tf_keras's callback dispatcher (its CallbackList), whose frames are not the fit's.
 CALLBACK_DISPATCH_FILES = ("callbacks.py",)
@@ -71,7 +71,7 @@ def keep_tensor_logs(callback: Any) -> None:
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
     -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
