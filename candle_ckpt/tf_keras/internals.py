@@ -65,7 +65,7 @@ def keep_tensor_logs(callback: Any) -> None:
     """Let tf_keras hand the callback its batch logs as tensors (no host sync per step).
 
     Relies on: ``Callback._supports_tf_logs``
-    -- tripwire ``tests/integration/distributed/test_tfk_preempt.py``.
+    -- tripwire ``tests/integration/tf_keras/test_tfk_preempt.py``.
     """
     callback._supports_tf_logs = True
 
