@@ -191,6 +191,20 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: pathlib.Path, monkeypatch: pyte
         test_no_import_cycle_between_modules()
 
 
+def test_every_module_has_its_line_in_the_architecture_page() -> None:
+    """docs/architecture.rst says what each module owns: a module added or moved without its line there fails."""
+    page = (PACKAGE.parent / "docs" / "architecture.rst").read_text()
+    listed = set(re.findall(r"^``([\w/.]+)``\s", page, re.M))
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.name in ("__init__.py", "__main__.py"):
+            continue
+        if not {rel.stem, f"{rel.parts[0]}/{rel.stem}", rel.name} & listed:
+            missing.append(str(rel))
+    assert not missing, missing
+
+
 # Exceptions that are not checkpoint errors, each with its reason.
 OWN_EXCEPTIONS = {
     "candle_ckpt.cli.common.CliError": "a usage error of the command line, turned into exit status 2",
