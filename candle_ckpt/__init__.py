@@ -37,7 +37,7 @@ _LAZY = {
     "ModelMismatch": "candle_ckpt.core.errors",
     "NoValidCheckpoint": "candle_ckpt.core.errors",
     "CandleCheckpointCallback": "candle_ckpt.keras.callback",
-    "restart": "candle_ckpt.keras.restart",
+    "restart": "candle_ckpt.adapters",
     "JobRunner": "candle_ckpt.keras.runner",
     "load_weights": "candle_ckpt.keras.partial",
     "WorkerTrainingState": "candle_ckpt.adapters",

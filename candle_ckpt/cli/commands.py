@@ -239,7 +239,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     was = L.link_target(before) if before is not None else "nothing"
     oplog(store).info(f"rollback: 'last' re-pointed from {was} to {L.link_target(epoch)} by {PROG}")
     if dropped:
-        names = ", ".join(f"steps/{L.epoch_name(g)}" for g in dropped)
+        names = ", ".join(L.step_name(g) for g in dropped)
         oplog(store).info(f"rollback: removed the step checkpoints {names} (mid-epoch, after the rollback point)")
         print(f"removed the step checkpoints {names}: they continued the run rolled back from")
     print(f"last -> {L.link_target(epoch)} (was {was}); checkpoint verified")

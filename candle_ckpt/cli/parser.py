@@ -10,8 +10,8 @@ from candle_ckpt import __version__
 from candle_ckpt.cli import commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.cli.console import DEMO_DIRECTORY
-from candle_ckpt.config.coerce import _coerce
-from candle_ckpt.config.schema import _SPEC_BY_KEY, KEEP_MODES
+from candle_ckpt.config.coerce import coerce
+from candle_ckpt.config.schema import KEEP_MODES, SPEC_BY_KEY
 from candle_ckpt.core import layout as L
 
 EXIT_HELP = (
@@ -43,7 +43,7 @@ def positive_int(text: str) -> int:
 def keep_limit(text: str) -> int:
     """``--keep-limit``: what ``ckpt_keep_limit`` accepts, refused in the same sentence."""
     try:
-        return _coerce(_SPEC_BY_KEY["ckpt_keep_limit"], text, key="--keep-limit")
+        return coerce(SPEC_BY_KEY["ckpt_keep_limit"], text, key="--keep-limit")
     except (TypeError, ValueError) as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--keep-limit ")) from None  # argparse names it
 

@@ -53,7 +53,7 @@ def print_step_rows(rows: list[dict[str, Any]], verify: bool) -> None:
         where = position(r["epoch"], r["step"]) if r["valid"] else "-"
         table.append(
             (
-                f"steps/{L.epoch_name(r['generation'])}",
+                L.step_name(r["generation"]),
                 fmt_time(r["timestamp"]),
                 fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
                 where,
@@ -72,7 +72,7 @@ def verify_steps(store: CheckpointStore) -> list[str]:
     """Verify every step checkpoint, printing one line each; return the failures."""
     failures = []
     for row in step_rows(store, verify=True):
-        name = f"steps/{L.epoch_name(row['generation'])}"
+        name = L.step_name(row["generation"])
         if row["valid"]:
             print(f"{name}: ok  {position(row['epoch'], row['step'])}, {fmt_bytes(row['bytes'])}, CRC32 ok")
         else:

@@ -8,9 +8,9 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.coerce import coerce
 from candle_ckpt.config.raw import bool_word, describe, is_auto_word, is_none_like, is_none_word
-from candle_ckpt.config.schema import _BOOL_ALLOWED, _SPECS, _Spec
+from candle_ckpt.config.schema import BOOL_ALLOWED, SPECS, Spec
 
 
 def str2bool(value: str | bool) -> bool:
@@ -32,7 +32,7 @@ def str2bool(value: str | bool) -> bool:
     word = bool_word(value) if isinstance(value, str) else None
     if word is not None:
         return word
-    raise argparse.ArgumentTypeError(f"Boolean value expected ({_BOOL_ALLOWED}); got {describe(value)}")
+    raise argparse.ArgumentTypeError(f"Boolean value expected ({BOOL_ALLOWED}); got {describe(value)}")
 
 
 def str2bool_or_auto(value: str | bool) -> bool | None:
@@ -43,11 +43,11 @@ def str2bool_or_auto(value: str | bool) -> bool | None:
         return str2bool(value)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"Boolean value or auto expected ({_BOOL_ALLOWED}, auto); got {describe(value)}"
+            f"Boolean value or auto expected ({BOOL_ALLOWED}, auto); got {describe(value)}"
         ) from None
 
 
-def _arg_type(spec: _Spec) -> Callable[[str], Any]:
+def _arg_type(spec: Spec) -> Callable[[str], Any]:
     """The argparse/CANDLE type of ``spec``'s flag."""
     return str2bool_or_auto if spec.kind == "bool" and spec.optional else _DEF_TYPES[spec.kind]
 
@@ -70,7 +70,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
 }
 
 
-def _definition(spec: _Spec) -> dict[str, Any]:
+def _definition(spec: Spec) -> dict[str, Any]:
     """Return the CANDLE benchmark definition dict for ``spec``."""
     definition: dict[str, Any] = {
         "name": spec.key,
@@ -100,7 +100,7 @@ def ckpt_defs(defs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """
     result = list(defs) if defs is not None else []
     present = {d["name"] for d in result if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
-    result.extend(_definition(spec) for spec in _SPECS if spec.cli and spec.key not in present)
+    result.extend(_definition(spec) for spec in SPECS if spec.cli and spec.key not in present)
     return result
 
 
@@ -140,7 +140,7 @@ def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     Returns:
         The same parser, for chaining.
     """
-    for spec in _SPECS:
+    for spec in SPECS:
         if not spec.cli or _has_option(parser, spec.key):
             continue
         kwargs: dict[str, Any] = {"default": spec.default, "help": spec.help}
@@ -156,7 +156,7 @@ def ckpt_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _checked(spec: _Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+def _checked(spec: Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse type: ``convert``, then the parameter's own check, so that a bad flag is argparse's
     one-line error (exit status 2) naming the key and what is allowed, not a traceback later."""
 
@@ -164,7 +164,7 @@ def _checked(spec: _Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]
         if is_none_word(text) and not spec.none_is_value:
             return None  # the default, as CkptConfig.from_params reads it
         try:  # the parameter's own check first: a flag gets the sentence a gParameters value gets
-            coerced = _coerce(spec, text)
+            coerced = coerce(spec, text)
         except (TypeError, ValueError) as err:
             raise argparse.ArgumentTypeError(str(err)) from None
         try:
@@ -172,7 +172,7 @@ def _checked(spec: _Spec, convert: Callable[[str], Any]) -> Callable[[str], Any]
         except (TypeError, ValueError):
             return coerced  # "3.0" for an int key: what from_params makes of it
         try:
-            _coerce(spec, value)
+            coerce(spec, value)
         except (TypeError, ValueError) as err:
             raise argparse.ArgumentTypeError(str(err)) from None
         return value

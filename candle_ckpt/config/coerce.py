@@ -17,11 +17,11 @@ from typing import Any
 
 from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_auto_word, is_none_like, plain_text
-from candle_ckpt.config.schema import _BOOL_ALLOWED, _Spec
+from candle_ckpt.config.schema import BOOL_ALLOWED, Spec
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
 
-def must_be(spec: _Spec, key: str) -> str:
+def must_be(spec: Spec, key: str) -> str:
     """The one sentence start for a rejected value of an integer key: ``ckpt_keep_limit must be an integer > 0``.
 
     Every way of giving the value (a dict entry, a config-file string, a ``--ckpt_*`` flag) says the
@@ -29,7 +29,7 @@ def must_be(spec: _Spec, key: str) -> str:
     return f"{key} must be an {spec.allowed}" if spec.kind == "int" else f"{key} must be {spec.allowed}"
 
 
-def _check_range(spec: _Spec, key: str, number: float) -> None:
+def _check_range(spec: Spec, key: str, number: float) -> None:
     """Raise ValueError if ``number`` violates the spec's bounds."""
     if spec.kind == "int":
         low_ok = spec.minimum is None or (number > spec.minimum if spec.strict else number >= spec.minimum)
@@ -49,7 +49,7 @@ def _check_range(spec: _Spec, key: str, number: float) -> None:
     raise ValueError(f"{key} must be {op} {spec.minimum:g}; got {describe(number)}")
 
 
-def _to_bool(spec: _Spec, key: str, value: object) -> bool | None:
+def _to_bool(spec: Spec, key: str, value: object) -> bool | None:
     """Coerce a boolean parameter (an optional one also takes ``auto``: None, decided later)."""
     if isinstance(value, bool):
         return value
@@ -60,23 +60,23 @@ def _to_bool(spec: _Spec, key: str, value: object) -> bool | None:
         if spec.optional and is_auto_word(value):
             return None
         also = " or auto" if spec.optional else ""
-        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}){also}; got {describe(value)}")
+        raise ValueError(f"{key} must be a boolean ({BOOL_ALLOWED}){also}; got {describe(value)}")
     if isinstance(value, numbers.Integral):
         number = operator.index(value)
         if number in (0, 1):
             return bool(number)
-        raise ValueError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe(value)}")
-    raise TypeError(f"{key} must be a boolean ({_BOOL_ALLOWED}); got {describe_typed(value)}")
+        raise ValueError(f"{key} must be a boolean ({BOOL_ALLOWED}); got {describe(value)}")
+    raise TypeError(f"{key} must be a boolean ({BOOL_ALLOWED}); got {describe_typed(value)}")
 
 
-def _integral_float(spec: _Spec, key: str, number: float, original: object) -> int:
+def _integral_float(spec: Spec, key: str, number: float, original: object) -> int:
     """Convert a float to int if it is finite and integral."""
     if not math.isfinite(number) or not number.is_integer():
         raise ValueError(f"{must_be(spec, key)}; got {describe(original)}")
     return int(number)
 
 
-def _to_int(spec: _Spec, key: str, value: object) -> int:
+def _to_int(spec: Spec, key: str, value: object) -> int:
     """Coerce an integer parameter and check its range."""
     if isinstance(value, bool):
         raise TypeError(f"{must_be(spec, key)}, not a boolean; got {describe(value)}")
@@ -100,7 +100,7 @@ def _to_int(spec: _Spec, key: str, value: object) -> int:
     return number
 
 
-def _to_float(spec: _Spec, key: str, value: object) -> float:
+def _to_float(spec: Spec, key: str, value: object) -> float:
     """Coerce a finite float parameter and check its range."""
     if isinstance(value, bool):
         raise TypeError(f"{key} must be a number, not a boolean; got {describe(value)}")
@@ -122,7 +122,7 @@ def _to_float(spec: _Spec, key: str, value: object) -> float:
     return number
 
 
-def _to_metric(spec: _Spec, key: str, value: object) -> float:
+def _to_metric(spec: Spec, key: str, value: object) -> float:
     """Coerce a metric value: any real number, infinities included (CANDLE's "no best yet"), never NaN."""
     if isinstance(value, bool):
         raise TypeError(f"{key} must be a number, not a boolean; got {describe(value)}")
@@ -140,7 +140,7 @@ def _to_metric(spec: _Spec, key: str, value: object) -> float:
     return number
 
 
-def _to_choice(spec: _Spec, key: str, value: object) -> str:
+def _to_choice(spec: Spec, key: str, value: object) -> str:
     """Coerce a choice parameter (case-insensitive, whitespace-stripped)."""
     allowed = ", ".join(f"'{choice}'" for choice in spec.choices)
     if not isinstance(value, str):
@@ -154,7 +154,7 @@ def _to_choice(spec: _Spec, key: str, value: object) -> str:
     return text
 
 
-def _to_str(spec: _Spec, key: str, value: object) -> str:
+def _to_str(spec: Spec, key: str, value: object) -> str:
     """Coerce a non-empty string parameter (surrounding whitespace removed)."""
     if not isinstance(value, str):
         raise TypeError(f"{key} must be a non-empty string; got {describe_typed(value)}")
@@ -164,7 +164,7 @@ def _to_str(spec: _Spec, key: str, value: object) -> str:
     return text
 
 
-def _to_path(spec: _Spec, key: str, value: object) -> str:
+def _to_path(spec: Spec, key: str, value: object) -> str:
     """Coerce a directory parameter given as str or os.PathLike."""
     if isinstance(value, os.PathLike) and not isinstance(value, str):
         value = os.fspath(value)
@@ -183,7 +183,7 @@ def _to_path(spec: _Spec, key: str, value: object) -> str:
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
 
 
-def _to_url(spec: _Spec, key: str, value: object) -> str:
+def _to_url(spec: Spec, key: str, value: object) -> str:
     """Coerce an fsspec URL: ``protocol://rest``, without surrounding whitespace."""
     if isinstance(value, os.PathLike) and not isinstance(value, str):
         value = os.fspath(value)
@@ -198,14 +198,14 @@ def _to_url(spec: _Spec, key: str, value: object) -> str:
     return text
 
 
-def _to_location(spec: _Spec, key: str, value: object) -> str:
+def _to_location(spec: Spec, key: str, value: object) -> str:
     """Coerce a place that is either an fsspec URL (``protocol://path``) or a file-system path."""
     if isinstance(value, str) and "://" in plain_text(value):
         return _to_url(spec, key, value)
     return str.strip(_to_path(spec, key, value))
 
 
-def _to_json(spec: _Spec, key: str, value: object) -> str:
+def _to_json(spec: Spec, key: str, value: object) -> str:
     """Coerce a JSON object given as a string or a mapping to canonical JSON text.
 
     The config keeps the text (not a dict) so that it stays immutable and hashable.
@@ -226,14 +226,14 @@ def _to_json(spec: _Spec, key: str, value: object) -> str:
     return json.dumps(parsed, sort_keys=True)
 
 
-def _to_text(spec: _Spec, key: str, value: object) -> str:
+def _to_text(spec: Spec, key: str, value: object) -> str:
     """Coerce a free-form string parameter (kept verbatim)."""
     if not isinstance(value, str):
         raise TypeError(f"{key} must be a string or None; got {describe_typed(value)}")
     return plain_text(value)
 
 
-_COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
+_COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "bool": _to_bool,
     "int": _to_int,
     "float": _to_float,
@@ -251,7 +251,7 @@ _COERCERS: dict[str, Callable[[_Spec, str, object], Any]] = {
 }
 
 
-def _coerce(spec: _Spec, value: object, key: str | None = None) -> Any:
+def coerce(spec: Spec, value: object, key: str | None = None) -> Any:
     """Validate and normalise one value according to ``spec``.
 
     Args:

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.config.coerce import _coerce
+from candle_ckpt.config.coerce import coerce
 from candle_ckpt.config.raw import is_none_like, is_none_word
-from candle_ckpt.config.schema import _METADATA_FALLBACK_KEY, _SPEC_BY_KEY, _SPECS
+from candle_ckpt.config.schema import METADATA_FALLBACK_KEY, SPEC_BY_KEY, SPECS
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,8 @@ class CkptConfig:
             ValueError: A field has an invalid value.
             TypeError: A field has an invalid type.
         """
-        for spec in _SPECS:
-            value = _coerce(spec, getattr(self, spec.field))
+        for spec in SPECS:
+            value = coerce(spec, getattr(self, spec.field))
             object.__setattr__(self, spec.field, value)
 
     @classmethod
@@ -148,25 +148,25 @@ class CkptConfig:
                 f"vars(args) for an argparse.Namespace); got {type(params).__name__}{hint}"
             )
         for key in params:
-            if isinstance(key, str) and key.startswith("ckpt_") and key not in _SPEC_BY_KEY:
+            if isinstance(key, str) and key.startswith("ckpt_") and key not in SPEC_BY_KEY:
                 _warn_unknown(key)
         # Said only where a value other than the default was given: a parser's or CANDLE's defaults dict carries it.
-        if params.get("ckpt_preempt_check") not in (None, _SPEC_BY_KEY["ckpt_preempt_check"].default, "1"):
+        if params.get("ckpt_preempt_check") not in (None, SPEC_BY_KEY["ckpt_preempt_check"].default, "1"):
             _warn_deprecated("ckpt_preempt_check")
         kwargs: dict[str, Any] = {}
-        for spec in _SPECS:
+        for spec in SPECS:
             value = params.get(spec.key)
             if value is None or (not spec.none_is_value and is_none_word(value)):
                 continue
             if spec.optional and spec.default is None and is_none_like(value):
                 continue  # '' as well as None: the dataclass default (ckpt_layout's None means "the API chooses")
-            kwargs[spec.field] = _coerce(spec, value)
+            kwargs[spec.field] = coerce(spec, value)
         if is_none_like(params.get("ckpt_metadata")):
-            fallback = params.get(_METADATA_FALLBACK_KEY)
-            kwargs["metadata"] = _coerce(
-                _SPEC_BY_KEY["ckpt_metadata"],
+            fallback = params.get(METADATA_FALLBACK_KEY)
+            kwargs["metadata"] = coerce(
+                SPEC_BY_KEY["ckpt_metadata"],
                 fallback,
-                key=f"{_METADATA_FALLBACK_KEY} (used because ckpt_metadata is unset)",
+                key=f"{METADATA_FALLBACK_KEY} (used because ckpt_metadata is unset)",
             )
         config = cls(**kwargs)
         if require_epochs and config.epochs is None:
@@ -253,7 +253,7 @@ def _warn_unknown(key: str) -> None:
     read the dict (callback, ``restart()``, ``JobRunner``) opens its log (:class:`candle_ckpt.core.log.OpsLog`),
     which writes it like every other line: in ``ckpt.log`` and, timestamped, on the console.
     """
-    close = difflib.get_close_matches(key, [spec.key for spec in _SPECS], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, [spec.key for spec in SPECS], n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}?" if close else "the keys are listed in docs/parameters.rst"
     _UNREPORTED.append(f"unknown parameter {key} is ignored; {hint}")
 

@@ -7,7 +7,7 @@ everything here works on any object, so error messages can always name it.
 
 from __future__ import annotations
 
-from candle_ckpt.config.schema import _FALSE_STRINGS, _MAX_REPR, _NONE_STRINGS, _TRUE_STRINGS
+from candle_ckpt.config.schema import FALSE_STRINGS, MAX_REPR, NONE_STRINGS, TRUE_STRINGS
 
 
 def describe(value: object) -> str:
@@ -28,8 +28,8 @@ def describe(value: object) -> str:
         return f"<unrepresentable {type(value).__name__} object>"
     if not isinstance(text, str):
         return f"<unrepresentable {type(value).__name__} object>"
-    if len(text) > _MAX_REPR:
-        text = text[: _MAX_REPR - 3] + "..."
+    if len(text) > MAX_REPR:
+        text = text[: MAX_REPR - 3] + "..."
     return text
 
 
@@ -47,7 +47,7 @@ def is_none_like(value: object) -> bool:
     """Return True for None and the strings ``"None"``/``"none"``/``""``."""
     if value is None:
         return True
-    return isinstance(value, str) and str.lower(str.strip(plain_text(value))) in _NONE_STRINGS
+    return isinstance(value, str) and str.lower(str.strip(plain_text(value))) in NONE_STRINGS
 
 
 def is_none_word(value: object) -> bool:
@@ -63,8 +63,8 @@ def is_auto_word(value: str) -> bool:
 def bool_word(value: str) -> bool | None:
     """``True``/``False`` for a boolean word (``yes``, ``off``, ``1`` ...), None for any other text."""
     text = str.lower(str.strip(plain_text(value)))
-    if text in _TRUE_STRINGS:
+    if text in TRUE_STRINGS:
         return True
-    if text in _FALSE_STRINGS:
+    if text in FALSE_STRINGS:
         return False
     return None

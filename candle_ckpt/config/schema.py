@@ -1,6 +1,6 @@
 """The schema of every ``ckpt_*`` parameter: the single source of defaults, choices and help.
 
-A table (one :class:`_Spec` per key) read by the coercion in
+A table (one :class:`Spec` per key) read by the coercion in
 :mod:`candle_ckpt.config.coerce`, by :class:`~candle_ckpt.config.params.CkptConfig`
 and by the argparse / CANDLE definitions in :mod:`candle_ckpt.config.cli_args`.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_TRUE_STRINGS = frozenset({"true", "1", "yes", "on", "t", "y"})
-_FALSE_STRINGS = frozenset({"false", "0", "no", "off", "f", "n"})
-_BOOL_ALLOWED = "true/false, yes/no, on/off, t/f, y/n or 1/0"
-_NONE_STRINGS = frozenset({"none", ""})
-_MAX_REPR = 80
+TRUE_STRINGS = frozenset({"true", "1", "yes", "on", "t", "y"})
+FALSE_STRINGS = frozenset({"false", "0", "no", "off", "f", "n"})
+BOOL_ALLOWED = "true/false, yes/no, on/off, t/f, y/n or 1/0"
+NONE_STRINGS = frozenset({"none", ""})
+MAX_REPR = 80
 
 
 #: The keep rules' names (``ckpt_keep_mode``, ``candle-ckpt prune --keep-mode``); core.retention maps each to its rule.
@@ -22,7 +22,7 @@ KEEP_MODES: tuple[str, ...] = ("linear", "exponential", "all")
 
 
 @dataclass(frozen=True)
-class _Spec:
+class Spec:
     """Description of one gParameters key.
 
     Attributes:
@@ -59,8 +59,8 @@ class _Spec:
     none_is_value: bool = False
 
 
-_SPECS: tuple[_Spec, ...] = (
-    _Spec(
+SPECS: tuple[Spec, ...] = (
+    Spec(
         key="ckpt_restart_mode",
         field="restart_mode",
         kind="choice",
@@ -73,7 +73,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="off, auto, required",
         choices=("off", "auto", "required"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_best",
         field="save_best",
         kind="bool",
@@ -81,7 +81,7 @@ _SPECS: tuple[_Spec, ...] = (
         help="Also keep the best model so far, judged by ckpt_save_best_metric.",
         allowed="boolean",
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_best_metric",
         field="save_best_metric",
         kind="str",
@@ -89,7 +89,7 @@ _SPECS: tuple[_Spec, ...] = (
         help=("Metric from the Keras epoch logs used to judge the best model, e.g. val_loss."),
         allowed="non-empty string",
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_best_mode",
         field="save_best_mode",
         kind="choice",
@@ -98,7 +98,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="auto, min, max",
         choices=("auto", "min", "max"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_skip_epochs",
         field="skip_epochs",
         kind="int",
@@ -107,7 +107,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="integer >= 0",
         minimum=0,
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_interval",
         field="save_interval",
         kind="int",
@@ -116,7 +116,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="integer >= 0 (0 disables saving)",
         minimum=0,
     ),
-    _Spec(
+    Spec(
         key="ckpt_checksum",
         field="checksum",
         kind="bool",
@@ -124,7 +124,7 @@ _SPECS: tuple[_Spec, ...] = (
         help=("Record a checksum of each checkpoint and verify it before restarting from it."),
         allowed="boolean",
     ),
-    _Spec(
+    Spec(
         key="ckpt_keep_mode",
         field="keep_mode",
         kind="choice",
@@ -137,7 +137,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed=", ".join(KEEP_MODES),
         choices=KEEP_MODES,
     ),
-    _Spec(
+    Spec(
         key="ckpt_keep_limit",
         field="keep_limit",
         kind="int",
@@ -147,7 +147,7 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0,
         strict=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_directory",
         field="directory",
         kind="path",
@@ -155,7 +155,7 @@ _SPECS: tuple[_Spec, ...] = (
         help="Directory in which checkpoints are written.",
         allowed="non-empty path",
     ),
-    _Spec(
+    Spec(
         key="ckpt_metadata",
         field="metadata",
         kind="text",
@@ -164,7 +164,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="string or None",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_weights_only",
         field="save_weights_only",
         kind="bool",
@@ -176,7 +176,7 @@ _SPECS: tuple[_Spec, ...] = (
         ),
         allowed="boolean",
     ),
-    _Spec(
+    Spec(
         key="ckpt_restart_epoch",
         field="restart_epoch",
         kind="int",
@@ -186,7 +186,7 @@ _SPECS: tuple[_Spec, ...] = (
         optional=True,
         minimum=0,
     ),
-    _Spec(
+    Spec(
         key="ckpt_on_error",
         field="on_error",
         kind="choice",
@@ -197,7 +197,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="raise, warn",
         choices=("raise", "warn"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_async",
         field="async_save",
         kind="bool",
@@ -209,7 +209,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="boolean, or auto",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_async_timeout",
         field="async_timeout",
         kind="float",
@@ -219,7 +219,7 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0.0,
         strict=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_upload_url",
         field="upload_url",
         kind="url",
@@ -231,7 +231,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="URL of the form protocol://path, or None",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_upload_mode",
         field="upload_mode",
         kind="choice",
@@ -243,7 +243,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="every, end",
         choices=("every", "end"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_upload_options",
         field="upload_options",
         kind="json",
@@ -255,7 +255,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="JSON object (string or mapping), or None",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_persistent_url",
         field="persistent_url",
         kind="location",
@@ -268,7 +268,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="path, URL of the form protocol://path, or None",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_drain",
         field="drain",
         kind="choice",
@@ -283,7 +283,7 @@ _SPECS: tuple[_Spec, ...] = (
         optional=True,
         choices=("every", "interval", "preempt", "end"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_drain_interval",
         field="drain_interval",
         kind="int",
@@ -293,7 +293,7 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0,
         strict=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_drain_timeout",
         field="drain_timeout",
         kind="float",
@@ -307,7 +307,7 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0.0,
         strict=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_best_metric_last",
         field="best_metric_last",
         kind="metric",
@@ -320,7 +320,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="number (inf allowed) or None",
         optional=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_layout",
         field="layout",
         kind="choice",
@@ -334,7 +334,7 @@ _SPECS: tuple[_Spec, ...] = (
         optional=True,
         choices=("nested", "flat"),
     ),
-    _Spec(
+    Spec(
         key="ckpt_save_steps",
         field="save_steps",
         kind="int",
@@ -343,7 +343,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="integer >= 0 (0 disables)",
         minimum=0,
     ),
-    _Spec(
+    Spec(
         key="ckpt_preempt_signals",
         field="preempt_signals",
         kind="signals",
@@ -355,7 +355,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="signal names or numbers, comma-separated, or none",
         none_is_value=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_preempt_exit_code",
         field="preempt_exit_code",
         kind="exit",
@@ -367,7 +367,7 @@ _SPECS: tuple[_Spec, ...] = (
         ),
         allowed="signal, return, or integer 0-255",
     ),
-    _Spec(
+    Spec(
         key="ckpt_deadline",
         field="deadline",
         kind="deadline",
@@ -380,7 +380,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="auto, none, +SECONDS, epoch seconds, ISO time",
         none_is_value=True,
     ),
-    _Spec(
+    Spec(
         key="ckpt_deadline_margin",
         field="deadline_margin",
         kind="float",
@@ -389,7 +389,7 @@ _SPECS: tuple[_Spec, ...] = (
         allowed="number >= 0 (seconds)",
         minimum=0.0,
     ),
-    _Spec(
+    Spec(
         key="ckpt_preempt_check",
         field="preempt_check",
         kind="int",
@@ -402,7 +402,7 @@ _SPECS: tuple[_Spec, ...] = (
         minimum=0,
         strict=True,
     ),
-    _Spec(
+    Spec(
         key="epochs",
         field="epochs",
         kind="int",
@@ -416,12 +416,12 @@ _SPECS: tuple[_Spec, ...] = (
     ),
 )
 
-_SPEC_BY_KEY: dict[str, _Spec] = {spec.key: spec for spec in _SPECS}
-_METADATA_FALLBACK_KEY = "metadata"
+SPEC_BY_KEY: dict[str, Spec] = {spec.key: spec for spec in SPECS}
+METADATA_FALLBACK_KEY = "metadata"
 
 #: Every gParameters key read by :meth:`CkptConfig.from_params`: all
 #: ``ckpt_*`` keys, then CANDLE's ``epochs`` and ``metadata``.
 CKPT_KEYS: tuple[str, ...] = (
-    *(spec.key for spec in _SPECS),
-    _METADATA_FALLBACK_KEY,
+    *(spec.key for spec in SPECS),
+    METADATA_FALLBACK_KEY,
 )

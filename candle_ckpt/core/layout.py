@@ -36,6 +36,7 @@ MODEL_FILE = "model.keras"
 EXTRA_FILE = "model.extra.npz"  # variables save_weights omits (RNG seed states)
 _EPOCH_RE = re.compile(r"^[0-9]{3,9}$")
 _LINK_TARGET_RE = re.compile(r"^epochs/([0-9]{3,9})/?$")
+_STEP_NAME_RE = re.compile(r"^steps/([0-9]{3,9})$")
 _SAFE_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -99,6 +100,17 @@ def resolve_link_target(target: str, ckpts_dirs: tuple[str, ...]) -> tuple[int |
 def link_target(epoch: int) -> str:
     """Return the relative target stored in a ``best``/``last`` link."""
     return f"epochs/{epoch_name(epoch)}"
+
+
+def step_name(generation: int) -> str:
+    """``steps/GGG``: the name, relative to ``ckpts/``, of the step checkpoint of commit generation ``generation``."""
+    return f"steps/{epoch_name(generation)}"
+
+
+def parse_step_name(name: str) -> int | None:
+    """The generation of a ``steps/GGG`` name (:func:`step_name`'s), or None if ``name`` is not one."""
+    m = _STEP_NAME_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def is_safe_filename(name: str) -> bool:

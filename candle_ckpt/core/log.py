@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from candle_ckpt.config.params import take_unreported
@@ -90,6 +91,23 @@ def position(epoch: int, step: int | None = None) -> str:
     The log, ``candle-ckpt list``, ``info`` and ``verify`` all name a checkpoint through here.
     """
     return f"epoch {epoch}" if step is None else f"epoch {epoch + 1}, step {step}"
+
+
+class SaidOnce:
+    """Passes each message to ``say`` the first time only: a warning repeated every epoch is noise.
+
+    Call it with the message (``warn_once = SaidOnce(log.warning)``; ``warn_once("...")``). It keeps the
+    messages it has said, for the life of the object that owns it (one ``fit``'s state, one callback).
+    """
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._said: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            self._say(message)
 
 
 class LineTracker:

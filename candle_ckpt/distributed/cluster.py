@@ -68,9 +68,16 @@ def worker_info(strategy: Any = None) -> WorkerInfo:
     return WorkerInfo(task_type, task_id, num_workers, is_chief)
 
 
+def is_tf_keras(model: Any) -> bool:
+    """True for a tf_keras (Keras 2) model, False for a Keras 3 one (read from its classes; imports neither)."""
+    return any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(model).__mro__)
+
+
 def multi_worker_strategy(model: Any) -> Any:
     """The model's ``tf.distribute`` strategy if it spans several workers, else None."""
-    strategy = getattr(model, "_distribute_strategy", None) or getattr(model, "distribute_strategy", None)
+    # Keras 3's (TensorFlow backend) and tf_keras's property: the strategy the model was built under, else the
+    # one in scope now.
+    strategy = getattr(model, "distribute_strategy", None)
     if strategy is None or type(strategy).__module__.split(".")[0] != "tensorflow":
         return None
     return strategy if worker_info(strategy).num_workers > 1 else None

@@ -178,7 +178,7 @@ class WorkerTrainingState:
             self.fs.rmtree(self.temp_dir)
         if remove_checkpoints and self.info.is_chief:
             own = self.engine.store if self.engine is not None else None
-            store = own or CheckpointStore(self.cfg.directory, flat=self.cfg.flat)
+            store = own or CheckpointStore.of(self.cfg)
             for name in ("last", "best"):
                 if os.path.lexists(self.layout.link(name)):
                     self.fs.unlink(self.layout.link(name))
@@ -275,7 +275,7 @@ class WorkerTrainingState:
         failure: CheckpointError | None = None
         if chosen is None:
             try:
-                store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.flat)
+                store = CheckpointStore.of(cfg)
                 if code == _STEP:  # the step checkpoint of that generation (its sidecar says so)
                     chosen = Chosen(chosen_epoch, *store.steps.verify(generation, reads=reads))
                 else:

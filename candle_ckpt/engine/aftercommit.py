@@ -58,7 +58,7 @@ def supersede_steps(store: CheckpointStore, log: OpsLog, epoch: int) -> None:
         log.warning(f"could not remove the superseded step checkpoints: {err}")
         return
     if superseded:
-        log.info(f"removed step checkpoint {', '.join(f'steps/{L.epoch_name(g)}' for g in superseded)}")
+        log.info(f"removed step checkpoint {', '.join(L.step_name(g) for g in superseded)}")
 
 
 def prune_after_commit(

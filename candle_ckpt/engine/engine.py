@@ -24,7 +24,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import SOLO, Group, is_primary
 from candle_ckpt.core.log import OpsLog, human_bytes, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
@@ -63,19 +63,19 @@ class CheckpointEngine:
     """
 
     def __init__(
-        self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group | None = None
+        self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group = SOLO
     ) -> None:
         # ckpt_async=auto, where a front end has not decided it (the front ends do, before they capture).
-        cfg = cfg.resolved(group.size if group is not None else 1)
+        cfg = cfg.resolved(group.size)
         self.cfg = cfg
         # group: the processes of a multi-process job that write each checkpoint together (see
         # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
-        # opens the store (the writer lock), commits, prunes and uploads.
-        self.group = group if group is not None and group.size > 1 else None
+        # opens the store (the writer lock), commits, prunes and uploads. SOLO: a single process.
+        self.group = group
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
         self.log = log if not self.policy.off or scratch_dir is not None else OpsLog(None, log.logger)
-        self.store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
+        self.store = CheckpointStore.of(cfg, fs=fs)
         # scratch_dir: a non-chief worker of a multi-worker job. It decides and
         # snapshots exactly as the chief does (same policy, same async order:
         # wait, snapshot, submit) but writes each snapshot into scratch_dir and
@@ -106,9 +106,14 @@ class CheckpointEngine:
             self.remote = Drain(cfg, self.store, log, self.retention.select)
             self.after_commit.append(self.remote.committed)
 
+    @property
+    def _shared(self) -> bool:
+        """True when several processes write each checkpoint together (engine.group_commit)."""
+        return self.group.size > 1
+
     def _writes_store(self) -> bool:
         """True for the process that holds the lock and commits: not a non-chief, not a non-primary rank."""
-        return self.scratch_dir is None and (self.group is None or self.group.rank == 0)
+        return self.scratch_dir is None and is_primary(self.group)
 
     def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
         """Continue from the checkpoint a restart loaded: best-tracking, elapsed
@@ -175,7 +180,7 @@ class CheckpointEngine:
         try:
             return capture()
         except Exception as err:
-            if self.group is None:
+            if not self._shared:
                 raise
             return failed_capture(err)
 
@@ -246,10 +251,10 @@ class CheckpointEngine:
             if self.scratch_dir is not None:
                 self._write_scratch(epoch, cap)
                 return None
-            if self.group is not None:  # every rank writes its part; the primary commits
+            if self._shared:  # every rank writes its part; the primary commits
                 start = time.perf_counter()
                 side = commit_step(self.store, self.group, cap, template)
-                if self.group.rank != 0:
+                if not is_primary(self.group):
                     self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
                     return side
             else:
@@ -261,7 +266,7 @@ class CheckpointEngine:
         if self.remote is not None:
             self.remote.step_committed(side)
         self.log.info(
-            f"{position(epoch, step)}: saved steps/{L.epoch_name(side.generation)} ({reason}) "
+            f"{position(epoch, step)}: saved {L.step_name(side.generation)} ({reason}) "
             f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
         return side
@@ -302,7 +307,7 @@ class CheckpointEngine:
             self.policy.committed(best)
             return
         best_epoch = best.epoch if self.cfg.save_best else None
-        if self.group is not None:
+        if self._shared:
             start = time.perf_counter()
             side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
             if side is None:  # not the primary: its part is in, the primary did the rest

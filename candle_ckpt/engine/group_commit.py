@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.capture import Capture
@@ -78,6 +80,9 @@ def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Si
     key, timeout_s = group.meeting("save"), group_timeout()
     if group.rank != 0:
         where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
-        return store.steps.read_sidecar(int(where.rsplit("/", 1)[-1]))
+        generation = L.parse_step_name(where)
+        if generation is None:
+            raise CheckpointSaveError(f"{key}: the primary published {where!r}, not a step checkpoint (steps/GGG)")
+        return store.steps.read_sidecar(generation)
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
     return store.steps.commit(cap.files, template, shared=shared)

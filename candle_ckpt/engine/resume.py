@@ -167,7 +167,7 @@ def select_checkpoint(
     if not cfg.restores(epoch):
         return None
     if store is None:
-        store = CheckpointStore(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
+        store = CheckpointStore.of(cfg, fs=fs)
     store.check_layout()  # checkpoints in the other layout: say so rather than start from scratch
     wanted = epoch if epoch is not None else cfg.restart_epoch
     what = f"resume_from_epoch={epoch}" if epoch is not None else f"ckpt_restart_epoch={cfg.restart_epoch}"

@@ -12,14 +12,14 @@ from typing import Any
 
 import keras
 
-from candle_ckpt.adapters import is_tf_keras
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
+from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.pending import Pending
@@ -91,7 +91,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = keras_group()  # SOLO in one process
         self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
-        primary = self.group.rank == 0
+        primary = is_primary(self.group)
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.

@@ -24,6 +24,7 @@ import keras
 
 from candle_ckpt.config.candle_params import develop_params
 from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.argcheck import require_model, require_params
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart as _restart
@@ -95,7 +96,7 @@ class CandleCkptKeras(CandleCheckpointCallback):
 
     def _model_to_restore(self, given: Any) -> Any:
         """set_model's model (candle_lib reads nothing else), or ``given`` when none was set."""
-        own = getattr(self, "_model", None)
+        own = internals.callback_model(self)
         if own is None:
             if isinstance(given, Mapping) or given is None:
                 raise TypeError(

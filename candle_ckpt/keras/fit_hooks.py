@@ -24,7 +24,7 @@ and the saved state of a resumed run is put back after every callback's
 ``on_train_begin`` and before the first ``on_epoch_begin``. The wrappers
 hold the list only weakly: a wrapper stored on the list that held it would
 make a cycle, and the list would outlive ``fit`` until a full garbage
-collection (its death is how :mod:`candle_ckpt.core.fit_guard` learns that a
+collection (its death is how :mod:`candle_ckpt.engine.fit_guard` learns that a
 ``fit`` raised).
 """
 
@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from candle_ckpt.core.fit_guard import weakly_bound
+from candle_ckpt.engine.fit_guard import weakly_bound
 from candle_ckpt.keras import internals
 
 _MARK = "_candle_ckpt_hooked"

@@ -95,7 +95,7 @@ def _where(layout: L.Layout, said: str) -> str:
 def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Callable[[str], set[str]]) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
-    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+    store = CheckpointStore.of(cfg)
     if kind == "step":
         where, side = store.layout.step_dir(int(generation)), store.steps.read_sidecar(int(generation))
     else:
@@ -117,7 +117,7 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: C
 def _primary_store(cfg: CkptConfig, needed: Callable[[str], set[str]], rejected: dict[str, str]) -> CheckpointStore:
     """The primary's store for choosing: of a sharded checkpoint it checks the CRC of the files it reads (and the
     size of every file), the others check theirs; a checkpoint another process rejected is skipped, with why."""
-    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.layout == "flat")
+    store = CheckpointStore.of(cfg)
 
     def scope(directory: str, side: Any) -> set[str] | None:
         if directory in rejected:
@@ -196,7 +196,7 @@ def restart_group(
 
     ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
     """
-    layout = L.Layout.at(cfg.directory, flat=cfg.layout == "flat")
+    layout = L.Layout.of(cfg)
     log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.

@@ -182,6 +182,18 @@ def _release(version: str | None) -> tuple[int, int] | None:
 # -- models and optimizers ------------------------------------------------------------------
 
 
+def callback_model(callback: Any) -> Any:
+    """The model ``set_model`` gave a Keras callback, or None before it.
+
+    Not the ``model`` property, which on JAX first copies the training state into the model's variables
+    (``jax_state_sync``) and on torch unwraps a ``DistributedDataParallel``.
+
+    Relies on: ``keras.callbacks.Callback._model`` (None from ``__init__``, set by ``set_model``)
+    -- tripwire ``test_candle_api.py::test_the_gateway_reads_the_model_set_model_gave_a_callback``.
+    """
+    return getattr(callback, "_model", None)
+
+
 def flatten_layers(model: Any) -> list[Any]:
     """Every layer inside ``model``, nested ones included, the model itself left out.
 
@@ -239,17 +251,6 @@ def tf_op_seed_rng() -> Any:
     return getattr(context.context(), "_rng", None)
 
 
-def tf_global_generator() -> Any:
-    """TensorFlow's global ``tf.random.Generator`` if one exists (the public getter would create it).
-
-    Relies on: ``tensorflow.python.ops.stateful_random_ops.global_generator``
-    -- tripwire ``test_resume_order.py::test_every_global_rng_state_round_trips``.
-    """
-    from tensorflow.python.ops import stateful_random_ops
-
-    return getattr(stateful_random_ops, "global_generator", None)
-
-
 def tf_out_of_range() -> type[BaseException]:
     """TensorFlow's end-of-input error when TensorFlow is loaded, else StopIteration.
 
@@ -264,7 +265,7 @@ def tf_out_of_range() -> type[BaseException]:
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES`` (the dispatcher's ``self`` is the
     ``CallbackList`` whose death ends the guarded fit)

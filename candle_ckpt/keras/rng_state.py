@@ -6,11 +6,12 @@ counter of its eager context, and Keras's global ``SeedGenerator``. With them
 in the checkpoint, a ``PyDataset`` or generator that reshuffles with any of
 these continues with the numbers the uninterrupted run would have drawn.
 
-Two of them are private TensorFlow state, reached through
-:mod:`candle_ckpt.keras.internals`: the global generator (asking the public
-``tf.random.get_global_generator()`` would create one and change nothing else),
-and the op-seed counter, the ``random.Random`` that the eager context draws
-op seeds from after ``tf.random.set_seed``.
+Two of them are private TensorFlow state: the global generator, reached through
+:mod:`candle_ckpt.distributed.tf_internals` (the tf_keras adapter saves it too;
+asking the public ``tf.random.get_global_generator()`` would create one and
+change nothing else), and the op-seed counter, the ``random.Random`` that the
+eager context draws op seeds from after ``tf.random.set_seed``, reached through
+:mod:`candle_ckpt.keras.internals`.
 
 The active backend's own global generator is here too (:func:`backend_capture`,
 :func:`backend_restore`):
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from candle_ckpt.distributed.tf_internals import tf_global_generator
 from candle_ckpt.engine.state_file import capture_generator, capture_rng, restore_generator, restore_rng
 from candle_ckpt.keras import internals
 
@@ -66,7 +68,7 @@ def capture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if isinstance(rng, random.Random):
             v, s, g = rng.getstate()
             doc["tf_op_seed"] = [v, list(s), g]
-        capture_generator(internals.tf_global_generator(), doc, arrays)
+        capture_generator(tf_global_generator(), doc, arrays)
     kgen = internals.keras_global_seed_generator(create=False)
     if kgen is not None:
         doc["keras"] = True

@@ -34,7 +34,7 @@ import numpy as np
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.distributed.jax_group import jax_group
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
@@ -179,7 +179,7 @@ def capture_sharded(
     if train_state is not None:
         own.append(FileSpec(train_state_part(group.rank), lambda f: f.write(train_state)))
     files: list[FileSpec] = []
-    if group.rank == 0 and not cfg.save_weights_only:
+    if is_primary(group) and not cfg.save_weights_only:
         config_json, metadata_json = internals.serialize_model_as_json(model)
         files = [
             FileSpec(CONFIG_FILE, lambda f: f.write(config_json.encode())),

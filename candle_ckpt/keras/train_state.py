@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from candle_ckpt.core.log import SaidOnce
 from candle_ckpt.engine.state_file import TRAIN_STATE_FILE, pack, unpack
 from candle_ckpt.keras import callback_state, rng_state
 from candle_ckpt.keras.pipeline_state import Pipeline
@@ -49,8 +50,7 @@ class TrainState:
     def __init__(self, callbacks: list[Any], pipeline: Pipeline | None, warn: Callable[[str], None]) -> None:
         self.callbacks = callbacks
         self.pipeline = pipeline
-        self._said: set[str] = set()
-        self._warn = warn
+        self.warn_once = SaidOnce(warn)
         self._checked = False
         self.model: Any = None  # whose metric variables a step checkpoint holds
         self._begin: tuple[dict[str, Any], dict[str, np.ndarray], int | None] | None = None
@@ -61,11 +61,6 @@ class TrainState:
         self._checked = True
         for message in callback_state.RULE.unsaved_messages(self.callbacks):
             self.warn_once(message)
-
-    def warn_once(self, message: str) -> None:
-        if message not in self._said:
-            self._said.add(message)
-            self._warn(message)
 
     def mark_epoch_begin(self) -> None:
         """Remember the epoch's beginning (before every callback's ``on_epoch_begin``) for a step checkpoint."""

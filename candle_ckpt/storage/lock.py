@@ -6,9 +6,20 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from candle_ckpt.core.errors import DirectoryLocked
-from candle_ckpt.core.fit_guard import notice_ended_fits
+
+# Called (on the calling thread) when a writer finds the lock held by this same process: a ``fit`` that raised
+# may hold it still. The fit guard (:mod:`candle_ckpt.engine.fit_guard`) adds its notice here when it is
+# imported; storage knows no fit, and without a guard there is no fit to notice.
+_HELD_HERE_HOOKS: list[Callable[[], None]] = []
+
+
+def on_held_by_this_process(hook: Callable[[], None]) -> None:
+    """Have ``hook()`` called when a writer of this process finds the lock taken by this process (once per hook)."""
+    if hook not in _HELD_HERE_HOOKS:
+        _HELD_HERE_HOOKS.append(hook)
 
 
 class WriterLock:
@@ -33,7 +44,7 @@ class WriterLock:
 
         A holder in this same process gets ``wait_same_process_s`` seconds to
         let go: a ``fit`` that has raised releases its lock from a watchdog
-        thread (:mod:`candle_ckpt.core.fit_guard`), a moment after its
+        thread (:mod:`candle_ckpt.engine.fit_guard`), a moment after its
         ``CallbackList`` dies, or after this thread, the one that ran that
         ``fit``, sees it is no longer on its stack (its exception is kept).
 
@@ -53,7 +64,8 @@ class WriterLock:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown process"
                 if holder.startswith(f"pid {os.getpid()} ") and time.monotonic() < deadline:
                     if not noticed:
-                        notice_ended_fits()
+                        for hook in list(_HELD_HERE_HOOKS):
+                            hook()
                         noticed = True
                     time.sleep(0.02)
                     continue

@@ -24,14 +24,13 @@ checkpoint stays what ``restart()`` picks. A process that dies anywhere leaves
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.sidecar import FileEntry
 from candle_ckpt.storage.commit import FileSpec
 from candle_ckpt.storage.sharded import Chunk, write_manifest, write_part
@@ -84,7 +83,7 @@ class SharedSave:
     _stage: str = "start"
 
     def __post_init__(self) -> None:
-        if self.group.rank != 0:
+        if not is_primary(self.group):
             raise ValueError(f"SharedSave is the primary's (rank 0); this is rank {self.group.rank}")
 
     def work_ready(self) -> None:
@@ -146,7 +145,7 @@ def write_rank_part(
         CheckpointSaveError: this rank's part or the primary's commit failed (nothing was published).
         GroupTimeout: the primary, or another rank, did not come in time.
     """
-    if group.rank == 0:
+    if is_primary(group):
         raise ValueError("write_rank_part is for ranks other than 0; the primary commits through CheckpointStore")
     word = group.broadcast(f"{key}/work-ready", None, timeout_s)
     if word != "ok":
@@ -163,8 +162,3 @@ def write_rank_part(
     if outcome.startswith(ERROR):
         raise CheckpointSaveError(f"{key}: the primary did not publish the checkpoint ({outcome.removeprefix(ERROR)})")
     return outcome
-
-
-def published_name(layout: L.Layout, path: str) -> str:
-    """``epochs/NNN`` or ``steps/GGG``: a checkpoint directory relative to ``ckpts/``."""
-    return os.path.relpath(path, layout.ckpts)

@@ -69,7 +69,7 @@ def sort_key(side: Sidecar) -> tuple[int, int, int]:
 
 def describe(side: Sidecar) -> str:
     """``epochs/006 (generation 6, epoch 6)`` or ``steps/012 (generation 12, epoch 5, step 3)``."""
-    where = f"{EPOCHS}/{L.epoch_name(side.epoch)}" if side.step is None else f"{STEPS}/{L.epoch_name(side.generation)}"
+    where = L.link_target(side.epoch) if side.step is None else L.step_name(side.generation)
     step = "" if side.step is None else f", step {side.step}"
     return f"{where} (generation {side.generation}, epoch {side.epoch}{step})"
 

@@ -150,7 +150,7 @@ class StepCheckpoints:
                 shared.failed(err)
             raise
         if shared is not None:
-            shared.committed(f"steps/{L.epoch_name(generation)}")
+            shared.committed(L.step_name(generation))
         self._remove([g for g in self.generations() if g != generation])
         return final
 

@@ -21,6 +21,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
@@ -39,6 +40,9 @@ from candle_ckpt.storage.lock import WriterLock
 from candle_ckpt.storage.multipart import SharedSave
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.steps import StepCheckpoints, list_steps
+
+if TYPE_CHECKING:
+    from candle_ckpt.config.params import CkptConfig
 
 logger = logging.getLogger("candle_ckpt.storage.store")
 
@@ -61,6 +65,12 @@ class CheckpointStore(CheckpointReader):
         self._lock = WriterLock(self.layout.lock)
         self._released_by = ""  # who last released the lock: named when a commit then finds it gone
         self.steps = StepCheckpoints(self)  # ckpts/steps/GGG: mid-epoch checkpoints (see storage.steps)
+
+    @classmethod
+    def of(cls, cfg: CkptConfig, *, fs: LocalFS | None = None) -> CheckpointStore:
+        """The store of a job's configuration: its ``ckpt_directory`` in its ``ckpt_layout``, checksummed as
+        ``ckpt_checksum`` says (as :meth:`Layout.of <candle_ckpt.core.layout.Layout.of>` gives its paths)."""
+        return cls(cfg.directory, fs=fs, checksum=cfg.checksum, flat=cfg.flat)
 
     def __enter__(self) -> CheckpointStore:
         return self

@@ -46,12 +46,12 @@ import candle_ckpt.tf_keras.random_state as random_state
 import candle_ckpt.tf_keras.train_state as train_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
-from candle_ckpt.core.fit_guard import FitGuard
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.distributed.agreement import make_controller
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.finished import finished_line
+from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.preempt_control import plain_logs

@@ -36,8 +36,7 @@ def inexact_causes(model: Any, fit_args: dict[str, Any] | None, forwarded: bool 
     """
     causes = []
     if fit_args is not None and fit_args["shuffle"] and _is_arrays(fit_args["x"]) and not forwarded:
-        handler = fit_args.get("data_handler")
-        adapter = getattr(handler, "_adapter", None)
+        adapter = internals.handler_adapter(fit_args.get("data_handler"))
         if adapter is None or adapter.should_recreate_iterator():
             causes.append(
                 f"fit(shuffle={fit_args['shuffle']!r}) shuffles the arrays every epoch in an input pipeline "

@@ -16,7 +16,7 @@ from typing import Any
 
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt.core.fit_guard import weakly_bound
+from candle_ckpt.engine.fit_guard import weakly_bound
 
 # The file names of tf_keras's callback dispatcher (its CallbackList), whose frames are not the fit's.
 CALLBACK_DISPATCH_FILES = ("callbacks.py",)
@@ -65,13 +65,13 @@ def keep_tensor_logs(callback: Any) -> None:
     """Let tf_keras hand the callback its batch logs as tensors (no host sync per step).
 
     Relies on: ``Callback._supports_tf_logs``
-    -- tripwire ``tests/integration/distributed/test_tfk_preempt.py``.
+    -- tripwire ``tests/integration/tf_keras/test_tfk_preempt.py``.
     """
     callback._supports_tf_logs = True
 
 
 def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.core.fit_guard.FitGuard`).
+    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
 
     Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
     -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
@@ -95,6 +95,15 @@ def fit_arguments(model: Any) -> dict[str, Any] | None:
     return None
 
 
+def handler_adapter(handler: Any) -> Any:
+    """The ``DataAdapter`` of a ``fit``'s ``DataHandler`` (``fit``'s local ``data_handler``), or None.
+
+    Relies on: ``DataHandler._adapter``
+    -- tripwire ``test_tfk_exactness.py::test_tf_keras_with_shuffle_and_a_generator_dropout_resumes_bit_identical``.
+    """
+    return getattr(handler, "_adapter", None)
+
+
 def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
     """Make a resumed ``fit`` on arrays read the batches an uninterrupted ``fit`` from epoch 0 reads from its
     ``initial_epoch`` on; False where its input is not such a pipeline (nothing changed).
@@ -115,7 +124,7 @@ def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
 
     handler = fit_locals.get("data_handler")
     first = getattr(handler, "_initial_epoch", 0)
-    if handler is None or not first or handler._adapter.should_recreate_iterator():
+    if handler is None or not first or handler_adapter(handler).should_recreate_iterator():
         return False
     again = data_adapter.DataHandler(
         x=fit_locals["x"],
@@ -237,14 +246,3 @@ def set_first_epoch(model: Any, epoch: int | None) -> bool:
         return False
     model._training_state = _FirstEpoch(epoch)
     return True
-
-
-def tf_global_generator() -> Any:
-    """TensorFlow's global ``tf.random.Generator`` if one exists (the public getter would create it).
-
-    Relies on: ``tensorflow.python.ops.stateful_random_ops.global_generator``
-    -- tripwire ``test_tfk_exactness.py::test_tf_keras_global_rngs_and_callback_state_resume_bit_identical``.
-    """
-    from tensorflow.python.ops import stateful_random_ops
-
-    return getattr(stateful_random_ops, "global_generator", None)

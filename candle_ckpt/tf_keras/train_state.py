@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-import candle_ckpt.tf_keras.internals as internals
+from candle_ckpt.core.log import SaidOnce
+from candle_ckpt.distributed.tf_internals import tf_global_generator
 from candle_ckpt.engine import dataset_attrs
 from candle_ckpt.engine.callback_state import CallbackRule
 from candle_ckpt.engine.state_file import (
@@ -72,18 +73,12 @@ class TfTrainState:
     """
 
     def __init__(self, warn: Callable[[str], None]) -> None:
-        self._warn = warn
-        self._said: set[str] = set()
+        self.warn_once = SaidOnce(warn)
         self.callbacks: list[Any] = []
         self.sequence: Any = None
         self._changed: set[str] = set()  # what the Sequence's on_epoch_end changed (dataset_attrs.watch)
         self._unwatch: Callable[[], None] | None = None
         self._checked = False
-
-    def warn_once(self, message: str) -> None:
-        if message not in self._said:
-            self._said.add(message)
-            self._warn(message)
 
     def bind(self, callbacks: list[Any], fit_args: dict[str, Any] | None) -> None:
         """At ``on_train_begin``: this ``fit``'s other callbacks and its ``Sequence`` input (watched)."""
@@ -119,7 +114,7 @@ class TfTrainState:
                 self.warn_once(message)
         doc: dict[str, Any] = {}
         doc["rng"], arrays = capture_rng()
-        capture_generator(internals.tf_global_generator(), doc["rng"], arrays)
+        capture_generator(tf_global_generator(), doc["rng"], arrays)
         doc["callbacks"], more = RULE.capture(self.callbacks)
         arrays.update(more)
         if self.sequence is not None:

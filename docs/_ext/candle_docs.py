@@ -34,7 +34,7 @@ class ParametersTable(Directive):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        from candle_ckpt.config.schema import _SPECS  # noqa: PLC0415 (the schema is the single source)
+        from candle_ckpt.config.schema import SPECS  # noqa: PLC0415 (the schema is the single source)
 
         header = ("key", "accepted values", "default", "description")
         widths = (22, 22, 10, 46)
@@ -42,7 +42,7 @@ class ParametersTable(Directive):
         group = nodes.tgroup(cols=len(header))
         table += group
         group.extend(nodes.colspec(colwidth=w) for w in widths)
-        rows = [header] + [(s.key, s.allowed, _default(s), s.help) for s in _SPECS]
+        rows = [header] + [(s.key, s.allowed, _default(s), s.help) for s in SPECS]
         head, body = nodes.thead(), nodes.tbody()
         group += head
         group += body

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from locations import REPO
 
-from candle_ckpt.config.schema import _SPECS
+from candle_ckpt.config.schema import SPECS
 
 DOCS = REPO / "docs"
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -49,7 +49,7 @@ def test_docs_build_with_warnings_as_errors_and_hold_the_api_reference(tmp_path:
     assert all(f'id="candle_ckpt.{name}"' in raw for name in PUBLIC), [n for n in PUBLIC if n not in raw]
     reference = text(tmp_path / "reference.html")
     assert "candle_ckpt.restart(gParameters" in reference  # the signature, read from the code
-    for spec in _SPECS:
+    for spec in SPECS:
         assert spec.key in reference and spec.allowed in reference, spec.key
     index = (tmp_path / "index.html").read_text()
     assert all(f'href="{p.stem}.html"' in index for p in DOCS.glob("*.rst") if p.stem != "index"), index

@@ -24,6 +24,17 @@ def fit(model, callbacks, epochs: int, initial_epoch: int = 0) -> None:
     )
 
 
+def test_the_gateway_reads_the_model_set_model_gave_a_callback() -> None:
+    """Tripwire for keras/internals.callback_model (CandleCkptKeras.restart() restores set_model's model):
+    None before set_model, then that very object, read without the ``model`` property."""
+    from candle_ckpt.keras.internals import callback_model
+
+    callback, model = keras.callbacks.Callback(), object()
+    assert callback_model(callback) is None
+    callback.set_model(model)
+    assert callback_model(callback) is model
+
+
 def test_develop_defaults_write_flat_layout_under_output_dir(tmp_path: Path) -> None:
     """CandleCkptKeras with ckpt_directory unset writes <output_dir>/ckpts/{epochs,best,last,lock}, no ckpts/ level."""
     params = {"epochs": 2, "output_dir": str(tmp_path / "out"), "ckpt_save_best_metric": "loss", "ckpt_directory": None}

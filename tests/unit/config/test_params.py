@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from candle_ckpt.config.cli_args import ckpt_defs, ckpt_parser, str2bool, str2bool_or_auto
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.schema import _SPECS, CKPT_KEYS
+from candle_ckpt.config.schema import CKPT_KEYS, SPECS
 
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "restart_mode": "auto",
@@ -719,7 +719,7 @@ def test_config_is_frozen() -> None:
 
 def as_params(config: CkptConfig) -> dict[str, object]:
     """The gParameters dict of ``config``: each key of the schema table with the field's value."""
-    return {spec.key: getattr(config, spec.field) for spec in _SPECS}
+    return {spec.key: getattr(config, spec.field) for spec in SPECS}
 
 
 def test_params_round_trip() -> None:

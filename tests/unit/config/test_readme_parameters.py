@@ -6,7 +6,7 @@ import re
 
 from locations import REPO
 
-from candle_ckpt.config.schema import _SPECS
+from candle_ckpt.config.schema import SPECS
 
 README = REPO / "README.rst"
 
@@ -26,7 +26,7 @@ def _table_rows() -> dict[str, str]:
 def test_every_parameter_is_in_the_readme_table() -> None:
     """Each ckpt_* key of the schema (and epochs) has a row in README.rst's parameter table."""
     rows = _table_rows()
-    missing = [spec.key for spec in _SPECS if spec.key not in rows]
+    missing = [spec.key for spec in SPECS if spec.key not in rows]
     assert not missing, f"README.rst's parameter table lacks {missing}"
 
 
@@ -35,7 +35,7 @@ def test_the_readme_lists_every_choice() -> None:
     rows = _table_rows()
     wrong = {
         spec.key: (spec.choices, rows[spec.key])
-        for spec in _SPECS
+        for spec in SPECS
         if spec.choices and spec.key in rows and not all(choice in rows[spec.key] for choice in spec.choices)
     }
     assert not wrong, wrong

@@ -244,7 +244,29 @@ def test_parse_link_target_reads_the_relative_form():
     assert layout.link_target(12) == "epochs/012"
 
 
+def test_step_names_round_trip_and_nothing_else_parses_as_one():
+    """steps/GGG is written and read back by Layout's two functions; an epoch's name or a path is not one."""
+    assert layout.step_name(12) == "steps/012"
+    assert layout.parse_step_name(layout.step_name(12)) == 12
+    assert layout.parse_step_name(layout.step_name(1234)) == 1234
+    for name in ("epochs/012", "steps/12", "steps/012/", "/x/steps/012", "steps/../012", "error: x"):
+        assert layout.parse_step_name(name) is None, name
+
+
 # -- the store, with a fake writer ------------------------------------------------------------------
+def test_a_store_of_a_config_has_its_directory_layout_and_checksum(tmp_path):
+    """CheckpointStore.of(cfg) is the store every job builds: ckpt_directory, ckpt_layout, ckpt_checksum."""
+    from candle_ckpt.config.params import CkptConfig
+
+    fs = LocalFS()
+    cfg = CkptConfig.from_params({"ckpt_directory": str(tmp_path), "ckpt_layout": "flat", "ckpt_checksum": False})
+    store = CheckpointStore.of(cfg, fs=fs)
+    assert (store.layout, store.checksum, store.fs) == (layout.Layout.of(cfg), False, fs)
+    assert store.layout.epochs == str(tmp_path / "epochs")
+    nested = CheckpointStore.of(CkptConfig.from_params({"ckpt_directory": str(tmp_path)}))
+    assert (nested.layout.epochs, nested.checksum) == (str(tmp_path / "ckpts" / "epochs"), True)
+
+
 def _files(**named: bytes) -> list[FileSpec]:
     return [FileSpec(name, lambda f, data=data: f.write(data)) for name, data in named.items()]
 
@@ -544,6 +566,20 @@ def test_counts_and_positions_read_as_english() -> None:
     best = BestState(metric="loss", mode="min")
     line = report_summary([{"epoch": 1, "bytes": 10, "save_s": 0.1}], best, [])
     assert line.startswith("report: 1 checkpoint, 10 B in 0.10 s"), line
+
+
+def test_said_once_passes_each_message_on_the_first_time_only() -> None:
+    """core.log.SaidOnce is the one said-once helper (the Keras 3 and tf_keras train states use it): a message
+    given again is dropped, another message is said, and each object keeps its own memory."""
+    from candle_ckpt.core.log import SaidOnce
+
+    said: list[str] = []
+    warn_once = SaidOnce(said.append)
+    for message in ("a", "b", "a", "b", "c"):
+        warn_once(message)
+    assert said == ["a", "b", "c"]
+    SaidOnce(said.append)("a")
+    assert said == ["a", "b", "c", "a"]
 
 
 def test_current_lineage_follows_last_back_through_rollbacks() -> None:

@@ -4,7 +4,7 @@ Keeping the fit's frame (or the callback) alive from the watcher would make that
 thread drop the last reference to the model and its batches, perhaps while the
 interpreter exits: under JAX that aborted the process (exit 134, not 143). The
 watcher reads no other thread's stack (CPython 3.11 can misread it, see
-candle_ckpt.core.fit_guard): a fit ends when its CallbackList dies, or when the
+candle_ckpt.engine.fit_guard): a fit ends when its CallbackList dies, or when the
 thread that ran it sees it is no longer on its own stack.
 """
 
@@ -22,7 +22,7 @@ import weakref
 import pytest
 from fake_callback_list import Calls
 
-from candle_ckpt.core.fit_guard import FitGuard, notice_ended_fits
+from candle_ckpt.engine.fit_guard import FitGuard, notice_ended_fits
 
 GUARD = "candle_ckpt-fit-guard"
 
@@ -182,7 +182,7 @@ EXITING = """
 import atexit, inspect, os, sys, time
 sys.path.insert(0, os.environ["FAKE_LIST_DIR"])
 from fake_callback_list import Calls
-from candle_ckpt.core.fit_guard import FitGuard
+from candle_ckpt.engine.fit_guard import FitGuard
 
 def on_exit():
     print("on_exit ran", flush=True)
@@ -251,3 +251,24 @@ def test_the_next_fit_waits_for_a_release_under_way_and_no_release_starts_after_
     del error  # the list dies now: nothing is released afterwards
     time.sleep(0.5)
     assert quiet.ended == []
+
+
+def test_the_lock_asks_the_hooks_before_refusing_a_holder_in_this_process(tmp_path, monkeypatch):
+    """storage/lock.py imports no fit guard: a writer that finds the lock held by this process calls the hooks
+    registered with it (the guard's notice_ended_fits is one), then waits for the holder to let go; with no hook
+    that frees it, the second writer is refused, naming this process."""
+    from candle_ckpt.core.errors import DirectoryLocked
+    from candle_ckpt.storage import lock as lockmod
+
+    assert notice_ended_fits in lockmod._HELD_HERE_HOOKS  # the guard registered itself on import
+    monkeypatch.setattr(lockmod, "_HELD_HERE_HOOKS", [])
+    path = str(tmp_path / "lock")
+    first, second = lockmod.WriterLock(path), lockmod.WriterLock(path)
+    first.acquire()
+    asked: list[str] = []
+    lockmod.on_held_by_this_process(lambda: (asked.append("asked"), first.release()))
+    assert second.acquire() and second.held and asked == ["asked"]
+    monkeypatch.setattr(lockmod, "_HELD_HERE_HOOKS", [])
+    with pytest.raises(DirectoryLocked, match="another writer in this same process holds it"):
+        lockmod.WriterLock(path).acquire(wait_same_process_s=0.1)
+    second.release()

@@ -44,6 +44,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from candle_ckpt.storage.lock import on_held_by_this_process
+
 
 def _is_callback(obj: object) -> bool:
     """Duck-typed: a callback or a callback list (it has the hooks and ``set_model``); a model has not."""
@@ -121,6 +123,9 @@ def notice_ended_fits() -> None:
         if fit.thread_id == me and not fit.noticed and not fit.on_stack(here):
             fit.noticed = True
             fit.wake.put("left the stack")
+
+
+on_held_by_this_process(notice_ended_fits)  # a writer that finds the lock taken by this process asks first
 
 
 def _weak(on_exit: Callable[[], None]) -> Callable[[], Callable[[], None] | None]:
