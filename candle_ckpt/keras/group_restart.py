@@ -47,7 +47,7 @@ from candle_ckpt.engine.resume import (
     load_chosen,
     select_checkpoint,
 )
-from candle_ckpt.keras import internals
+from candle_ckpt.keras import internals, node_restore
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
@@ -208,7 +208,14 @@ def restart_group(
     reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
+    needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
+    # One meeting: is ckpt_directory shared, or each node's own (then: which tier; keras.node_restore)?
+    word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=cfg.restart_epoch)
+    if word == node_restore.SHARED:
+        chosen = agree_on_checkpoint(cfg, log, group, name, reads, needed)
+    else:
+        verify = lambda said: _verify_choice(cfg, said, reads, needed)  # noqa: E731
+        chosen = node_restore.agree_node_local(cfg, log, group, name, word, decision, verify)
     if chosen is None:
         group.close(group_timeout())
         return None

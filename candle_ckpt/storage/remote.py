@@ -465,3 +465,51 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, *, epoch: 
         log.info(f"remote: no complete checkpoint at {tier.url}")
         return None
     return pull_first(tier, ranked, store, log)
+
+
+def pull_part(
+    cfg: CkptConfig, log: OpsLog, kind: str, epoch: int, generation: int, rank: int, processes: int
+) -> Sidecar:
+    """A process of a node-local job fetches its part of one persistent checkpoint into its own fast tier.
+
+    ``kind`` is ``epoch`` or ``step``. Of a checkpoint drained by a node-local job it fetches the manifest and
+    its own archive; of one drained whole (a shared ``ckpt_directory``), every file. The copy is committed
+    through this process's store under the same generation, with ``extra["node_local"]`` as a save would
+    write it (the primary's also listing every file).
+
+    Raises:
+        CheckpointError, OSError: the download failed or did not verify; nothing was committed.
+    """
+    tier = PersistentTier.of(cfg)
+    where, number = (EPOCHS, epoch) if kind == "epoch" else (STEPS, generation)
+    side = tier.read_sidecar(where, number)
+    if side.generation != generation:
+        raise CorruptCheckpoint(tier.url_of(where, number), f"generation {side.generation}, not {generation}")
+    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.flat)
+    store.open_for_write()
+    tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    start = time.perf_counter()
+    try:
+        if NODE_LOCAL in side.extra:
+            names = tier.fetch_part(where, side, rank, tmp)
+        else:
+            tier.fetch(where, side, tmp)
+            names = sorted(side.files)
+        info: dict[str, Any] = {"rank": rank, "processes": processes}
+        if rank == 0:
+            info["files"] = {k: {"size": e.size, "crc32": e.crc32} for k, e in sorted(side.files.items())}
+        extra = {k: v for k, v in side.extra.items() if k != "archive"}
+        template = replace(side, extra={**extra, NODE_LOCAL: info, "pulled_from": tier.url_of(where, number)})
+        specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in names]
+        store.use_generation(generation)
+        local = store.commit(epoch, specs, template) if kind == "epoch" else store.steps.commit(specs, template)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        store.close()
+    nbytes = sum(e.size for e in local.files.values())
+    log.info(
+        f"remote: process {rank} pulled its part of {where}/{L.epoch_name(number)} from {tier.url}: "
+        f"{human_bytes(nbytes)} downloaded and verified in {time.perf_counter() - start:.3f} s"
+    )
+    return local
