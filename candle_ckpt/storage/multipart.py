@@ -139,20 +139,20 @@ class SharedSave:
         except Exception as err:  # the others must still hear that this save is off
             ok, error = False, err
         name = f"{self.key}/parts-written"
+        self._stage = "parts-written"  # a timeout in collect told every rank already (as all_agree does)
         values = self.group.collect(name, "1" if ok else "0", self.timeout_s) or ["1" if ok else "0"]
-        for marker in (n for n in os.listdir(work) if n.startswith(MARKER)):
-            os.unlink(os.path.join(work, marker))
         remote = {r: v[len(LOCAL) :].encode() for r, v in enumerate(values) if r and v.startswith(LOCAL)}
         agreed = all(v == "1" or v.startswith(LOCAL) for v in values)
         word, built, why = "1" if agreed else "0", None, None
-        if agreed and remote:
-            try:
+        try:  # nothing may raise before the broadcast: every rank waits for this word
+            for marker in (n for n in os.listdir(work) if n.startswith(MARKER)):
+                os.unlink(os.path.join(work, marker))
+            if agreed and remote:
                 built = self._node_local_manifest(fs, work, remote, template)
                 word = "1" + json.dumps({"manifest": built[1], "lineage": template.lineage if template else None})
-            except Exception as err:  # every rank hears that this save is off
-                word, why = "0", err
+        except Exception as err:  # every rank hears that this save is off
+            word, why = "0", err
         self.group.broadcast(name, word, self.timeout_s)
-        self._stage = "parts-written"
         if error is not None:
             raise error
         if why is not None:
@@ -285,6 +285,7 @@ class NodePart:
     def gather(self, fs: LocalFS, work: str, template: Sidecar | None = None) -> dict[str, FileEntry]:
         """Steps 2, 3 and 5: this rank's part and the manifest, once the primary published its own."""
         rank, name = self.group.rank, f"{self.key}/parts-written"
+        self._stage = "done"  # from here on a failure is told in these meetings (or they timed out for all)
         error, value = None, "0"
         try:
             _write(self.part, work, rank, fs)
@@ -295,7 +296,6 @@ class NodePart:
         self.group.collect(name, value, self.timeout_s)
         word = self.group.broadcast(name, None, self.timeout_s)
         outcome = self.group.broadcast(f"{self.key}/committed", None, self.timeout_s)
-        self._stage = "done"
         if error is not None:
             raise CheckpointSaveError(f"{self.key}: rank {rank} could not write its part: {error}") from error
         if word == "0" or not word.startswith("1"):
