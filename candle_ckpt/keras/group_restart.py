@@ -137,7 +137,8 @@ def agree_on_checkpoint(
     needed: Callable[[str], set[str]],
     epoch: int | None = None,
 ) -> Chosen | None:
-    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere.
+    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere (or,
+    when each process's ``ckpt_directory`` is its own, :mod:`~candle_ckpt.keras.node_restore`'s).
 
     Each process checks the CRC of the files it reads (the primary while choosing, and only the size of the
     others' files); if one cannot, the primary rejects that checkpoint, logging every process's reason, and
@@ -155,6 +156,12 @@ def agree_on_checkpoint(
     Raises:
         NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
     """
+    # One meeting first: is ckpt_directory shared, or each node's own (then: which tier; keras.node_restore)?
+    wanted = epoch if epoch is not None else cfg.restart_epoch
+    word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted)
+    if word != node_restore.SHARED:
+        verify = lambda said: _verify_choice(cfg, said, reads, needed)  # noqa: E731
+        return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify)
     rejected: dict[str, str] = {}
     store = _primary_store(cfg, needed, rejected) if group.rank == 0 else None
     for attempt in itertools.count():
@@ -208,14 +215,7 @@ def restart_group(
     reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
-    # One meeting: is ckpt_directory shared, or each node's own (then: which tier; keras.node_restore)?
-    word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=cfg.restart_epoch)
-    if word == node_restore.SHARED:
-        chosen = agree_on_checkpoint(cfg, log, group, name, reads, needed)
-    else:
-        verify = lambda said: _verify_choice(cfg, said, reads, needed)  # noqa: E731
-        chosen = node_restore.agree_node_local(cfg, log, group, name, word, decision, verify)
+    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
     if chosen is None:
         group.close(group_timeout())
         return None

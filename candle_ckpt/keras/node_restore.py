@@ -157,6 +157,8 @@ def meet(
         NoValidCheckpoint: the processes neither all share one directory nor each have their own, or the
             primary found nothing to restore in ``required`` mode (on every process).
     """
+    if not cfg.restores(wanted):  # nothing is restored (the same on every process): no meeting, nothing written
+        return SHARED, None
     root = cfg.directory
     os.makedirs(root, exist_ok=True)
     token = uuid.uuid4().hex[:16]
