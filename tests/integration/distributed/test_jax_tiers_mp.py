@@ -157,3 +157,34 @@ def test_no_sidecar_until_every_part_is_in(twin, tmp_path):
     job.kill()
     assert names == ["part-00000.g000001.tar"], names
     assert not _published(ck, 2).exists()
+
+
+@pytest.mark.scale  # 4 processes of one CPU device: .ci/run's scale pass
+def test_four_processes_one_node_lost(tmp_path):
+    """4 processes (1 device each), each its own directory: N + 2 = 6 persistent files per checkpoint; process 3
+    killed and its directory gone: all 4 restore from the persistent tier, bit-identical to the uninterrupted job."""
+    n, rows = 4, ["--rows=128"]
+
+    def job(name: str, ck, bound: float, more=None) -> JaxJob:
+        extra = {i: _flags(ck) + rows + (more or {}).get(i, []) for i in range(n)}
+        return JaxJob(tmp_path, name, "dp", ck, EPOCHS, n=n, extra=extra, devices=1, timeout_s=bound)
+
+    twin = job("twin", tmp_path / "twin", 120 * n)
+    bound = max(120.0, 4 * twin.succeed())
+    want = [twin.final(i) for i in range(n)]
+    last = tmp_path / "twin" / "P" / "epochs" / f"{EPOCHS:03d}"
+    assert len(list(last.iterdir())) == n + 2
+    ck = tmp_path / "ck"
+    first = job("a", ck, bound, {3: ["--pause-at=2:1"]})
+    first.wait_for(3, "PAUSED")
+    _wait_file(first, _published(ck, 2), bound)
+    first.kill(3)
+    first.kill()
+    shutil.rmtree(ck / "node3")
+    rerun = job("b", ck, bound)
+    rerun.succeed()
+    assert [rerun.restored_epoch(i) for i in range(n)] == [2] * n
+    log = (ck / "node0" / "ckpt.log").read_text()
+    assert "restart: tier: persistent: " in log and "process 3: nothing" in log
+    for i in range(n):
+        assert differing(rerun.final(i), want[i]) == [], f"process {i} of {n}"
