@@ -64,6 +64,12 @@ def _describe(side: Sidecar) -> str:
     return describe(side)
 
 
+def _names(have: set[str]) -> list[str]:
+    """``{"epoch:3", "step:7"}`` as ``["epochs/003", "steps/007"]``, in order."""
+    pairs = sorted((kind, int(number)) for kind, number in (ident.split(":") for ident in have))
+    return [f"{kind}s/{number:03d}" for kind, number in pairs]
+
+
 class _Decision:
     """The primary's choice among the fast tiers every process holds and the persistent tier."""
 
@@ -104,7 +110,7 @@ class _Decision:
     def _fast_words(self, best: tuple[str, Sidecar] | None) -> str:
         if best is not None:
             return f"the fast tiers' {_describe(best[1])}, held by every process"
-        lacking = [f"process {r}: {', '.join(sorted(h)) or 'nothing'}" for r, h in enumerate(self.haves)]
+        lacking = [f"process {r}: {', '.join(_names(h)) or 'nothing'}" for r, h in enumerate(self.haves)]
         return f"the fast tiers, where no checkpoint is held by every process ({'; '.join(lacking)})"
 
     def choose(self) -> str:
