@@ -170,32 +170,28 @@ def meet(
     token = uuid.uuid4().hex[:16]
     marker = os.path.join(root, MARK + token)
     open(marker, "wb").close()
+    decision: list[_Decision] = []
+
+    def decide() -> str:
+        read = [json.loads(p) for p in posts]
+        seen = [r for r, p in enumerate(read) if os.path.exists(os.path.join(root, MARK + p["token"]))]
+        if len(seen) == group.size:
+            return SHARED
+        if seen != [0]:
+            raise NoValidCheckpoint(
+                f"ckpt_directory {root!r}: processes {seen} share it, the others do not; give every process its "
+                "own node-local directory, or all one shared directory"
+            )
+        decision.append(_Decision(cfg, log, [set(p["have"]) for p in read], steps, wanted))
+        return decision[0].choose()
+
     try:
-        mine = json.dumps({"token": token, "have": _inventory(_store(cfg))})
-        posts = group.collect(f"{name}/tiers", mine, group_timeout())
-        word, decision = None, None
-        if group.rank == 0:
-            try:
-                read = [json.loads(p) for p in posts]
-                seen = [r for r, p in enumerate(read) if os.path.exists(os.path.join(root, MARK + p["token"]))]
-                if len(seen) == group.size:
-                    word = SHARED
-                elif seen == [0]:
-                    decision = _Decision(cfg, log, [set(p["have"]) for p in read], steps, wanted)
-                    word = decision.choose()
-                else:
-                    word = (
-                        f"error:ckpt_directory {root!r}: processes {seen} share it, the others do not; give every "
-                        "process its own node-local directory, or all one shared directory"
-                    )
-            except Exception as err:  # told to the others before raising, so none waits for nothing
-                word = f"error:{err}"
-        word = group.broadcast(f"{name}/tiers", word, group_timeout())
+        posts = group.collect(f"{name}/tiers", json.dumps({"token": token, "have": _inventory(_store(cfg))}),
+                              group_timeout())  # fmt: skip
+        word = primary_says(group, f"{name}/tiers", decide if group.rank == 0 else None)
     finally:
         os.unlink(marker)
-    if word.startswith("error:"):
-        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {word[6:]}")
-    return word, decision
+    return word, decision[0] if decision else None
 
 
 def take(cfg: CkptConfig, log: OpsLog, group: Group, choice: str, verify: Verify) -> Chosen:
@@ -212,6 +208,46 @@ def take(cfg: CkptConfig, log: OpsLog, group: Group, choice: str, verify: Verify
     return verify(said)
 
 
+def primary_says(group: Group, key: str, decide: Callable[[], str] | None) -> str:
+    """The primary's ``decide()`` at ``key``, on every process (``decide`` is the primary's; None elsewhere).
+
+    Raises:
+        NoValidCheckpoint: the primary could not decide (its error is told to the others first, so none waits).
+    """
+    word = None
+    if decide is not None:
+        try:
+            word = decide()
+        except Exception as err:
+            group.broadcast(key, f"error:{err}", group_timeout())
+            raise
+    word = group.broadcast(key, word, group_timeout())
+    if word.startswith("error:"):
+        raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {word[6:]}")
+    return word
+
+
+def verify_together(
+    group: Group, log: OpsLog, key: str, verify: Callable[[], Chosen]
+) -> tuple[Chosen | None, list[str]]:
+    """``verify()`` on this process, then every process's outcome (``exchange`` at ``key``): the checkpoint and
+    no reasons when every process verified its files, else None and every failure (this process's files closed).
+    """
+    chosen, failure = None, ""
+    try:
+        chosen = verify()
+    except (CheckpointError, ValueError, OSError, KeyError) as err:  # told to the others: all load, or none
+        failure = f"process {group.rank}: {err}"
+        log.warning(f"restart: {failure}; every process falls back together")
+    reasons = [r for r in group.exchange(key, failure, group_timeout()) if r]
+    if reasons and chosen is not None:
+        for data in chosen.contents.values():
+            if hasattr(data, "close"):
+                data.close()
+        chosen = None
+    return chosen, reasons
+
+
 def agree_node_local(
     cfg: CkptConfig, log: OpsLog, group: Group, name: str, choice: str, decision: _Decision | None, verify: Verify
 ) -> Chosen | None:
@@ -219,30 +255,13 @@ def agree_node_local(
     (the same on every process), or None when there is none."""
     for attempt in range(1 << 30):
         if attempt:
-            word = None
-            if decision is not None:
-                try:
-                    word = decision.choose()
-                except Exception as err:
-                    group.broadcast(f"{name}/nl/{attempt}/choice", f"error:{err}", group_timeout())
-                    raise
-            choice = group.broadcast(f"{name}/nl/{attempt}/choice", word, group_timeout())
-            if choice.startswith("error:"):
-                raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {choice[6:]}")
+            choice = primary_says(group, f"{name}/nl/{attempt}/choice", decision.choose if decision else None)
         if choice == "none":
             return None
-        chosen, failure = None, ""
-        try:
-            chosen = take(cfg, log, group, choice, verify)
-        except (CheckpointError, ValueError, OSError, KeyError) as err:  # told to the others: all load, or none
-            failure = f"process {group.rank}: {err}"
-            log.warning(f"restart: {failure}; every process falls back together")
-        reasons = [r for r in group.exchange(f"{name}/nl/{attempt}/verified", failure, group_timeout()) if r]
+        key = f"{name}/nl/{attempt}/verified"
+        chosen, reasons = verify_together(group, log, key, lambda c=choice: take(cfg, log, group, c, verify))
         if not reasons:
             return chosen
-        for data in (chosen.contents if chosen is not None else {}).values():
-            if hasattr(data, "close"):
-                data.close()
         if decision is not None:
             decision.log.warning(f"restart: {choice.split()[0]} {choice.split()[1]} rejected: {'; '.join(reasons)}")
             decision.reject(choice)
