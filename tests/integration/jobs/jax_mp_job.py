@@ -180,16 +180,15 @@ def main() -> None:
     verbose = "--verbose" in flags
     if "--node-local" in flags:
         directory = os.path.join(directory, f"node{rank}")
+    tiers = {key: flag(flags, name) for name, key in (("persistent", "ckpt_persistent_url"), ("drain", "ckpt_drain"))}
     params = {
+        **{key: value for key, value in tiers.items() if value is not None},
         "ckpt_directory": directory,
         "epochs": int(epochs),
         "ckpt_save_interval": 1,
         "ckpt_keep_limit": 3,
         "ckpt_async": "--async" in flags,
     }
-    for name, key in (("persistent", "ckpt_persistent_url"), ("drain", "ckpt_drain")):
-        if flag(flags, name) is not None:
-            params[key] = flag(flags, name)
     found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)
