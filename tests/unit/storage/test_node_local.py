@@ -106,3 +106,111 @@ def test_a_shared_directory_is_the_commit_of_before(tmp_path: Path) -> None:
     side, _ = CheckpointReader(tmp_path).verify(1)
     assert NODE_LOCAL not in side.extra and {"part-00000.bin", "part-00001.bin"} <= set(side.files)
     assert sorted(os.listdir(CheckpointReader(tmp_path).layout.epoch_dir(1))) == sorted([*side.files, "ckpt-info.json"])
+
+
+# -- restore: the tier meeting and the choice (keras.node_restore imports no Keras) --------------------------------
+
+
+def drain_all(dirs: list[Path], url: Path, epoch: int) -> None:
+    """What every rank's drain does for ``epoch``: its archive; then the primary's manifest and sidecar."""
+    from candle_ckpt.storage.remote import EPOCHS, PersistentTier  # noqa: PLC0415 (fsspec)
+
+    tier = PersistentTier(str(url))
+    for d in reversed(dirs):  # the primary last: it publishes once every archive is there
+        where = CheckpointReader(d).layout.epoch_dir(epoch)
+        side = CheckpointReader(d).read_sidecar(epoch)
+        tier.put_part(EPOCHS, side, where, side.extra[NODE_LOCAL]["rank"])
+    assert tier.missing_parts(EPOCHS, side, len(dirs)) == []
+    tier.publish_parts(EPOCHS, side, where)
+
+
+def restore(dirs: list[Path], url: Path | None, caplog) -> list[Any]:
+    """Every rank's tier meeting and choice, verified on its own directory: ``(tier word, epoch restored)``."""
+    import logging  # noqa: PLC0415
+
+    from candle_ckpt.config.params import CkptConfig  # noqa: PLC0415
+    from candle_ckpt.core.log import OpsLog  # noqa: PLC0415
+    from candle_ckpt.engine.resume import Chosen  # noqa: PLC0415
+    from candle_ckpt.keras import node_restore  # noqa: PLC0415
+
+    def work(g: Group) -> Any:
+        params = {"ckpt_directory": str(dirs[g.rank])} | ({"ckpt_persistent_url": str(url)} if url else {})
+        cfg = CkptConfig.from_params(params)
+        log = OpsLog(None, logging.getLogger("candle_ckpt.test_node_local"))
+
+        def verify(said: str) -> Chosen:
+            _, epoch, generation = said.split(":")
+            side, contents = CheckpointStore(cfg.directory).verify(int(epoch))
+            assert side.generation == int(generation)
+            return Chosen(int(epoch), side, contents)
+
+        word, decision = node_restore.meet(cfg, log, g, "restore/0", steps=True, wanted=None)
+        if word == node_restore.SHARED:
+            return word, None
+        chosen = node_restore.agree_node_local(cfg, log, g, "restore/0", word, decision, verify)
+        return word.split()[0], chosen.epoch if chosen else None
+
+    with caplog.at_level("INFO", logger="candle_ckpt.test_node_local"):
+        return run_ranks(ThreadGroup(len(dirs)), work)
+
+
+def two_nodes(tmp_path: Path) -> tuple[list[Path], Path]:
+    """Two node-local directories holding epochs 1 and 2, both drained into ``P``."""
+    dirs, url = [tmp_path / "node0", tmp_path / "node1"], tmp_path / "P"
+    for epoch in (1, 2):
+        save(dirs, epoch)
+        drain_all(dirs, url, epoch)
+    return dirs, url
+
+
+def test_restore_takes_the_fast_tiers_when_every_node_holds_the_newest(tmp_path: Path, caplog) -> None:
+    """Both nodes hold epoch 2, as the persistent tier does: the fast tiers win the tie; nothing is pulled."""
+    dirs, url = two_nodes(tmp_path)
+    assert restore(dirs, url, caplog) == [("local", 2), ("local", 2)]
+    assert "restart: tier: fast: the fast tiers' epochs/002" in caplog.text
+
+
+def test_restore_pulls_every_part_when_one_node_is_empty_or_stale(tmp_path: Path, caplog) -> None:
+    """Node 1 lost epoch 2 (stale), then everything (a new node): the persistent epoch 2 wins both times, node 1
+    fetches its own part (and only it) and every copy verifies."""
+    import shutil  # noqa: PLC0415
+
+    dirs, url = two_nodes(tmp_path)
+    shutil.rmtree(CheckpointReader(dirs[1]).layout.epoch_dir(2))
+    assert restore(dirs, url, caplog) == [("persistent", 2), ("persistent", 2)]
+    assert "is newer than the fast tiers' epochs/001 (generation 1, epoch 1), held by every process" in caplog.text
+    shutil.rmtree(dirs[1])
+    caplog.clear()
+    assert restore(dirs, url, caplog) == [("persistent", 2), ("persistent", 2)]
+    assert "process 1: nothing" in caplog.text
+    names = set(os.listdir(CheckpointReader(dirs[1]).layout.epoch_dir(2)))
+    assert names == {"ckpt-info.json", MANIFEST, "part-00001.bin", "part-00001.json", "train.state.p00001.npz"}
+
+
+def test_a_damaged_archive_falls_back_together(tmp_path: Path, caplog) -> None:
+    """Node 1 is empty and its archive of epoch 2 is damaged: its pull fails, the primary rejects epoch 2 and
+    both restore the persistent epoch 1."""
+    import shutil  # noqa: PLC0415
+
+    dirs, url = two_nodes(tmp_path)
+    shutil.rmtree(dirs[1])
+    archive = url / "epochs" / "002" / "part-00001.g000002.tar"
+    import tarfile  # noqa: PLC0415
+
+    with tarfile.open(archive) as tar:
+        at = tar.getmembers()[0].offset_data  # the first member's data (after its PAX header)
+    raw = bytearray(archive.read_bytes())
+    raw[at] ^= 0xFF
+    archive.write_bytes(bytes(raw))
+    assert restore(dirs, url, caplog) == [("persistent", 1), ("persistent", 1)]
+    assert "persistent epoch rejected: process 1:" in caplog.text
+
+
+def test_restore_refuses_a_mix_of_shared_and_own_directories(tmp_path: Path, caplog) -> None:
+    """Rank 1 shares the primary's directory, rank 2 has its own: every rank raises, naming who shares it."""
+    from candle_ckpt.core.errors import NoValidCheckpoint  # noqa: PLC0415
+
+    results = restore([tmp_path / "a", tmp_path / "a", tmp_path / "b"], None, caplog)
+    assert all(isinstance(r, NoValidCheckpoint) for r in results), results
+    assert "processes [0, 1] share it, the others do not" in str(results[0])
+    assert not os.listdir(tmp_path / "a")  # the markers are gone
