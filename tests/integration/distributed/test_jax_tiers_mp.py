@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 
 import pytest
@@ -157,6 +158,31 @@ def test_no_sidecar_until_every_part_is_in(twin, tmp_path):
     job.kill()
     assert names == ["part-00000.g000001.tar"], names
     assert not _published(ck, 2).exists()
+
+
+def test_sigterm_saves_and_drains_a_step_checkpoint_on_every_node(twin, tmp_path):
+    """SIGTERM to process 1: each process commits the same step checkpoint on its own disk and drains its part
+    before exiting 143 (not 75: drained); the persistent tier publishes it; with node 1's directory then gone,
+    the rerun resumes that step from the persistent tier, bit-identical."""
+    _, want, bound = twin
+    ck = tmp_path / "ck"
+    job = _job(tmp_path, "t", ck, bound, {1: ["--pause-at=1:1:3"]})
+    job.wait_for(1, "PAUSED")
+    job.signal(1, signal.SIGTERM)
+    assert job.exit_codes() == [143, 143], [job.output(i)[-3000:] for i in (0, 1)]
+    steps = [sorted((ck / f"node{i}" / "ckpts" / "steps").iterdir()) for i in (0, 1)]
+    assert [len(s) for s in steps] == [1, 1] and steps[0][0].name == steps[1][0].name
+    persistent = ck / "P" / "steps" / steps[0][0].name
+    side = json.loads((persistent / "ckpt-info.json").read_text())
+    assert side["reason"] == "SIGTERM" and side["epoch"] == 1 and side["step"] >= 2
+    assert {"part-00000.bin", "part-00001.bin"} <= set(side["files"])
+    for i in (0, 1):
+        assert "and drained it to the persistent tier" in job.output(i), job.output(i)[-3000:]
+    shutil.rmtree(ck / "node1")
+    rerun = _job(tmp_path, "u", ck, bound)
+    rerun.succeed()
+    assert "restart: tier: persistent: " in (ck / "node0" / "ckpt.log").read_text()
+    _same_as_twin(rerun, want)
 
 
 @pytest.mark.scale  # 4 processes of one CPU device: .ci/run's scale pass
