@@ -4,14 +4,17 @@ A group is the processes of one job that write one checkpoint together. Rank 0
 is the primary: it holds the writer lock, decides, commits and prunes. The
 others write their parts into the same ``work/`` and wait for its word.
 
-Four meeting points are enough for the commit and the restore, none of them a
+Five meeting points are enough for the commit and the restore, none of them a
 device collective (so a writer thread may use them):
 
 - :meth:`Group.barrier`: every rank waits until all have arrived;
 - :meth:`Group.broadcast`: every rank gets the primary's string;
 - :meth:`Group.all_agree`: every rank gets True iff every rank said ok;
 - :meth:`Group.exchange`: every rank gets every rank's string (a preemption
-  request carries its reason this way).
+  request carries its reason this way);
+- :meth:`Group.collect`: the primary alone gets every rank's string, and says
+  what it decided with a :meth:`Group.broadcast` of the same name (what each
+  process of a node-local job holds, at a restore).
 
 Each meeting point has a ``name`` unique in the group's life (e.g.
 ``"save/3/parts-written"``; :meth:`Group.meeting` hands out the next one of a
@@ -71,6 +74,10 @@ class Group(Protocol):
     def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
         """Return every rank's ``value``, in rank order, on every rank (e.g. why each could not go on)."""
 
+    def collect(self, name: str, value: str, timeout_s: float) -> list[str] | None:
+        """Every rank's ``value``, in rank order, on the primary; None on the others (no outcome: the primary
+        decides and says its word with :meth:`broadcast` under the same ``name``)."""
+
     def meeting(self, kind: str) -> str:
         """The next meeting point prefix of ``kind`` in this group (``save/0``, ``save/1``...): same on every rank."""
 
@@ -99,6 +106,9 @@ class _Solo:
         return bool(ok)
 
     def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        return [value]
+
+    def collect(self, name: str, value: str, timeout_s: float) -> list[str] | None:
         return [value]
 
     def meeting(self, kind: str) -> str:
@@ -367,6 +377,9 @@ class StoreGroup:
             return [str(v) for v in json.loads(self._read_outcome(name, timeout_s))]
         self._outcome(name, json.dumps(values))
         return values
+
+    def collect(self, name: str, value: str, timeout_s: float) -> list[str] | None:
+        return self._gather(name, str(value), timeout_s)
 
     def close(self, timeout_s: float) -> bool:
         """Last meeting: the primary gathers every rank (so none will read again) and deletes every key below

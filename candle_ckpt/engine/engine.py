@@ -39,8 +39,9 @@ from candle_ckpt.engine.aftercommit import (
 )
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
-from candle_ckpt.engine.group_commit import commit_epoch, commit_step, failed_capture
+from candle_ckpt.engine.group_commit import commit_epoch, commit_step, failed_capture, group_timeout
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
+from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -103,13 +104,23 @@ class CheckpointEngine:
         if cfg.persistent and self._writes_store():
             from candle_ckpt.storage.drain import Drain
 
-            self.remote = Drain(cfg, self.store, log, self.retention.select)
+            self.remote = Drain(cfg, self.store, log, self.retention.select, group_timeout())
             self.after_commit.append(self.remote.committed)
 
     @property
     def _shared(self) -> bool:
         """True when several processes write each checkpoint together (engine.group_commit)."""
         return self.group.size > 1
+
+    def _node_drain(self) -> Any:
+        """A non-primary whose ``ckpt_directory`` is its own (node-local) drains its own part of each checkpoint
+        to the persistent tier: its drain, made at its first commit there (None without a persistent tier)."""
+        if self.remote is None and self.cfg.persistent and self.group is not None and self.group.rank != 0:
+            from candle_ckpt.storage.drain import Drain
+
+            self.remote = Drain(self.cfg, self.store, self.log, self.retention.select, group_timeout())
+            self.after_commit.append(self.remote.committed)
+        return self.remote
 
     def _writes_store(self) -> bool:
         """True for the process that holds the lock and commits: not a non-chief, not a non-primary rank."""
@@ -256,6 +267,8 @@ class CheckpointEngine:
                 side = commit_step(self.store, self.group, cap, template)
                 if not is_primary(self.group):
                     self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
+                    if NODE_LOCAL in side.extra and self._node_drain() is not None:
+                        self.remote.step_committed(side)  # its own copy: it drains its own part
                     return side
             else:
                 side = self.store.steps.commit(cap.files, template)
@@ -314,6 +327,7 @@ class CheckpointEngine:
                 self.records.append(part_record({"epoch": epoch, "reason": template.reason}, cap, start))
                 self.policy.committed(best)
                 return
+            self._node_drain()  # a node-local rank (its own copy committed): it drains its own part
         else:
             side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))

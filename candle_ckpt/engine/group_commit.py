@@ -25,7 +25,7 @@ from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.storage.multipart import SharedSave, write_rank_part
+from candle_ckpt.storage.multipart import NodePart, SharedSave, hear_work_ready, node_local_word, write_rank_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -63,23 +63,43 @@ def _sharded(cap: Capture) -> Any:
     return cap.parts
 
 
+def _node_store(store: CheckpointStore, generation: int) -> CheckpointStore:
+    """A node-local rank's own store, open (its own directory, its own lock), at the primary's ``generation``."""
+    if not store.is_open:
+        store.open_for_write()
+    store.use_generation(generation)
+    return store
+
+
 def commit_epoch(
     store: CheckpointStore, group: Group, epoch: int, cap: Capture, template: Sidecar, best_epoch: int | None
 ) -> Sidecar | None:
-    """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks."""
+    """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks, unless
+    their ``ckpt_directory`` is their own (node-local): then each commits its copy there and gets its sidecar."""
     key, timeout_s = group.meeting("save"), group_timeout()
     if group.rank != 0:
-        write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
+        word = hear_work_ready(group, key, timeout_s)
+        generation = node_local_word(store.layout, word)
+        if generation is not None:
+            node = NodePart(group, key, _sharded(cap), timeout_s)
+            return _node_store(store, generation).commit(epoch, [], template, best_epoch=best_epoch, shared=node)
+        write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
         return None
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
     return store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
 
 
 def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar:
-    """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar."""
+    """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar
+    (a node-local rank: that of its own copy)."""
     key, timeout_s = group.meeting("save"), group_timeout()
     if group.rank != 0:
-        where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s)
+        word = hear_work_ready(group, key, timeout_s)
+        generation = node_local_word(store.layout, word)
+        if generation is not None:
+            node = NodePart(group, key, _sharded(cap), timeout_s)
+            return _node_store(store, generation).steps.commit([], template, shared=node)
+        where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
         generation = L.parse_step_name(where)
         if generation is None:
             raise CheckpointSaveError(f"{key}: the primary published {where!r}, not a step checkpoint (steps/GGG)")

@@ -34,7 +34,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, NoValidCheckpoint
+from candle_ckpt.core.errors import CorruptCheckpoint, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout
@@ -47,7 +47,7 @@ from candle_ckpt.engine.resume import (
     load_chosen,
     select_checkpoint,
 )
-from candle_ckpt.keras import internals
+from candle_ckpt.keras import internals, node_restore
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
@@ -137,7 +137,8 @@ def agree_on_checkpoint(
     needed: Callable[[str], set[str]],
     epoch: int | None = None,
 ) -> Chosen | None:
-    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere.
+    """Steps 1 and 2 of the module docstring on every process: the primary's choice, verified everywhere (or,
+    when each process's ``ckpt_directory`` is its own, :mod:`~candle_ckpt.keras.node_restore`'s).
 
     Each process checks the CRC of the files it reads (the primary while choosing, and only the size of the
     others' files); if one cannot, the primary rejects that checkpoint, logging every process's reason, and
@@ -155,35 +156,29 @@ def agree_on_checkpoint(
     Raises:
         NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
     """
+    # One meeting first: is ckpt_directory shared, or each node's own (then: which tier; keras.node_restore)?
+    wanted = epoch if epoch is not None else cfg.restart_epoch
+    word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted)
+    if word != node_restore.SHARED:
+        verify = lambda said: _verify_choice(cfg, said, reads, needed)  # noqa: E731
+        return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify)
     rejected: dict[str, str] = {}
     store = _primary_store(cfg, needed, rejected) if group.rank == 0 else None
     for attempt in itertools.count():
-        key, chosen, said = f"{name}/{attempt}", None, None
-        if group.rank == 0:
-            try:
-                chosen = select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True, store=store)
-                said = _choice(chosen)
-            except Exception as err:  # told to the others before raising, so none waits for nothing
-                group.broadcast(f"{key}/choice", f"error:{err}", group_timeout())
-                raise
-        said = group.broadcast(f"{key}/choice", said, group_timeout())
-        if said.startswith("error:"):
-            raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {said[6:]}")
+        key, held = f"{name}/{attempt}", []
+
+        def choose(held: list[Chosen | None] = held) -> str:
+            held.append(select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=True, steps=True, store=store))
+            return _choice(held[0])
+
+        said = node_restore.primary_says(group, f"{key}/choice", choose if group.rank == 0 else None)
         if said == "none":
             return None
-        failure = ""
-        if chosen is None:
-            try:
-                chosen = _verify_choice(cfg, said, reads, needed)
-            except (CheckpointError, ValueError, OSError) as err:  # told to the others: all load, or none
-                failure = f"process {group.rank}: {err}"
-                log.warning(f"restart: {failure}; every process falls back together")
-        reasons = [r for r in group.exchange(f"{key}/verified", failure, group_timeout()) if r]
+        mine = held[0] if held else None  # the primary's, verified while choosing
+        verify = (lambda m=mine: m) if mine is not None else (lambda s=said: _verify_choice(cfg, s, reads, needed))
+        chosen, reasons = node_restore.verify_together(group, log, f"{key}/verified", verify)
         if not reasons:
             return chosen
-        for data in (chosen.contents if chosen is not None else {}).values():
-            if hasattr(data, "close"):
-                data.close()
         if store is not None:
             rejected[_where(store.layout, said)] = "; ".join(reasons)
     return None  # not reached: itertools.count() is endless

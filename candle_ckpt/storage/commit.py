@@ -80,10 +80,10 @@ def write_work(
     fresh_work(fs, lay)
     try:
         if shared is not None:
-            shared.work_ready()
+            shared.work_ready(lay.work, generation)
         entries = write_files(fs, lay, files, checksum)
         if shared is not None:
-            entries.update(shared.gather(fs, lay.work))
+            entries.update(shared.gather(fs, lay.work, sidecar))
         elapsed = max(time.perf_counter() - start, 1e-9)
         total = sum(e.size for e in entries.values())
         final = replace(
@@ -93,6 +93,8 @@ def write_work(
             save_duration_s=seconds(elapsed),
             save_mb_per_s=mb_per_s(total, elapsed),
         )
+        if shared is not None:  # a node-local job's copy says so (storage.multipart)
+            final = shared.finish_sidecar(final)
         fs.write_bytes(os.path.join(lay.work, L.SIDECAR), final.to_json())
         fs.fsync_dir(lay.work)
     except BaseException:

@@ -23,6 +23,11 @@ exits. See docs/campaigns.rst.
 * The persistent tier keeps what the local retention policy keeps (applied to
   its epochs, ``best``/``last``/the new one protected); a step checkpoint is
   removed there once a newer checkpoint is drained.
+* A multi-process job whose ``ckpt_directory`` is each node's own disk: every
+  rank drains its own part (one archive); the primary writes the manifest and
+  the sidecar only once every rank's archive is there, waiting up to
+  ``parts_wait_s``; otherwise the checkpoint is not published (an error, as
+  any drain failure). Only the primary checks the lineage and prunes.
 * Failures are collected and handed to the engine, which applies
   ``ckpt_on_error`` on the training thread. Each drain's bytes, duration,
   lag behind the commit and MB/s go to ``ckpt.log`` and :attr:`Drain.records`.
@@ -46,6 +51,7 @@ from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import transfer_record
+from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.remote import EPOCHS, STEPS, PersistentTier, describe
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -73,9 +79,15 @@ class Drain:
     """
 
     def __init__(
-        self, cfg: CkptConfig, store: CheckpointStore, log: OpsLog, select: Callable[[list[int], set[int]], set[int]]
+        self,
+        cfg: CkptConfig,
+        store: CheckpointStore,
+        log: OpsLog,
+        select: Callable[[list[int], set[int]], set[int]],
+        parts_wait_s: float = 300.0,
     ) -> None:
         self.cfg, self.store, self.log, self.select = cfg, store, log, select
+        self.parts_wait_s = parts_wait_s  # a node-local job's primary: how long it waits for the others' parts
         self.tier = PersistentTier.of(cfg)
         self.policy = cfg.drain_policy
         self.records: list[dict[str, Any]] = []
@@ -160,13 +172,42 @@ class Drain:
             side = Sidecar.from_json(f.read(), source=os.path.join(stage, L.SIDECAR))
         if self._refused is not None:
             return
-        self._check_lineage(side)
+        node = side.extra.get(NODE_LOCAL)
+        rank = node.get("rank", 0) if isinstance(node, dict) else 0
+        if rank == 0:
+            self._check_lineage(side)
         before = dict(self.tier.counts)
         start = time.perf_counter()
-        nbytes = self.tier.put(_kind(side), side, stage)
+        if node is None:
+            nbytes = self.tier.put(_kind(side), side, stage)
+        else:
+            nbytes = self._put_node_local(side, stage, rank, int(node["processes"]))
+        self._record(side, nbytes, start, stage_s, before)
+        if rank == 0:
+            self._prune(side)
+
+    def _put_node_local(self, side: Sidecar, stage: str, rank: int, processes: int) -> int:
+        """A node-local job's checkpoint: this rank's archive; the primary then waits (bounded) until every rank's
+        archive is listed, and only then writes the manifest and the sidecar (docs/campaigns.rst)."""
+        nbytes = self.tier.put_part(_kind(side), side, stage, rank)
+        if rank != 0:
+            return nbytes
+        deadline, delay = time.monotonic() + self.parts_wait_s, 0.05
+        while missing := self.tier.missing_parts(_kind(side), side, processes):
+            if time.monotonic() >= deadline:
+                raise CheckpointError(
+                    f"{describe(side)} is not published in {self.tier.url}: the parts of processes {missing} did not "
+                    f"arrive within {self.parts_wait_s:g} s (no sidecar there: restart() does not see it)"
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+        return nbytes + self.tier.publish_parts(_kind(side), side, stage)
+
+    def _record(self, side: Sidecar, nbytes: int, start: float, stage_s: float, before: dict[str, int]) -> None:
         done = time.time()
         elapsed = max(time.perf_counter() - start, 1e-9)
-        self._known[(_kind(side), _number(side))] = side
+        if self._known is not None:
+            self._known[(_kind(side), _number(side))] = side
         committed_at = self._committed_at.get(side.generation)
         ops = {k: v - before.get(k, 0) for k, v in self.tier.counts.items() if v - before.get(k, 0)}
         rec = transfer_record(
@@ -188,7 +229,6 @@ class Drain:
             f"drain: {describe(side)} to {rec['url']}: {human_bytes(nbytes)} in {elapsed:.3f} s "
             f"({rec['mb_per_s']:.1f} MB/s)"
         )
-        self._prune(side)
 
     def _check_lineage(self, side: Sidecar) -> None:
         """Refuse to write over another lineage, or over a newer copy of the same checkpoint."""

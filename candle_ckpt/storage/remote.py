@@ -49,8 +49,10 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32, crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog, human_bytes
-from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.core.sidecar import FileEntry, Sidecar
+from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.reader import parse_sidecar
+from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 ARCHIVE = "ckpt.tar"
@@ -230,23 +232,92 @@ class PersistentTier:
         self.counts["metadata_ops"] += 1
         self.fs.makedirs(where, exist_ok=True)  # needed by file://; a no-op for object stores
 
-        def fill(f) -> dict[str, Any]:
-            out = _CrcWriter(f)
-            with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                for name in sorted(side.files):
-                    info = tar.gettarinfo(os.path.join(stage, name), arcname=name)
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    with open(os.path.join(stage, name), "rb") as src:
-                        tar.addfile(info, src)
-            return {"name": ARCHIVE, "size": out.size, "crc32": format_crc(out.crc)}
-
-        archive = self._write(remote_path(where, ARCHIVE), fill)
+        archive = self._write(remote_path(where, ARCHIVE), _tar_of(stage, sorted(side.files), ARCHIVE))
         body = replace(side, extra={**side.extra, "archive": archive}).to_json()
         self._write(remote_path(where, L.SIDECAR), lambda f: f.write(body))
         if self.posix:
             self._fsync_dir(where)
         return archive["size"] + len(body)
+
+    # -- a node-local job (docs/campaigns.rst): every rank's part apart, the sidecar once all are in ----------
+    def put_part(self, kind: str, side: Sidecar, stage: str, rank: int) -> int:
+        """Write rank ``rank``'s files of the checkpoint staged in ``stage`` (all but the manifest and the sidecar) as
+        one archive, :func:`part_archive`: under a temporary name, then renamed, so a listed archive is whole.
+        Returns the bytes written."""
+        number = side.epoch if kind == EPOCHS else side.generation
+        where = self.dir(kind, number)
+        self.counts["metadata_ops"] += 1
+        self.fs.makedirs(where, exist_ok=True)
+        name = part_archive(rank, side.generation)
+        tmp = remote_path(where, f".tmp-{uuid.uuid4().hex[:8]}-{name}")
+        names = sorted(n for n in os.listdir(stage) if n not in (L.SIDECAR, MANIFEST))
+        archive = self._write(tmp, _tar_of(stage, names, name))
+        self.counts["metadata_ops"] += 1
+        self.fs.mv(tmp, remote_path(where, name))
+        if self.posix:
+            self._fsync_dir(where)
+        return archive["size"]
+
+    def missing_parts(self, kind: str, side: Sidecar, processes: int) -> list[int]:
+        """The ranks whose archive of ``side`` is not in the persistent tier yet: one listing."""
+        number = side.epoch if kind == EPOCHS else side.generation
+        self.counts["metadata_ops"] += 1
+        try:
+            self.fs.invalidate_cache()
+            names = {n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(self.dir(kind, number), detail=False)}
+        except FileNotFoundError:
+            names = set()
+        return [r for r in range(processes) if part_archive(r, side.generation) not in names]
+
+    def publish_parts(self, kind: str, side: Sidecar, stage: str) -> int:
+        """The primary, once every rank's archive is in: ``manifest.json``, then the sidecar (every rank's files),
+        LAST. Returns the bytes written."""
+        number = side.epoch if kind == EPOCHS else side.generation
+        where = self.dir(kind, number)
+        remote_side = remote_path(where, L.SIDECAR)
+        self.counts["metadata_ops"] += 1
+        if self.fs.exists(remote_side):
+            self.remove_sidecar(remote_side)
+        self._write(remote_path(where, MANIFEST), _copy_from(os.path.join(stage, MANIFEST)))
+        body = persistent_sidecar(side).to_json()
+        self._write(remote_side, lambda f: f.write(body))
+        if self.posix:
+            self._fsync_dir(where)
+        return os.path.getsize(os.path.join(stage, MANIFEST)) + len(body)
+
+    def fetch_part(self, kind: str, side: Sidecar, rank: int, into: str) -> list[str]:
+        """Download the manifest and rank ``rank``'s archive of the node-local checkpoint ``side`` into ``into``,
+        each file checked against the sidecar (size, CRC32). Returns the names fetched.
+
+        Raises:
+            CorruptCheckpoint: a file does not match the sidecar, or the archive is not there.
+        """
+        number = side.epoch if kind == EPOCHS else side.generation
+        where = self.dir(kind, number)
+        name = part_archive(rank, side.generation)
+        local = os.path.join(into, name)
+        self.counts["reads"] += 2
+        self.fs.get_file(remote_path(where, MANIFEST), os.path.join(into, MANIFEST))
+        try:
+            self.fs.get_file(remote_path(where, name), local)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(remote_path(where, name), "the archive of this process is missing") from None
+        names = [MANIFEST]
+        with tarfile.open(local, "r:") as tar:
+            for member in tar.getmembers():
+                if member.name not in side.files or not member.isfile():
+                    raise CorruptCheckpoint(remote_path(where, name), f"{member.name!r} is not a file of the sidecar")
+                with tar.extractfile(member) as src, open(os.path.join(into, member.name), "wb") as dst:
+                    shutil.copyfileobj(src, dst, 8 << 20)
+                names.append(member.name)
+        os.unlink(local)
+        for n in names:
+            value, size = crc32_file(os.path.join(into, n))
+            self.counts["bytes_read"] += size
+            entry = side.files.get(n)
+            if entry is None or size != entry.size or (entry.crc32 is not None and format_crc(value) != entry.crc32):
+                raise CorruptCheckpoint(remote_path(where, n), "does not match the sidecar (size or CRC32)")
+        return names
 
     def _write(self, path: str, fill: Callable[[Any], Any]) -> Any:
         """Create ``path``, fill it; on a POSIX path also fsync it before it counts as written."""
@@ -285,6 +356,36 @@ class PersistentTier:
             pass
         self.counts["metadata_ops"] += 1
         self.fs.rm(where, recursive=True)
+
+
+def part_archive(rank: int, generation: int) -> str:
+    """The persistent archive of one rank's part of a node-local checkpoint: ``part-00001.g000007.tar``."""
+    return f"part-{rank:05d}.g{generation:06d}.tar"
+
+
+def persistent_sidecar(side: Sidecar) -> Sidecar:
+    """The persistent sidecar of the primary's copy ``side`` of a node-local checkpoint: every rank's files."""
+    info = dict(side.extra[NODE_LOCAL])
+    files = {k: FileEntry(e["size"], e["crc32"]) for k, e in info.pop("files").items()}
+    info.pop("rank", None)
+    return replace(side, files=files, extra={**side.extra, NODE_LOCAL: info})
+
+
+def _tar_of(stage: str, names: list[str], archive_name: str) -> Callable[[Any], dict[str, Any]]:
+    """A ``fill(f)`` writing ``names`` of ``stage`` as one uncompressed tar; it returns the tar's name, size and CRC."""
+
+    def fill(f) -> dict[str, Any]:
+        out = _CrcWriter(f)
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for name in names:
+                info = tar.gettarinfo(os.path.join(stage, name), arcname=name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(os.path.join(stage, name), "rb") as src:
+                    tar.addfile(info, src)
+        return {"name": archive_name, "size": out.size, "crc32": format_crc(out.crc)}
+
+    return fill
 
 
 def _copy_from(path: str) -> Callable[[Any], None]:
@@ -364,3 +465,51 @@ def pull_newest(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, *, epoch: 
         log.info(f"remote: no complete checkpoint at {tier.url}")
         return None
     return pull_first(tier, ranked, store, log)
+
+
+def pull_part(
+    cfg: CkptConfig, log: OpsLog, kind: str, epoch: int, generation: int, rank: int, processes: int
+) -> Sidecar:
+    """A process of a node-local job fetches its part of one persistent checkpoint into its own fast tier.
+
+    ``kind`` is ``epoch`` or ``step``. Of a checkpoint drained by a node-local job it fetches the manifest and
+    its own archive; of one drained whole (a shared ``ckpt_directory``), every file. The copy is committed
+    through this process's store under the same generation, with ``extra["node_local"]`` as a save would
+    write it (the primary's also listing every file).
+
+    Raises:
+        CheckpointError, OSError: the download failed or did not verify; nothing was committed.
+    """
+    tier = PersistentTier.of(cfg)
+    where, number = (EPOCHS, epoch) if kind == "epoch" else (STEPS, generation)
+    side = tier.read_sidecar(where, number)
+    if side.generation != generation:
+        raise CorruptCheckpoint(tier.url_of(where, number), f"generation {side.generation}, not {generation}")
+    store = CheckpointStore(cfg.directory, checksum=cfg.checksum, flat=cfg.flat)
+    store.open_for_write()
+    tmp = os.path.join(store.layout.ckpts, f".tmp-pull-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    start = time.perf_counter()
+    try:
+        if NODE_LOCAL in side.extra:
+            names = tier.fetch_part(where, side, rank, tmp)
+        else:
+            tier.fetch(where, side, tmp)
+            names = sorted(side.files)
+        info: dict[str, Any] = {"rank": rank, "processes": processes}
+        if rank == 0:
+            info["files"] = {k: {"size": e.size, "crc32": e.crc32} for k, e in sorted(side.files.items())}
+        extra = {k: v for k, v in side.extra.items() if k != "archive"}
+        template = replace(side, extra={**extra, NODE_LOCAL: info, "pulled_from": tier.url_of(where, number)})
+        specs = [FileSpec(name, _copy_from(os.path.join(tmp, name))) for name in names]
+        store.use_generation(generation)
+        local = store.commit(epoch, specs, template) if kind == "epoch" else store.steps.commit(specs, template)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        store.close()
+    nbytes = sum(e.size for e in local.files.values())
+    log.info(
+        f"remote: process {rank} pulled its part of {where}/{L.epoch_name(number)} from {tier.url}: "
+        f"{human_bytes(nbytes)} downloaded and verified in {time.perf_counter() - start:.3f} s"
+    )
+    return local

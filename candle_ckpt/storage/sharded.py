@@ -217,6 +217,7 @@ def write_manifest(
     sharding: dict[str, str] | None = None,
     extra: dict | None = None,
     fs: LocalFS | None = None,
+    remote: dict[int, bytes] | None = None,
 ) -> Manifest:
     """Check every part (present, complete, its size), then write ``manifest.json`` (the primary, after every part).
 
@@ -233,20 +234,27 @@ def write_manifest(
         sharding: A description of each variable's sharding, by path (kept in the manifest).
         extra: Anything else for the manifest (JSON-ready).
         fs: The file-system seam.
+        remote: The part indexes (their exact bytes) of ranks whose parts are on their own node's disk, not in
+            ``directory`` (a node-local job, :mod:`candle_ckpt.storage.multipart`): their files' sizes were
+            checked by their writers; ``files`` lists them all the same.
 
     Raises:
         CorruptCheckpoint: a part is missing, incomplete or of the wrong size (naming its file),
             or the chunks do not cover each array exactly once.
     """
     fs = fs or LocalFS()
+    remote = remote or {}
     files: dict[str, FileEntry] = {}
     parts, rows = [], []
     for rank in range(process_count):
-        index = check_part(directory, rank)
+        here = rank not in remote
+        index = check_part(directory, rank, remote.get(rank))
         entry = FileEntry(index["bin"]["size"], index["bin"]["crc32"])
-        verify_file(os.path.join(directory, part_bin(rank)), entry, False, False, False, None)  # size, not CRC
+        if here:
+            verify_file(os.path.join(directory, part_bin(rank)), entry, False, False, False, None)  # size, not CRC
         for name, e in index["files"].items():
-            verify_file(os.path.join(directory, name), FileEntry(e["size"], e["crc32"]), False, False, False, None)
+            if here:
+                verify_file(os.path.join(directory, name), FileEntry(e["size"], e["crc32"]), False, False, False, None)
             files[name] = FileEntry(e["size"], e["crc32"])
         files[part_bin(rank)] = entry
         files[part_index(rank)] = index["_entry"]
@@ -264,12 +272,14 @@ def write_manifest(
 # -- validation of the format's JSON (part indexes, manifest) --
 
 
-def read_json(path: str, what: str) -> tuple[Any, FileEntry]:
-    """Read and parse a small JSON file; return it and its size and CRC32."""
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise CorruptCheckpoint(path, f"{what} is missing")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_INDEX_BYTES + 1)
+def read_json(path: str, what: str, raw: bytes | None = None) -> tuple[Any, FileEntry]:
+    """Read and parse a small JSON file (or ``raw``, its bytes sent by another process); return it and its size and
+    CRC32."""
+    if raw is None:
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise CorruptCheckpoint(path, f"{what} is missing")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_INDEX_BYTES + 1)
     if len(raw) > MAX_INDEX_BYTES:
         raise CorruptCheckpoint(path, f"{what} is larger than {MAX_INDEX_BYTES} bytes")
     try:
@@ -281,12 +291,13 @@ def read_json(path: str, what: str) -> tuple[Any, FileEntry]:
     return body, FileEntry(len(raw), format_crc(crc32(raw)))
 
 
-def check_part(directory: str, rank: int) -> dict[str, Any]:
-    """Read and validate rank ``rank``'s part index; its own size and CRC are under ``"_entry"``."""
+def check_part(directory: str, rank: int, raw: bytes | None = None) -> dict[str, Any]:
+    """Read and validate rank ``rank``'s part index (or ``raw``, its bytes); its own size and CRC are under
+    ``"_entry"``."""
     path = os.path.join(directory, part_index(rank))
-    if not os.path.lexists(path):
+    if raw is None and not os.path.lexists(path):
         raise CorruptCheckpoint(path, f"the part of rank {rank} is missing (that process did not finish its write)")
-    body, entry = read_json(path, f"the part index of rank {rank}")
+    body, entry = read_json(path, f"the part index of rank {rank}", raw)
     fail = _failer(path)
     if body.get("rank") != rank:
         fail(f"it says rank {body.get('rank')!r}, not {rank}")

@@ -142,6 +142,12 @@ class CheckpointStore(CheckpointReader):
         if self._generation is not None:
             self._generation = max(self._generation, generation)
 
+    def use_generation(self, generation: int) -> None:
+        """The next commit takes exactly ``generation``: a process of a node-local job commits its copy of a
+        checkpoint under the primary's generation (:mod:`candle_ckpt.storage.multipart`)."""
+        if self._generation is not None:
+            self._generation = generation
+
     def close(self) -> None:
         """Release the writer lock this store holds (no-op if it holds none).
 

@@ -25,6 +25,8 @@ print ``STATS {json}`` (the callback's ``stats()``: its saves and its restore) a
 ``--rows=R``: R rows of data in all (64 unless told; under ``dp`` each process feeds R / NPROC of them).
 ``--mesh=B,M``: ``mp`` on a B x M mesh (``batch`` x ``model``, B * M devices in all) instead of 1 x D; the
 processes of one mesh row feed the same rows, each row its own share.
+``--node-local``: this process's ``ckpt_directory`` is ``DIR/node<RANK>`` (each its own, as on node-local disks).
+``--persistent=URL``: ``ckpt_persistent_url``; ``--drain=POLICY``: ``ckpt_drain``.
 ``--keys-out=PATH``: after fit, every process meets (a device barrier), then rank 0 writes to PATH, as JSON,
 the keys under ``candle_ckpt/`` still held by the coordination service (what a long job accumulates).
 """
@@ -176,7 +178,11 @@ def main() -> None:
     hidden = next((int(f.split("=")[1]) for f in flags if f.startswith("--hidden=")), HIDDEN)
     model = build_model(hidden)
     verbose = "--verbose" in flags
+    if "--node-local" in flags:
+        directory = os.path.join(directory, f"node{rank}")
+    tiers = {key: flag(flags, name) for name, key in (("persistent", "ckpt_persistent_url"), ("drain", "ckpt_drain"))}
     params = {
+        **{key: value for key, value in tiers.items() if value is not None},
         "ckpt_directory": directory,
         "epochs": int(epochs),
         "ckpt_save_interval": 1,
