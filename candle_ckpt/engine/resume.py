@@ -192,7 +192,7 @@ def _nothing_to_resume(cfg: CkptConfig, store: CheckpointStore, log: OpsLog, wan
         NoValidCheckpoint: nothing to resume from, in ``required`` mode or for an exact epoch.
     """
     if cfg.persistent and wanted is not None and wanted not in store.epochs():
-        from candle_ckpt.storage.remote import pull_newest
+        from candle_ckpt.storage.pull import pull_newest
 
         pull_newest(cfg, store, log, epoch=wanted)
     if cfg.persistent and wanted is None:
@@ -231,7 +231,8 @@ def _newest_of_both_tiers(
     """The newest verified checkpoint of the fast tier (``ckpt_directory``) and the persistent one, by
     (generation, epoch, step); a newer persistent one is fetched into the fast tier first. One log line
     says which tier won and why (docs/campaigns.rst)."""
-    from candle_ckpt.storage.remote import PersistentTier, describe, pull_first, sort_key
+    from candle_ckpt.storage.pull import pull_first
+    from candle_ckpt.storage.remote import PersistentTier, describe, sort_key
 
     problems: list[str] = []
     local = _newest_local(store, log, reads, mapped, steps, problems)

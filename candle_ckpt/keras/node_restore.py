@@ -202,7 +202,7 @@ def take(cfg: CkptConfig, log: OpsLog, group: Group, choice: str, verify: Verify
         try:
             return verify(said)  # this process's copy may be the same checkpoint already
         except (CheckpointError, OSError):
-            from candle_ckpt.storage.remote import pull_part  # noqa: PLC0415
+            from candle_ckpt.storage.pull import pull_part  # noqa: PLC0415
 
             pull_part(cfg, log, kind, int(epoch), int(generation), group.rank, group.size)
     return verify(said)

@@ -106,7 +106,7 @@ def test_remote_checkpoint_visible_only_once_complete(tmp_path: Path, s3) -> Non
     """While the sidecar upload is held back, the data files are on S3 but a fresh restart ignores the epoch."""
     from candle_ckpt import JobRunner
     from candle_ckpt.config.params import CkptConfig
-    from candle_ckpt.storage.remote import pull_newest
+    from candle_ckpt.storage.pull import pull_newest
 
     _, fs = s3
     loop = RL.GanLoop()
