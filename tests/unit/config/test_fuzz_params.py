@@ -71,6 +71,7 @@ def test_writer_construction_fuzz_raises_only_keyed_errors() -> None:
     @example(params={"ckpt_directory": "run", "epochs": 3})
     @example(params={"ckpt_directory": "run", "epochs": 3, "ckpt_keep_limit": 0})
     @example(params={"ckpt_directory": "x/sub", "epochs": 3})
+    @example(params={"ckpt_save_interval": 0, "ckpt_directory": None, "epochs": 3})  # off: nothing on disk
     def build(params: dict) -> None:
         old = os.getcwd()
         with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +89,9 @@ def test_writer_construction_fuzz_raises_only_keyed_errors() -> None:
                 outcomes["OSError"] += 1
             else:
                 engine.store.close()
-                assert os.path.isdir(os.path.join(tmp, cfg.directory, "ckpts", "epochs"))
+                # Checkpointing off (ckpt_save_interval 0) writes nothing at all, not even the directory.
+                made = os.path.isdir(os.path.join(tmp, cfg.directory, "ckpts", "epochs"))
+                assert made is not engine.policy.off, (engine.policy.off, made)
                 outcomes["built"] += 1
             finally:
                 os.chdir(old)
