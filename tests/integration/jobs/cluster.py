@@ -99,6 +99,20 @@ class WorkerCluster:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
 
+    def kill_hung(self) -> str:
+        """Ask every live worker for its threads' stacks (SIGUSR2: the job scripts register faulthandler for
+        it), then kill them all; every worker's output, the stacks included, to show where the cluster hung."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            try:
+                os.kill(p.pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        if live:
+            time.sleep(2.0)  # faulthandler writes at once; let the logs take it
+        self.kill()
+        return "\n".join(f"--- worker {j}:\n{self.output(j)[-6000:]}" for j in range(len(self.procs)))
+
     def exit_codes(self) -> list[int]:
         """Wait for every worker (bounded: kill the cluster and fail on timeout); return their exit codes."""
         deadline = time.monotonic() + self.timeout_s
@@ -106,8 +120,7 @@ class WorkerCluster:
             try:
                 p.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"cluster timed out; worker {i}:\n{self.output(i)[-3000:]}")
+                pytest.fail(f"cluster timed out waiting for worker {i}; every worker's output:\n{self.kill_hung()}")
         return [p.returncode for p in self.procs]
 
     def line(self, i: int, pattern: str) -> re.Match:

@@ -28,11 +28,15 @@ for a kill during a save.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A worker that hangs is asked for every thread's stack before it is killed (cluster.py's Cluster.kill_hung)
+faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 N, FEATURES, GLOBAL_BATCH = 64, 8, 16
 
