@@ -66,8 +66,8 @@ class CheckpointEngine:
     def __init__(
         self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group = SOLO
     ) -> None:
-        # ckpt_async=auto, where a front end has not decided it (the front ends do, before they capture).
-        cfg = cfg.resolved(group.size)
+        # ckpt_async=auto is decided by the front end that captures (CkptConfig.resolved): the capture's copy and
+        # the writer must agree. An undecided None is falsy here and there alike: synchronous, uncopied.
         self.cfg = cfg
         # group: the processes of a multi-process job that write each checkpoint together (see
         # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
