@@ -84,8 +84,10 @@ def main() -> None:
     keras.distribution.set_distribution(dist)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    # Sync saves: the "save" window below must hold the whole meeting, which ckpt_async=auto would run on the
+    # writer thread, past the window's end.
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_interval": 1, "ckpt_keep_limit": 2,
-              "ckpt_save_best_metric": "loss"}  # fmt: skip
+              "ckpt_save_best_metric": "loss", "ckpt_async": False}  # fmt: skip
     report: dict = {"rank": rank, "size": nproc}
 
     before = counting.total()
