@@ -10,6 +10,14 @@ device collective (so a watcher thread may use it while the training thread
 runs its all-reduces).
 
 The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0).
+
+A worker's preemption agreement is the one every group has
+(:class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`, built by
+:class:`~candle_ckpt.engine.run.TrainingRun` over this group): nothing is said
+on a step unless a worker asked (a watcher thread per worker blocks on one key,
+as in TensorFlow's own ``PreemptionCheckpointHandler``); then the workers agree
+once on one step and all save it. Under a one-process strategy the group is
+``SOLO``: the local flag is the answer at every step.
 """
 
 from __future__ import annotations

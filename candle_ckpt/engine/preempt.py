@@ -217,6 +217,10 @@ class PreemptionWatcher:
         end_early_catch()  # signals this watcher does not catch get their handlers back
         return [signal.Signals(s).name for s in self._previous]
 
+    def catches(self, name: str) -> bool:
+        """Whether this watcher's handler is installed for the signal named ``name`` (``"SIGTERM"``) now."""
+        return any(signal.Signals(signum).name == name for signum in self._previous)
+
     def disarm(self) -> None:
         """Put back the handlers that were installed before :meth:`arm` (where ours are still in place)."""
         if threading.current_thread() is not threading.main_thread():

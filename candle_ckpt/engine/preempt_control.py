@@ -1,8 +1,9 @@
 """The one preemption controller: notice a stop request, agree on it, save, record, then exit or return.
 
-Every training loop (the Keras 3 callback, the tf_keras callback,
-``JobRunner``, a multi-process JAX job) owns one :class:`PreemptionController`
-for the length of one ``fit`` / ``train()`` and calls it at two points:
+Every training run (:class:`~candle_ckpt.engine.run.TrainingRun`, whatever its
+front end: the Keras 3 callback, the tf_keras callback, ``JobRunner``) owns one
+:class:`PreemptionController`, armed for the length of one ``fit`` / ``train()``
+and called at two points:
 
 - :meth:`PreemptionController.step_end` after every training step: the local
   request (a signal the :class:`~candle_ckpt.engine.preempt.PreemptionWatcher`
@@ -284,8 +285,8 @@ class PreemptionController:
         engine: The job's (or this worker's) ``CheckpointEngine``: ``records``,
             ``finish()``, ``store``, ``scratch_dir`` and ``preempt`` are used.
         log: The job's log.
-        agreement: The agreement step (:data:`SOLO`: one process). Replace
-            :attr:`agreement` before :meth:`arm` to plug in another.
+        agreement: The agreement step (:data:`SOLO`: one process); :meth:`arm` may hand over another
+            for each fit (:class:`~candle_ckpt.engine.run.TrainingRun` does, over the fit's scope of the group).
         who: How this worker is named in the log line (``"worker worker:1 "``).
         step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
     """
@@ -319,8 +320,14 @@ class PreemptionController:
         """True once a preemption save ended this fit (training must stop)."""
         return self.saved_at is not None
 
-    def arm(self) -> None:
-        """At the start of a fit: forget the last one's save and install the signal handlers."""
+    def arm(self, agreement: Agreement | None = None) -> None:
+        """At the start of a fit: forget the last one's save and install the signal handlers.
+
+        Args:
+            agreement: This fit's agreement (over its scope of the group), replacing :attr:`agreement`.
+        """
+        if agreement is not None:
+            self.agreement = agreement
         self.saved_at, self.mid_epoch = None, False
         self._last, self._step_s = time.monotonic(), 0.0
         warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)

@@ -14,19 +14,12 @@ import keras
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
+from candle_ckpt.core.group import is_primary
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.fit_guard import FitGuard
-from candle_ckpt.engine.group_commit import group_timeout
-from candle_ckpt.engine.interrupt import InterruptNotice
-from candle_ckpt.engine.pending import Pending
-from candle_ckpt.engine.preempt import PreemptExit
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
-from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
-from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras import finished, fit_hooks, internals
 from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
@@ -97,13 +90,21 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # Opening checks the directory now (writable, not held by another writer), not at epoch 50.
         self.engine = CheckpointEngine(self.cfg, self.log, fs=fs, group=self.group)
         self.engine.close()  # held again from on_train_begin to on_train_end
+        # The lifecycle of each fit: the lock, the group's scope, the preemption controller, every signal handler,
+        # the fit guard, resume adoption and the parked state (engine/run.py). This class feeds it steps and epochs.
+        self.run = TrainingRun(
+            self.cfg,
+            self.engine,
+            self.log,
+            group=self.group,
+            who=f"process {self.group.rank} " if self.group.size > 1 else "",
+            step_saves=True,
+            dispatch_files=internals.CALLBACK_DISPATCH_FILES,
+            on_release=self._untrack,
+        )
         self._state: ModelState | None = None
         self._spare = SpareChunks()  # an async multi-process save's buffers, reused once written
-        self._sigterm = SigtermExit()
-        self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
-        self._interrupt = InterruptNotice(self.log, self.engine.store, self._settle_at_exit)
         self._stdout: LineTracker | None = None
-        self._resumed: Resumed | None = None  # what restart() restored into the model, once adopted
         self._train: TrainState | None = None
         self._restore: bytes | None = None  # train state waiting for the first epoch of a resumed fit
         self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
@@ -111,14 +112,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._epochs_run = 0
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
-        # Signals, deadline, step checkpoints; several processes agree through the group (same step, or none).
-        self._pre = PreemptionController(self.cfg, self.engine, self.log, step_saves=True)
-        self._fit_group: Group = SOLO  # this fit's scope of the group (its meetings, keys and cleanup)
-        if self.group.size > 1 and self._pre.enabled:
-            self._pre.who = f"process {self.group.rank} "
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
-        if not self._pre.enabled:
+        if not self.run.enabled:
             # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
             # skip converting each step's logs (a callback with its own batch hook turns both off).
             self.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(self)
@@ -130,72 +126,33 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
                 "candle_ckpt.tf_keras.adapter.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
             )
         super().set_model(model)
-        self._adopt()
-
-    def _adopt(self) -> None:
-        """Continue from what restart() attached to the model: best tracking, resumed_from, no prune of it."""
-        resumed = resumed_of(self.model, self.cfg.directory)
-        if resumed is not None and resumed is not self._resumed:
-            self._resumed = resumed
-            self.engine.adopt_resumed(resumed.sidecar, resumed.load)
+        self.run.adopt(model)  # continue from what restart() attached: best tracking, resumed_from, no prune of it
 
     def on_train_begin(self, logs=None) -> None:
-        self._guard.arm(internals.hook_frame())  # first: an earlier fit's release (if under way) ends here
-        # Held only here, in this call: the list's death tells the guard that fit ended (see fit_guard).
+        # Held only here, in this call: the list's death tells the run's fit guard that fit ended (see fit_guard).
         callback_list = fit_hooks.find_callback_list(self)
-        self.engine.open()  # the writer lock, for as long as this fit runs
+        self.run.begin(internals.hook_frame())  # the guard, the writer lock, the group's scope, the signals
         self._stdout = track_stdout()  # log records never continue the progress bar's line
-        self._adopt()
-        where = checkpoint_dir(Layout.of(self.cfg), self._resumed.sidecar) if self._resumed else ""
-        pending = self._resumed.pending if self._resumed is not None else Pending()
-        parked = pending.take_optimizer()
-        if parked is not None:  # restart() ran before compile(): the optimizer exists now
-            apply_optimizer_state(self.model, parked.values, where)
-            self.log.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
+        resumed = self.run.adopt(self.model)
+        where = self.run.where
+        restore = self.run.take_parked(lambda parked, at: apply_optimizer_state(self.model, parked.values, at))
         self._state = ModelState(self.model)
         self._epochs_run = 0
         self._hook_fit(callback_list)
-        self._restore = pending.take_train_state()
+        self._restore = restore
         epochs = (self.params or {}).get("epochs")
-        self._finished = finished.stop_if_finished(
-            self.model, self._resumed, self._restore, self.cfg, epochs, where, self.log
-        )
-        if self._restore is not None and self._hooked and self._finished:
+        self._finished = finished.stop_if_finished(self.model, resumed, restore, self.cfg, epochs, where, self.log)
+        if restore is not None and self._hooked and self._finished:
             # No epoch runs: the callbacks get their state back before their on_train_end, as in the
             # uninterrupted run's (EarlyStopping's restore_best_weights).
             fit_hooks.before_train_end(callback_list, lambda: self._before_epoch(-1))
-        elif self._restore is not None and not self._hooked:
+        elif restore is not None and not self._hooked:
             self._before_epoch(-1)
-        self._scope_fit()
-        # Preemption first: with SIGTERM in ckpt_preempt_signals it is ours, and SigtermExit leaves it alone.
-        self._pre.arm()
-        # Async: SIGTERM (a scheduler's stop) becomes SystemExit, so the exit hook
-        # commits the last snapshot instead of the process dying mid-write.
-        self._sigterm.arm(self.engine.writer)
-        self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
 
-    def _settle_at_exit(self) -> None:
-        """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit: waiting
-        up to' line, the bounded join, its error handled), so that the line names what really is committed."""
-        writer = self.engine.writer
-        if hasattr(writer, "join_at_exit"):
-            writer.join_at_exit()
-        else:
-            writer.join(self.cfg.async_timeout)
-
-    def _scope_fit(self) -> None:
-        """Several processes: this fit's own scope of the group, for its saves and its preemption agreement."""
-        if self.group.size <= 1:
-            return
-        self._fit_group = scoped(self.group, "fit")
-        self.engine.group = self._fit_group
-        if self._pre.enabled:  # nothing is said on a step unless a process asked to stop
-            self._pre.agreement = NoticeAgreement(self._fit_group, timeout_s=group_timeout())
-
-    def _close_fit_group(self) -> None:
-        """The fit ended alike on every process: the last meeting deletes every key of this fit."""
-        group, self._fit_group = self._fit_group, SOLO
-        group.close(group_timeout())
+    def _untrack(self) -> None:
+        """The run's release: stdout is the user's again."""
+        untrack_stdout(self._stdout)
+        self._stdout = None
 
     def _hook_fit(self, callback_list: Any) -> None:
         """Hook into this fit's ``callback_list`` (None: not found) and find its input (see
@@ -219,45 +176,27 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def _before_epoch(self, epoch: int) -> None:
         """Before any callback's on_epoch_begin: put a resumed fit's training state back (its first epoch),
         and remember the epoch's beginning for a step checkpoint."""
+        resumed = self.run.resumed
         if self._restore is not None and self._train is not None:
             data, self._restore = self._restore, None
             done = self._train.restore(data)
             self.log.info(f"restart: restored {', '.join(done) if done else 'no training state'}")
-            if self._resumed is not None and self._resumed.sidecar.step is not None:
-                resume_mid_epoch(self.model, self._iterator, self._train, self._resumed, self.engine, self.log, epoch)
-        if self._pre.enabled and self._train is not None:
+            if resumed is not None and resumed.sidecar.step is not None:
+                resume_mid_epoch(self.model, self._iterator, self._train, resumed, self.engine, self.log, epoch)
+        if self.run.enabled and self._train is not None:
             self._train.mark_epoch_begin()
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epochs_run += 1
         self._epoch = epoch
-        if not self._hooked and self._pre.enabled and self._train is not None:
+        if not self._hooked and self.run.enabled and self._train is not None:
             self._train.mark_epoch_begin()
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         step, steps = batch + 1, (self.params or {}).get("steps")
-
-        def save(reason: str):
-            return self.engine.save_step(self._epoch, step, logs or {}, lambda: self._capture(step), reason)
-
-        try:
-            stop = self._pre.step_end(self._epoch, step, save, last=isinstance(steps, int) and step >= steps)
-        except PreemptExit:
-            self._exiting()
-            raise
-        except BaseException:  # a failed step save (ckpt_on_error=raise): fit stops here, the guard frees the lock
-            self._sigterm.disarm()
-            self._pre.close(ended=False)
-            raise
-        if stop:
+        last = isinstance(steps, int) and step >= steps
+        if self.run.step_end(self._epoch, step, logs or {}, lambda: self._capture(step), last=last):
             self.model.stop_training = True
-
-    def _exiting(self) -> None:
-        """ckpt_preempt_exit_code: the checkpoint is committed; give the signals and the lock back before exit."""
-        self._sigterm.disarm()
-        self._pre.close()
-        self._close_fit_group()
-        self.close()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._hooked:  # saved by _after_epoch, once every callback's on_epoch_end has run
@@ -278,7 +217,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             data = self._train.capture(step, by, self._epoch + 1)
         if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
             cfg = self.cfg if step is None else self._sync_cfg
-            return capture_sharded(self.model, cfg, self._fit_group, data, self._spare)
+            return capture_sharded(self.model, cfg, self.run.fit_group, data, self._spare)
         state = self._state or ModelState(self.model)
         cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
         if data is not None:
@@ -288,34 +227,14 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
 
     def _save(self, epoch: int, logs: Mapping[str, Any]) -> None:
         # Keras counts epochs from 0; a checkpoint is named after completed epochs.
-        if self._pre.stopped:
+        if self.run.stopped:
             return  # a step checkpoint stopped this fit in the middle of the epoch: it is no epoch's end
-        try:
-            saved = self.engine.save(epoch + 1, logs, self._capture)
-
-            def force(reason: str) -> bool:
-                return self.engine.save(epoch + 1, logs, self._capture, reason=reason)
-
-            epochs = (self.params or {}).get("epochs")
-            last = isinstance(epochs, int) and epoch + 1 >= epochs
-            if self._pre.epoch_end(epoch + 1, saved, force, last_epoch=last):
-                self.model.stop_training = True
-        except PreemptExit:
-            self._exiting()
-            raise
-        except BaseException:
-            # fit stops here without on_train_end: give SIGTERM its default back, and the lock up now
-            # unless a write is in flight; then the guard waits for it on its own thread (this one
-            # must unwind, so that a SIGTERM's exit hook can commit that write).
-            self._sigterm.disarm()
-            self._pre.close(ended=False)
-            if not self.engine.writer.in_flight():
-                self._guard.disarm()
-                self._fit_ended()
-            raise
+        epochs = (self.params or {}).get("epochs")
+        last = isinstance(epochs, int) and epoch + 1 >= epochs
+        if self.run.epoch_end(epoch + 1, logs, self._capture, last_epoch=last):
+            self.model.stop_training = True
 
     def on_train_end(self, logs=None) -> None:
-        self._guard.disarm()
         if self._finished:
             finished.release(self.model)
         elif self._epochs_run == 0:
@@ -323,29 +242,11 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.log.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"
             )
-        ended = False
-        try:
-            self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
-            ended = True
-        finally:
-            self._sigterm.disarm()
-            self._interrupt.fit_returned()
-            self._pre.close(ended=ended)
-            if ended:
-                self._close_fit_group()
-            self._fit_ended()
-
-    def _fit_ended(self) -> None:
-        """Release what this fit held: the writer lock (after the last write), stdout, and the signals."""
-        self._pre.watcher.release()
-        untrack_stdout(self._stdout)
-        self._stdout = None
-        self.engine.close()
+        self.run.end()  # joins the writer (its error raised with ckpt_on_error=raise), then lets go of all
 
     def close(self) -> None:
         """Release the writer lock now (it is released at the end of every ``fit`` anyway)."""
-        self._guard.disarm()
-        self._fit_ended()
+        self.run.close()
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -18,15 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.group import scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.distributed.worker_state import WorkerTrainingState, multi_worker_strategy
-from candle_ckpt.engine.decision import checkpointing_off
-from candle_ckpt.engine.preempt import catch_early
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
+from candle_ckpt.engine.run import hold_signals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.sharded import keras_group
 
@@ -48,8 +46,7 @@ def restart(
             checkpoint is then chosen and loaded through ``WorkerTrainingState``, as for a multi-worker strategy.
     """
     cfg = CkptConfig.from_params(gParameters)
-    if not checkpointing_off(cfg):  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
-        catch_early(signal_numbers(cfg.preempt_signals))
+    hold_signals(cfg)  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
     if not cfg.restores():
         return None
     if adapter is None and is_tf_keras(model):

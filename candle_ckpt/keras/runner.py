@@ -30,8 +30,9 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.group_commit import group_timeout
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, plain_logs
+from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
+from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras.group_restart import agree_on_checkpoint
 from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.keras.runner_group import reads as group_reads
@@ -141,7 +142,7 @@ class JobRunner:
         # epoch_fn skips that many batches of that epoch. None after an epoch checkpoint.
         self.resumed_step: int | None = None
         self.preempted: tuple[int, int] | None = None  # (epoch, step) of a preemption save
-        self._sync: PreemptionController | None = None  # while train() runs
+        self.run: TrainingRun | None = None  # train()'s lifecycle (engine/run.py)
         self._restored_at: tuple[int, int] | None = None  # (epoch, step) of a restored mid-epoch checkpoint
         self.load: dict[str, Any] | None = None
         self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
@@ -245,18 +246,13 @@ class JobRunner:
             logs: The epoch's metrics so far, recorded with a preemption save.
         """
         self.step += 1
-        if self._sync is None:
+        if self.run is None:
             return False
         epoch, step = self.epoch, self.step
-
-        def save(reason: str):
-            capture = lambda: self._capture(epoch, step)  # noqa: E731
-            return self.engine.save_step(epoch, step, plain_logs(logs), capture, reason)
-
         try:
-            return self._sync.step_end(epoch, step, save)
+            return self.run.step_end(epoch, step, plain_logs(logs), lambda: self._capture(epoch, step))
         finally:  # set before an exit with ckpt_preempt_exit_code too
-            self.preempted = self._sync.saved_at
+            self.preempted = self.run.saved_at
 
     def train(self) -> dict[str, Any]:
         """Resume or initialise, run epochs until a stop condition holds, then ``exit_fn``.
@@ -290,31 +286,19 @@ class JobRunner:
             self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, group=self.group)
             if self._chosen_sidecar is not None:
                 self.engine.adopt_resumed(self._chosen_sidecar, self.load)
-        self._sync = self._make_sync()
+        self.run = run = self._training_run()
         done = False
         try:
+            run.begin()
             if self.resumed_from is None:
                 logs = self._fresh_start()
             elif not self._finished(logs):
                 logs = self._run_epochs(None if self._explicit else logs, asked=True)
             done = True
         finally:
-            try:
-                if done:
-                    self.engine.finish()
-                    if self.workers is not None:
-                        self.workers.delete_backup()  # a non-chief's scratch directory
-                else:  # keep the original error; still let the last write land
-                    try:
-                        self.engine.finish()
-                    except Exception as err:
-                        self.log.warning(f"while stopping after an error: {err}")
-            finally:
-                ended = done or self.preempted is not None  # as on every process: they meet once more
-                self._sync.close(ended=ended)
-                if ended:  # the last meeting: every key of this train() is deleted (SOLO: nothing to do)
-                    self.group.close(group_timeout())
-                self.engine.close()  # the writer lock is held only while train() runs
+            run.end(ok=done)  # the last write lands (its error raised if the loop ended well), the lock is let go
+            if done and self.workers is not None:
+                self.workers.delete_backup()  # a non-chief's scratch directory
         if self.exit_fn is not None and self.preempted is None:
             self.exit_fn()
         return dict(logs or {})
@@ -364,32 +348,27 @@ class JobRunner:
             if epoch != self.resumed_from:
                 self.step = 0
             logs = dict(self.epoch_fn(epoch) or {})
-            if self._sync.stopped:  # preempted in mid-epoch: that step's checkpoint is the newest
+            if self.run.stopped:  # preempted in mid-epoch: that step's checkpoint is the newest
                 break
             self.epoch = done = epoch + 1
-            saved = self.engine.save(done, logs, lambda: self._capture(done))  # noqa: B023 - called at once
-
-            def force(reason: str, done: int = done, logs: dict = logs) -> bool:
-                return self.engine.save(done, logs, lambda: self._capture(done), reason=reason)
-
             # A request at an epoch's end (or from a loop that never calls step_end), unless the job is done.
-            if self._sync.epoch_end(done, saved, force, last_epoch=self._should_stop(done, logs)):
-                self.preempted = self._sync.saved_at
+            last = self._should_stop(done, logs)
+            if self.run.epoch_end(done, logs, lambda: self._capture(done), last_epoch=last):  # noqa: B023 - at once
+                self.preempted = self.run.saved_at
                 break
         return logs
 
-    def _make_sync(self) -> PreemptionController:
-        if self.workers is not None:
-            from candle_ckpt.distributed.agreement import make_controller
+    def _training_run(self) -> TrainingRun:
+        """train()'s lifecycle: over the JAX processes' group (its scope is the one the restore met in, closed at
+        the end), or the tf.distribute workers' group (a scope of its own)."""
+        if self.workers is None:
+            who = f"process {self.group.rank} " if self.group.size > 1 else ""
+            return TrainingRun(self.cfg, self.engine, self.log, group=self.group, scope=None, who=who)
+        from candle_ckpt.distributed.tf_group import tf_group  # noqa: PLC0415 - TensorFlow only with a strategy
 
-            sync = make_controller(self.cfg, self.engine, self.strategy, self.workers.info, self.log)
-        else:
-            sync = PreemptionController(self.cfg, self.engine, self.log)
-            if self.group.size > 1 and sync.enabled:  # the processes agree: the same step, or none
-                sync.agreement = NoticeAgreement(self.group, timeout_s=group_timeout())
-                sync.who = f"process {self.group.rank} "
-        sync.arm()
-        return sync
+        info = self.workers.info
+        who = f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else ""
+        return TrainingRun(self.cfg, self.engine, self.log, group=tf_group(self.strategy, info.num_workers), who=who)
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, of the restore and of every upload, and errors."""

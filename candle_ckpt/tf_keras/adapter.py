@@ -47,16 +47,14 @@ import candle_ckpt.tf_keras.train_state as train_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.distributed.agreement import make_controller
+from candle_ckpt.distributed.tf_group import tf_group
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.finished import finished_line
-from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
-from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.preempt_control import plain_logs
-from candle_ckpt.engine.resume import checkpoint_dir, resumed_of
-from candle_ckpt.engine.writer import SigtermExit
+from candle_ckpt.engine.resume import checkpoint_dir
+from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.tf_keras.optimizer_state import (
     assign_optimizer_state,
@@ -217,9 +215,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._logger, self._verbose = logger, verbose
         self._fs = fs
         self.state: WorkerTrainingState | None = None
-        self._sigterm = SigtermExit()
-        self._guard = FitGuard(self._fit_ended, internals.CALLBACK_DISPATCH_FILES)
-        self._sync = None  # the PreemptionController while fit runs
+        self.run: TrainingRun | None = None  # each fit's lifecycle (engine/run.py), made with the worker's state
         internals.keep_tensor_logs(self)  # batch logs stay tensors: no host sync per step for our hook
         self._epoch = 0
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
@@ -233,7 +229,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     def set_model(self, model) -> None:
         super().set_model(model)
         if self.state is None or self.state.adapter.model is not model:
-            self.state = WorkerTrainingState(
+            state = self.state = WorkerTrainingState(
                 self._params,
                 model,
                 adapter=TfKerasModelAdapter(model),
@@ -241,42 +237,41 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 verbose=self._verbose,
                 fs=self._fs,
             )
-            self.cfg = self.state.cfg  # ckpt_async=auto decided for the cluster's size: capture as the writer writes
+            self.cfg = state.cfg  # ckpt_async=auto decided for the cluster's size: capture as the writer writes
+            info = state.info
+            self.run = TrainingRun(
+                self.cfg,
+                state.engine,
+                state.log,
+                group=tf_group(state.strategy, info.num_workers),
+                who=f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else "",
+                dispatch_files=internals.CALLBACK_DISPATCH_FILES,
+                on_release=self._unhook_fit,
+            )
 
     def on_train_begin(self, logs=None) -> None:
         # First: a fit that raises releases the lock, and an earlier fit's release under way ends here.
         hook = internals.hook_frame()
-        self._guard.arm(hook)
-        self.state.open()  # the writer lock (chief), held while this fit runs
-        resumed = resumed_of(self.model, self.cfg.directory)
-        if resumed is not None and self.state.engine is not None and self.state.engine.resumed is None:
-            self.state.engine.adopt_resumed(resumed.sidecar, resumed.load)  # restart() ran before or after __init__
-        parked = resumed.pending.take_optimizer() if resumed is not None else None
-        if parked is not None:  # restart() ran before compile(): the optimizer exists now
-            where = self.state.layout.epoch_dir(resumed.sidecar.epoch)
-            self.state.adapter.apply_optimizer_state(parked, f"{where}/{OPTIMIZER_FILE}")
-            self.state.log.info(f"restart: applied the optimizer state of {where} ({len(parked.values)} variables)")
+        self.run.begin(hook)  # the guard, the writer lock (chief), the group's scope, the signals
+        resumed = self.run.adopt(self.model)  # restart() ran before or after __init__
+        adapter = self.state.adapter
+        data = self.run.take_parked(lambda parked, at: adapter.apply_optimizer_state(parked, f"{at}/{OPTIMIZER_FILE}"))
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
         side = resumed.sidecar if resumed is not None else None
         self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
-        state = self.state
-        self._sync = make_controller(self.cfg, state.engine, state.strategy, state.info, state.log)
-        self._sync.arm()  # before SigtermExit: a preemption signal saves a step instead
-        self._sigterm.arm(state.engine.writer)
         fit_args = internals.fit_arguments(self.model)
         forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
         self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
         self._hook_epoch_end(hook)
-        self._bind_train_state(resumed, fit_args)
+        self._bind_train_state(resumed, data, fit_args)
         self._finished = self._stop_if_finished(side)
 
-    def _bind_train_state(self, resumed, fit_args) -> None:
+    def _bind_train_state(self, resumed, data: bytes | None, fit_args) -> None:
         """Bind ``train.state.npz`` to this fit; after a restore, put back what must precede the first epoch."""
         adapter = self.state.adapter
         if adapter.train is None:
             adapter.train = train_state.TfTrainState(self.state.log.warning)
         adapter.train.bind(self._callbacks, fit_args)
-        data = resumed.pending.take_train_state() if resumed is not None else None
         self._restore_callbacks = data  # at the first on_epoch_begin, after every callback's on_train_begin
         if data is not None and resumed.sidecar.step is not None and adapter.train.sequence is not None:
             self.state.log.warning(
@@ -322,25 +317,14 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         # Every worker, every step: all agree on a preemption at the same step and save it there.
         steps = (self.params or {}).get("steps")
-        if self._sync is None or (isinstance(steps, int) and batch + 1 >= steps):
-            return  # the epoch's last step: a request is answered by the epoch checkpoint (on_epoch_end)
-        done, epoch, engine = batch + 1, self._epoch, self.state.engine
+        if not self.run.enabled:
+            return
+        done, epoch = batch + 1, self._epoch
+        last = isinstance(steps, int) and done >= steps  # a request is answered by the epoch checkpoint
         if self._skipped is not None and self._skipped[0] == epoch:
             done += self._skipped[1]
-
-        def save(reason: str):
-            capture = lambda: self.state.adapter.capture(self.cfg)  # noqa: E731
-            return engine.save_step(epoch, done, plain_logs(logs), capture, reason)
-
-        try:
-            stop = self._sync.step_end(epoch, done, save)
-        except PreemptExit:  # committed: give the signals and the lock back before the process exits
-            self._sigterm.disarm()
-            self._close_sync()
-            self._guard.disarm()
-            self.state.close()
-            raise
-        if stop:
+        capture = lambda: self.state.adapter.capture(self.cfg)  # noqa: E731
+        if self.run.step_end(epoch, done, plain_logs(logs), capture, last=last):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -348,36 +332,20 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self._epoch_end(epoch, logs)
 
     def _epoch_end(self, epoch: int, logs=None) -> None:
-        if self._sync is not None and self._sync.stopped:
+        if self.run.stopped:
             return  # preempted in mid-epoch: that step's checkpoint is the newest state
         if self._inexact and self.cfg.save_interval and not self._inexact_said:
             self._inexact_said = True
             self.state.log.warning(exactness.inexact_message(self._inexact))
-        self.state.adapter.finished = self._ended_by(epoch)  # recorded by this epoch's saves only
-        try:
-            self._back_up(epoch, logs)
-        except BaseException:
-            self._sigterm.disarm()  # fit stops here without on_train_end
-            self._close_sync(ended=False)
-            engine = self.state.engine
-            if engine is None or not engine.writer.in_flight():  # else the guard waits for it, off this thread
-                self._guard.disarm()
-                self.state.close()
-            raise
-        finally:
-            self.state.adapter.finished = None
-
-    def _back_up(self, epoch: int, logs) -> None:
+        adapter = self.state.adapter
+        adapter.finished = self._ended_by(epoch)  # recorded by this epoch's saves only
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
-        saved = self.state.back_up(epoch + 1, logs or {})
-        if self._sync is not None:
-
-            def force(reason: str) -> bool:
-                return self.state.back_up(epoch + 1, logs or {}, reason=reason)
-
-            last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
-            if self._sync.epoch_end(epoch + 1, bool(saved), force, last_epoch=last):
+        last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
+        try:
+            if self.run.epoch_end(epoch + 1, logs or {}, lambda: adapter.capture(self.cfg), last_epoch=last):
                 self.model.stop_training = True
+        finally:
+            adapter.finished = None
 
     def _ended_by(self, epoch: int) -> tuple[str, int] | None:
         """``("EarlyStopping", epoch + 1)`` if an EarlyStopping ended the run at this epoch, else None.
@@ -402,32 +370,13 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             internals.set_first_epoch(self.model, None)
 
     def on_train_end(self, logs=None) -> None:
-        self._unhook_fit()
-        self._guard.disarm()
-        try:
-            self.state.delete_backup()  # waits for the last write, removes a non-chief's scratch, unlocks
-        finally:
-            self._sigterm.disarm()
-            self._close_sync()
+        self.run.end()  # the last write lands, the signals come back, the lock is let go
+        self.state.delete_backup()  # a non-chief's scratch directory
 
     @property
     def preempted(self) -> tuple[int, int] | None:
         """``(epoch, steps done)`` of the preemption save of the last ``fit`` (0-based epoch), else None."""
-        return self._sync.saved_at if self._sync is not None else None
-
-    def _close_sync(self, ended: bool = True) -> None:
-        """``ended``: the fit ended alike on every worker, which then meet once more (preempt_control)."""
-        if self._sync is not None:
-            self._sync.close(ended)
-
-    def _fit_ended(self) -> None:
-        """Release what a fit that raised held: the signals (back on the main thread soon) and the lock."""
-        self._unhook_fit()
-        sync = self._sync
-        if sync is not None:
-            sync.watcher.release()
-        if self.state is not None:
-            self.state.close()
+        return self.run.saved_at if self.run is not None else None
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, writer waits and errors."""

@@ -362,7 +362,7 @@ def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
     off = {"ckpt_preempt_signals": "none"}
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1, **off), verbose=False)
     fit(build_model(7), cb, 1, Probe())
-    assert seen[0] == cb._sigterm._handle
+    assert seen[0] == cb.run.sigterm._handle
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     sync_cb = CandleCheckpointCallback(params(tmp_path / "sync", epochs=1, ckpt_async=False, **off), verbose=False)
     seen.clear()
@@ -373,7 +373,7 @@ def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
         on = CandleCheckpointCallback(gp, verbose=False)
         seen.clear()
         fit(build_model(7), on, 1, Probe())
-        assert seen == [on._pre.watcher._handle]
+        assert seen == [on.run.controller.watcher._handle]
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 

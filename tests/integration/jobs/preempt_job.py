@@ -114,7 +114,7 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
                 say(f"at {os.getpid()} {int(ckpt.engine.writer.in_flight())}")
                 wait_go(directory)
 
-    say(f"deadline {ckpt._pre.watcher.deadline}")
+    say(f"deadline {ckpt.run.controller.watcher.deadline}")
     epochs = 40 if phase == "deadline" else job.EPOCHS
     before, after = job.other_callbacks(setup)
     callbacks = [Interrupt(), *before, ckpt, *after]

@@ -96,7 +96,7 @@ def test_restart_from_a_step_checkpoint_in_process_is_exact(tmp_path):
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             if (self.epoch, batch) == (1, 4):
-                ckpt._pre.watcher.trigger("test")
+                ckpt.run.controller.watcher.trigger("test")
 
     keras.utils.set_random_seed(0)
     fit(resumed, [Stop(), ckpt])
@@ -138,4 +138,4 @@ def test_a_fit_that_raises_gives_the_signal_handlers_back(tmp_path):
             break
         time.sleep(0.01)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert ckpt._pre.watcher.pending is None
+    assert ckpt.run.controller.watcher.pending is None

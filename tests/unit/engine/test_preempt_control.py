@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -11,8 +10,6 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.group import SOLO
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.distributed.agreement import make_controller
-from candle_ckpt.distributed.worker_state import WorkerInfo
 from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, exit_status
 
 
@@ -169,25 +166,6 @@ def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
         pre.step_end(0, step, engine.save(0, step), last=step == 6)
     assert [(s, r) for _, s, _, r in engine.saved] == [(2, "steps"), (4, "steps")]
     assert not PreemptionController(cfg, Engine(), OpsLog(None)).enabled
-
-
-def test_make_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> None:
-    """make_controller: the signals, the deadline and the exit code; checkpointing off catches nothing."""
-    params = {
-        "ckpt_preempt_check": 4,
-        "ckpt_preempt_exit_code": 3,
-        "ckpt_preempt_signals": "SIGUSR1,SIGTERM",
-        "ckpt_deadline": "+3600",
-    }
-    info = WorkerInfo("worker", 1, 2, False)
-    pre = make_controller(CkptConfig.from_params(params), Engine(), None, info, OpsLog(None))
-    assert isinstance(pre.agreement, NoticeAgreement)
-    assert pre.cfg.preempt_exit_code == 3 and pre.who == "worker worker:1 "
-    assert sorted(pre.watcher.signals) == sorted([signal.SIGUSR1, signal.SIGTERM])
-    assert 3500 < pre.watcher.time_left() <= 3600
-    off = make_controller(CkptConfig.from_params({**params, "ckpt_save_interval": 0}), Engine(), None, info,
-                          OpsLog(None))  # fmt: skip
-    assert not off.enabled
 
 
 def test_a_caught_signal_is_handed_to_the_agreement_at_once() -> None:

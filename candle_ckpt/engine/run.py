@@ -1,0 +1,308 @@
+"""One training run's lifecycle, owned in one place for every front end.
+
+A *run* is one ``fit`` (the Keras 3 callback, the tf_keras callback) or one
+``train()`` (``JobRunner``). Its front end knows the framework: how to capture
+a model, where its callback list and input are, what a step and an epoch end
+are. :class:`TrainingRun` knows everything else, the same way for all three:
+
+- **the writer lock**: taken at :meth:`TrainingRun.begin`, released at
+  :meth:`TrainingRun.end` once the last write has landed, or by the fit guard
+  when ``fit`` raised (:mod:`candle_ckpt.engine.fit_guard`);
+- **the group of the run**: a fresh scope of the job's
+  :class:`~candle_ckpt.core.group.Group` per run (its meetings and keys,
+  deleted by the last meeting at the end), which the engine's saves and the
+  preemption agreement meet in;
+- **the one preemption controller**, built from that group
+  (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
+  :class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`), asked after
+  every step and every epoch end;
+- **every signal handler**: from ``restart()`` to ``begin`` the preemption
+  signals are held (:func:`hold_signals`); from ``begin`` to the end the
+  controller's watcher owns the preemption signals, and SIGTERM, if the watcher
+  does not catch it and writes are asynchronous, becomes ``SystemExit`` so that
+  the exit hook commits the write in flight (:class:`~candle_ckpt.engine.writer.SigtermExit`);
+  at the end every handler from before comes back. Nothing else in the package
+  installs a handler for a training run (``tests/unit/engine/test_run.py``);
+- **the Ctrl-C line** at exit (:class:`~candle_ckpt.engine.interrupt.InterruptNotice`);
+- **resume adoption and the parked state**: what ``restart()`` attached to the
+  model (:class:`~candle_ckpt.engine.resume.Resumed`) is adopted by the engine
+  once, and the state it could not apply yet (the optimizer's, restored before
+  ``compile()``; the training state, for the first epoch) is handed out once.
+
+The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step
+:meth:`~TrainingRun.step_end` and per epoch :meth:`~TrainingRun.epoch_end`, then
+:meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front end
+sees it, as ``JobRunner`` does). A :class:`~candle_ckpt.engine.preempt.PreemptExit`
+or an error in a save ends the run on the spot, before it propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.config.signals import signal_numbers
+from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.decision import checkpointing_off
+from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.interrupt import InterruptNotice
+from candle_ckpt.engine.pending import ParkedOptimizer
+from candle_ckpt.engine.preempt import PreemptExit, catch_early
+from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
+from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
+from candle_ckpt.engine.writer import SigtermExit
+
+Capturer = Callable[[], Capture]
+
+
+def hold_signals(cfg: CkptConfig) -> list[str]:
+    """From ``restart()`` until a run begins: hold the preemption signals for the run's first step.
+
+    Returns the names of the signals held (none with checkpointing off, off the main thread, or where the
+    program installed its own handler). See :func:`~candle_ckpt.engine.preempt.catch_early`.
+    """
+    if checkpointing_off(cfg):
+        return []
+    return catch_early(signal_numbers(cfg.preempt_signals))
+
+
+class TrainingRun:
+    """The lifecycle of one training run (one ``fit`` or ``train()``), the same for every front end.
+
+    Args:
+        cfg: The job's configuration, ``ckpt_async`` resolved (:meth:`CkptConfig.resolved`).
+        engine: The run's :class:`~candle_ckpt.engine.engine.CheckpointEngine`; made, and closed (the lock
+            let go), by the front end before the first run.
+        log: The job's log.
+        group: The job's processes (SOLO: one). Each run meets in a fresh scope of it.
+        scope: The scope's name (``"fit"``), or None when ``group`` is the run's own scope already.
+        who: How this process is named in the preemption line (``"process 1 "``).
+        step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
+        dispatch_files: The framework's callback dispatcher files (for the fit guard); empty: no guard,
+            the front end calls :meth:`end` from its own ``finally``.
+        on_release: The front end's own release (its hooks, stdout), run with the lock's.
+    """
+
+    def __init__(
+        self,
+        cfg: CkptConfig,
+        engine: CheckpointEngine,
+        log: OpsLog,
+        *,
+        group: Group = SOLO,
+        scope: str | None = "fit",
+        who: str = "",
+        step_saves: bool = False,
+        dispatch_files: tuple[str, ...] = (),
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        self.cfg, self.engine, self.log = cfg, engine, log
+        self.group, self._scope = group, scope
+        self.fit_group: Group = SOLO  # this run's scope of the group, between begin() and the end
+        self._meets = engine.group.size > 1  # the engine's saves meet in the run's scope (JAX's part-per-process)
+        self.controller = PreemptionController(cfg, engine, log, step_saves=step_saves, who=who)
+        self.sigterm = SigtermExit()
+        self._guard = FitGuard(self._release, dispatch_files) if dispatch_files else None
+        self._interrupt = InterruptNotice(log, engine.store, self._settle)
+        self._on_release = on_release
+        self.resumed: Resumed | None = None  # what restart() restored, once adopted
+
+    # -- what the front ends read --------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        """Whether anything happens per step (preemption watched, or periodic step checkpoints)."""
+        return self.controller.enabled
+
+    @property
+    def stopped(self) -> bool:
+        """True once a preemption save stopped this run."""
+        return self.controller.stopped
+
+    @property
+    def saved_at(self) -> tuple[int, int] | None:
+        """``(epoch, steps done)`` of this run's preemption save, else None."""
+        return self.controller.saved_at
+
+    # -- resume --------------------------------------------------------------------------------------------
+    def adopt(self, model: Any) -> Resumed | None:
+        """What ``restart()`` attached to ``model`` for this directory: adopted by the engine once (best
+        tracking, lineage, no prune of it), and returned."""
+        resumed = resumed_of(model, self.cfg.directory)
+        self.adopt_resumed(resumed)
+        return self.resumed
+
+    def adopt_resumed(self, resumed: Resumed | None) -> None:
+        """Adopt ``resumed`` (a restore the front end did itself), unless it is the one adopted already."""
+        if resumed is not None and resumed is not self.resumed:
+            self.resumed = resumed
+            self.engine.adopt_resumed(resumed.sidecar, resumed.load)
+
+    @property
+    def where(self) -> str:
+        """The resumed checkpoint's directory, or "" before any resume."""
+        return checkpoint_dir(self.engine.store.layout, self.resumed.sidecar) if self.resumed is not None else ""
+
+    def take_parked(self, apply_optimizer: Callable[[ParkedOptimizer, str], None]) -> bytes | None:
+        """Hand out what the restore parked, once: the optimizer's state is applied now through
+        ``apply_optimizer(parked, where)`` (``restart()`` ran before ``compile()``; the optimizer exists now),
+        and the training state is returned, for the front end to put back before the first epoch."""
+        if self.resumed is None:
+            return None
+        pending = self.resumed.pending
+        parked = pending.take_optimizer()
+        if parked is not None:
+            apply_optimizer(parked, self.where)
+            self.log.info(f"restart: applied the optimizer state of {self.where} ({len(parked.values)} variables)")
+        return pending.take_train_state()
+
+    # -- the run -------------------------------------------------------------------------------------------
+    def begin(self, hook_frame: FrameType | None = None) -> None:
+        """The run starts: the fit guard (``hook_frame``: the framework's hook calling us), the writer lock, the
+        run's scope of the group, then every signal handler (the preemption watcher first, then SIGTERM's)."""
+        if self._guard is not None and hook_frame is not None:
+            self._guard.arm(hook_frame)  # first: an earlier fit's release (if under way) ends here
+        self.engine.open()
+        if self.group.size > 1:
+            self.fit_group = scoped(self.group, self._scope) if self._scope else self.group
+            if self._meets:
+                self.engine.group = self.fit_group
+        agreement = None
+        if self.fit_group.size > 1 and self.controller.enabled:  # nothing is said on a step unless one asks to stop
+            agreement = NoticeAgreement(self.fit_group, timeout_s=group_timeout())
+        self.controller.arm(agreement)
+        # SIGTERM has one owner: the watcher when it is a preemption signal; else, with asynchronous writes,
+        # SigtermExit (a scheduler's stop becomes SystemExit, and the exit hook commits the write in flight).
+        if not self.controller.watcher.catches("SIGTERM"):
+            self.sigterm.arm(self.engine.writer)
+        self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
+
+    def step_end(
+        self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False
+    ) -> bool:
+        """After step ``step`` (1-based) of epoch index ``epoch``: True once training must stop.
+
+        ``capture`` takes the step checkpoint's files (called only when one is saved); ``last``: the epoch's
+        last step (a request there is answered by the epoch's checkpoint).
+
+        Raises:
+            PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
+        """
+
+        def save(reason: str) -> Sidecar | None:
+            return self.engine.save_step(epoch, step, logs, capture, reason)
+
+        try:
+            return self.controller.step_end(epoch, step, save, last=last)
+        except PreemptExit:
+            self._exit()
+            raise
+        except BaseException:
+            self._failed()
+            raise
+
+    def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
+        """After ``done`` completed epochs: save it if the policy says so, then True once training must stop.
+
+        ``last_epoch``: the job is done (a stop request is then only logged).
+
+        Raises:
+            PreemptExit: as :meth:`step_end`.
+            CheckpointSaveError: the save failed with ``ckpt_on_error=raise`` (the run has ended).
+        """
+        if self.controller.stopped:
+            return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
+        try:
+            saved = self.engine.save(done, logs, capture)
+
+            def force(reason: str) -> bool:
+                return self.engine.save(done, logs, capture, reason=reason)
+
+            return self.controller.epoch_end(done, saved, force, last_epoch=last_epoch)
+        except PreemptExit:
+            self._exit()
+            raise
+        except BaseException:
+            self._failed()
+            raise
+
+    def end(self, ok: bool = True) -> None:
+        """The run ended: the last write lands (its error raised when ``ok``, else only logged: the loop's own
+        error is the one to see), the handlers come back, the group meets a last time, the lock is let go.
+
+        ``ok=False``: the loop raised (``JobRunner``'s ``finally``). Safe to call after the run ended already.
+        """
+        if self._guard is not None:
+            self._guard.disarm()
+        ended = False
+        try:
+            if ok:
+                self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
+            else:
+                try:
+                    self.engine.finish()
+                except Exception as err:
+                    self.log.warning(f"while stopping after an error: {err}")
+            # Every rank ended alike (or all were preempted at one step): they meet once more.
+            ended = ok or self.controller.stopped
+        finally:
+            self.sigterm.disarm()
+            if ok:
+                self._interrupt.fit_returned()
+            self.controller.close(ended=ended)
+            if ended:
+                self._close_group()
+            self._release()
+
+    def close(self) -> None:
+        """Let go of the writer lock now (it is let go at the end of every run anyway)."""
+        if self._guard is not None:
+            self._guard.disarm()
+        self._release()
+
+    # -- how a run ends otherwise ----------------------------------------------------------------------------
+    def _exit(self) -> None:
+        """A preemption checkpoint is committed and the process exits: give the signals and the lock back."""
+        self.sigterm.disarm()
+        self.controller.close()
+        self._close_group()
+        self.close()
+
+    def _failed(self) -> None:
+        """A save failed (``ckpt_on_error=raise``) and the loop stops without its end: the signals come back now;
+        the lock too, unless a write is in flight (the fit guard then waits for it, on its own thread: this one
+        must unwind, so that a SIGTERM's exit hook can commit that write)."""
+        self.sigterm.disarm()
+        self.controller.close(ended=False)
+        if not self.engine.writer.in_flight():
+            self.close()
+
+    def _close_group(self) -> None:
+        """The run ended alike on every process: the last meeting deletes every key of its scope."""
+        group, self.fit_group = self.fit_group, SOLO
+        if self._meets:
+            self.engine.group = self.group
+        group.close(group_timeout())
+
+    def _settle(self) -> None:
+        """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit:
+        waiting up to' line, the bounded join, its error handled), so that the line names what is committed."""
+        writer = self.engine.writer
+        if hasattr(writer, "join_at_exit"):
+            writer.join_at_exit()
+        else:
+            writer.join(self.cfg.async_timeout)
+
+    def _release(self) -> None:
+        """Let go of what the run held: the signals (from any thread: the main thread puts them back), the front
+        end's hooks, and the writer lock (after the last write)."""
+        self.controller.watcher.release()
+        if self._on_release is not None:
+            self._on_release()
+        self.engine.close()
