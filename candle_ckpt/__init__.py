@@ -38,7 +38,7 @@ _LAZY = {
     "NoValidCheckpoint": "candle_ckpt.core.errors",
     "CandleCheckpointCallback": "candle_ckpt.keras.callback",
     "restart": "candle_ckpt.adapters",
-    "JobRunner": "candle_ckpt.keras.runner",
+    "JobRunner": "candle_ckpt.runner.job",
     "load_weights": "candle_ckpt.keras.partial",
     "WorkerTrainingState": "candle_ckpt.adapters",
     "CandleCkptKeras": "candle_ckpt.keras.candle_api",

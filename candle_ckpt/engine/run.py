@@ -38,7 +38,8 @@ or an error in a save ends the run on the spot, before it propagates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -198,14 +199,8 @@ class TrainingRun:
         def save(reason: str) -> Sidecar | None:
             return self.engine.save_step(epoch, step, logs, capture, reason)
 
-        try:
+        with self._ended_by_errors():
             return self.controller.step_end(epoch, step, save, last=last)
-        except PreemptExit:
-            self._exit()
-            raise
-        except BaseException:
-            self._failed()
-            raise
 
     def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
         """After ``done`` completed epochs: save it if the policy says so, then True once training must stop.
@@ -218,19 +213,13 @@ class TrainingRun:
         """
         if self.controller.stopped:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
-        try:
+        with self._ended_by_errors():
             saved = self.engine.save(done, logs, capture)
 
             def force(reason: str) -> bool:
                 return self.engine.save(done, logs, capture, reason=reason)
 
             return self.controller.epoch_end(done, saved, force, last_epoch=last_epoch)
-        except PreemptExit:
-            self._exit()
-            raise
-        except BaseException:
-            self._failed()
-            raise
 
     def end(self, ok: bool = True) -> None:
         """The run ended: the last write lands (its error raised when ``ok``, else only logged: the loop's own
@@ -267,6 +256,19 @@ class TrainingRun:
         self._release()
 
     # -- how a run ends otherwise ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _ended_by_errors(self) -> Iterator[None]:
+        """A PreemptExit (the checkpoint committed, the process exits) or any error in a step or an epoch end
+        (a failed save) ends the run there, before it propagates."""
+        try:
+            yield
+        except PreemptExit:
+            self._exit()
+            raise
+        except BaseException:
+            self._failed()
+            raise
+
     def _exit(self) -> None:
         """A preemption checkpoint is committed and the process exits: give the signals and the lock back."""
         self.sigterm.disarm()

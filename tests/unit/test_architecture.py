@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": {"core", "config", "storage", "engine"},
     "tf_keras": {"core", "config", "storage", "engine", "distributed"},
     "keras": {"core", "config", "storage", "engine", "distributed"},
+    "runner": {"core", "config", "storage", "engine", "distributed", "keras"},
     "adapters": {"distributed", "keras", "tf_keras"},
     "cli": {"core", "config", "storage", "engine", "__init__"},
 }

@@ -12,7 +12,7 @@ and saves through the same :class:`~candle_ckpt.engine.engine.CheckpointEngine` 
 the callback, so it has the same crash-safe commit, CRC verification with
 fallback, keep policies, async writer, ``ckpt_on_error`` and remote copies.
 
-What a checkpoint holds, and optimizers: :mod:`candle_ckpt.keras.runner_state`.
+What a checkpoint holds, and optimizers: :mod:`candle_ckpt.runner.state`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras.group_restart import agree_on_checkpoint
-from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
-from candle_ckpt.keras.runner_group import reads as group_reads
-from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
+from candle_ckpt.keras.sharded import keras_group
+from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
+from candle_ckpt.runner.sharded import reads as group_reads
+from candle_ckpt.runner.state import (  # noqa: F401 - STATE_* are this module's names too
     STATE_FILES,
     STATE_H5,
     STATE_JSON,
@@ -47,7 +48,6 @@ from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this mo
     restore_runner,
     state_kind,
 )
-from candle_ckpt.keras.sharded import keras_group
 from candle_ckpt.storage.sharded import MANIFEST
 
 StopCondition = int | Callable[[int, Mapping[str, Any]], bool]
@@ -82,7 +82,7 @@ class JobRunner:
             A job of several JAX processes (``jax.distributed``, ``jax.process_count() > 1``)
             needs no argument: run the same runner on every process with the same
             ``ckpt_directory``; each writes its shards and its own ``state`` into every
-            checkpoint, process 0 commits (:mod:`candle_ckpt.keras.runner_group`), and
+            checkpoint, process 0 commits (:mod:`candle_ckpt.runner.sharded`), and
             ``epoch_fn`` must return the same logs on every process.
         logger: ``"DEFAULT"``, a :class:`logging.Logger`, or None.
         verbose: Print progress (with ``logger="DEFAULT"``).

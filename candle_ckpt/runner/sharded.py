@@ -1,4 +1,4 @@
-"""A :class:`~candle_ckpt.keras.runner.JobRunner` checkpoint written by every process of a multi-process JAX job.
+"""A :class:`~candle_ckpt.runner.job.JobRunner` checkpoint written by every process of a multi-process JAX job.
 
 The same format as the callback's sharded checkpoint (:mod:`candle_ckpt.keras.sharded`):
 every variable of every registered object is named ``<object name>/<variable.path>``
@@ -22,15 +22,6 @@ from typing import Any
 
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.keras.runner_state import (
-    STATE_JSON,
-    STATE_NPZ,
-    RunnerObject,
-    apply_loop_state,
-    loop_state_files,
-    read_loop_state,
-    state_variable,
-)
 from candle_ckpt.keras.sharded import (
     ORDER,
     assign_all,
@@ -41,6 +32,15 @@ from candle_ckpt.keras.sharded import (
     state_variables,
 )
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
+from candle_ckpt.runner.state import (
+    STATE_JSON,
+    STATE_NPZ,
+    RunnerObject,
+    apply_loop_state,
+    loop_state_files,
+    read_loop_state,
+    state_variable,
+)
 from candle_ckpt.storage.sharded import MANIFEST, write_part
 from candle_ckpt.storage.store import FileSpec
 

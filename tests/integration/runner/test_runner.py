@@ -278,8 +278,8 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
 
 
 def test_importing_the_runner_keeps_restart_a_function() -> None:
-    """Importing candle_ckpt.keras.runner first does not shadow the lazily exported restart() with a submodule."""
-    code = "import candle_ckpt.keras.runner\nfrom candle_ckpt import restart, load_weights\nprint(callable(restart))"
+    """Importing candle_ckpt.runner.job first does not shadow the lazily exported restart() with a submodule."""
+    code = "import candle_ckpt.runner.job\nfrom candle_ckpt import restart, load_weights\nprint(callable(restart))"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True", done.stderr[-2000:]

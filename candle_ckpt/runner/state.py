@@ -1,4 +1,4 @@
-"""The objects and the loop state of :class:`~candle_ckpt.keras.runner.JobRunner`: what each is, and its files.
+"""The objects and the loop state of :class:`~candle_ckpt.runner.job.JobRunner`: what each is, and its files.
 
 * :class:`RunnerObject`: one registered Keras object (model, layer or
   optimizer) with its ``<name>.weights.h5`` and what builds it;
