@@ -41,9 +41,9 @@ _LAZY = {
     "JobRunner": "candle_ckpt.runner.job",
     "load_weights": "candle_ckpt.keras.partial",
     "WorkerTrainingState": "candle_ckpt.adapters",
-    "CandleCkptKeras": "candle_ckpt.keras.candle_api",
-    "CandleCkpt": "candle_ckpt.keras.candle_api",
-    "MultiGPUCheckpoint": "candle_ckpt.keras.candle_api",
+    "CandleCkptKeras": "candle_ckpt.compat.candle_api",
+    "CandleCkpt": "candle_ckpt.compat.candle_api",
+    "MultiGPUCheckpoint": "candle_ckpt.compat.candle_api",
 }
 
 #: The names a CANDLE script takes from ``candle`` for checkpointing (see docs/migrating.rst).

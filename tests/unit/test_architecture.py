@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "tf_keras": {"core", "config", "storage", "engine", "distributed"},
     "keras": {"core", "config", "storage", "engine", "distributed"},
     "runner": {"core", "config", "storage", "engine", "distributed", "keras"},
+    "compat": {"core", "config", "storage", "engine", "distributed", "keras"},
     "adapters": {"distributed", "keras", "tf_keras"},
     "cli": {"core", "config", "storage", "engine", "__init__"},
 }
