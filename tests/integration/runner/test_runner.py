@@ -52,6 +52,38 @@ def _last_epoch(link: Path) -> int:
         return -1
 
 
+def test_ctrl_c_during_train_keeps_the_traceback_and_says_once_what_is_committed(tmp_path: Path) -> None:
+    """JobRunner's run is the callback's (engine/run.TrainingRun): a real SIGINT during train() ends the script as
+    Python ends it (its traceback, status -SIGINT), and one line at exit, last in ckpt.log, names the checkpoint
+    `last` points to (this job logs to ckpt.log only: logger=None)."""
+    d = tmp_path / "job"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), str(d), "1000", str(tmp_path / "out.npz"), "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        last = d / "ckpts" / "last"
+        deadline = time.monotonic() + 300  # Keras's import and two epochs, on a loaded machine
+        while _last_epoch(last) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and _last_epoch(last) >= 2, "no epoch 2 (or the job ended)"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    lines = err.splitlines()
+    assert "KeyboardInterrupt" in lines, err[-3000:]
+    epoch = _last_epoch(last)
+    said = f"interrupted (Ctrl-C): the last committed checkpoint is epoch {epoch} ({d}/ckpts/epochs/{epoch:03d})"
+    log = (d / "ckpt.log").read_text().splitlines()
+    assert [s for s in log if "interrupted (Ctrl-C)" in s] == [log[-1]] and log[-1].endswith(said), log[-5:]
+
+
 def test_kill9_then_restart_ends_bit_identical(tmp_path: Path) -> None:
     """A runner subprocess killed with SIGKILL mid-run and started again ends like an uninterrupted run."""
     ref, _, _ = RL.run(str(tmp_path / "ref"), 5)
