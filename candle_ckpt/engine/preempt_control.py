@@ -282,13 +282,15 @@ class PreemptionController:
 
     Args:
         cfg: The job's configuration (``ckpt_preempt_*``, ``ckpt_deadline*``, ``ckpt_save_steps``).
-        engine: The job's (or this worker's) ``CheckpointEngine``: ``records``,
-            ``finish()``, ``store``, ``scratch_dir`` and ``preempt`` are used.
+        engine: The job's (or this worker's) ``CheckpointEngine``, read only: ``records``,
+            ``finish()``, ``store``, ``scratch_dir`` and ``drained`` are used.
         log: The job's log.
         agreement: The agreement step (:data:`SOLO`: one process); :meth:`arm` may hand over another
             for each fit (:class:`~candle_ckpt.engine.run.TrainingRun` does, over the fit's scope of the group).
         who: How this worker is named in the log line (``"worker worker:1 "``).
         step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
+        on_record: Called with the preemption save's record (:attr:`record`) before the exit or the return;
+            the training run keeps it where ``stats()["preempt"]`` reads it.
     """
 
     def __init__(
@@ -300,7 +302,10 @@ class PreemptionController:
         agreement: Agreement = SOLO,
         who: str = "",
         step_saves: bool = False,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        self.on_record = on_record
+        self.record: dict[str, Any] | None = None  # the preemption save of the last fit (stats()["preempt"])
         self.cfg, self.engine, self.log, self.agreement, self.who = cfg, engine, log, agreement, who
         on = not checkpointing_off(cfg)  # nothing is saved, nothing is caught
         deadline, self.deadline_source = resolve_deadline(cfg.deadline, time.time(), os.environ)
@@ -328,7 +333,7 @@ class PreemptionController:
         """
         if agreement is not None:
             self.agreement = agreement
-        self.saved_at, self.mid_epoch = None, False
+        self.saved_at, self.mid_epoch, self.record = None, False, None
         self._last, self._step_s = time.monotonic(), 0.0
         warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
         if warning:
@@ -463,7 +468,9 @@ class PreemptionController:
         record.update(save_s=round(time.monotonic() - start, 6), agreement=self.agreement.stats())
         if asked:
             record["requested_by"] = asked[0]  # the rank that was asked
-        self.engine.preempt = record
+        self.record = record
+        if self.on_record is not None:
+            self.on_record(record)
         what = f"committed {path}" if path else "saved its scratch copy" if self.engine.scratch_dir else ""
         what = (what or "no checkpoint could be committed") + (f" at process {asked[0]}'s request" if asked else "")
         if drained is not None:

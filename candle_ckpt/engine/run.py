@@ -108,7 +108,9 @@ class TrainingRun:
         self.group, self._scope = group, scope
         self.fit_group: Group = SOLO  # this run's scope of the group, between begin() and the end
         self._meets = engine.group.size > 1  # the engine's saves meet in the run's scope (JAX's part-per-process)
-        self.controller = PreemptionController(cfg, engine, log, step_saves=step_saves, who=who)
+        self.controller = PreemptionController(
+            cfg, engine, log, step_saves=step_saves, who=who, on_record=self._preempted
+        )
         self.sigterm = SigtermExit()
         self._guard = FitGuard(self._release, dispatch_files) if dispatch_files else None
         self._interrupt = InterruptNotice(log, engine.store, self._settle)
@@ -291,6 +293,10 @@ class TrainingRun:
         if self._meets:
             self.engine.group = self.group
         group.close(group_timeout())
+
+    def _preempted(self, record: dict[str, Any]) -> None:
+        """The preemption save's record, kept for ``stats()["preempt"]``."""
+        self.engine.preempt = record
 
     def _settle(self) -> None:
         """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit:

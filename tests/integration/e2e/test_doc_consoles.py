@@ -139,18 +139,22 @@ def test_api_rst_names_every_stats_key_and_every_preempt_key(tmp_path: Path) -> 
 
     from candle_ckpt.config.params import CkptConfig
     from candle_ckpt.core.log import OpsLog
+    from candle_ckpt.engine.capture import Capture
     from candle_ckpt.engine.engine import CheckpointEngine
-    from candle_ckpt.engine.preempt_control import PreemptionController
+    from candle_ckpt.engine.run import TrainingRun
+    from candle_ckpt.storage.store import FileSpec
 
     text = " ".join((README.parent / "docs" / "api.rst").read_text().split())
     stats_doc, preempt_doc = re.findall(r'``(\{"saves".*?\}|\{"reason".*?\})``', text)
     cfg = CkptConfig.from_params({"ckpt_directory": str(tmp_path), "ckpt_preempt_exit_code": "return"})
     engine = CheckpointEngine(cfg, OpsLog(None))
     assert set(re.findall(r'"(\w+)":', stats_doc)) == set(engine.stats())
-    pre = PreemptionController(cfg, engine, OpsLog(None))
-    pre.watcher.trigger("SIGTERM", signal.SIGTERM)
-    pre.step_end(0, 1, lambda reason: None)
-    engine.close()
+    run = TrainingRun(cfg, engine, OpsLog(None))
+    run.begin()
+    run.controller.watcher.trigger("SIGTERM", signal.SIGTERM)
+    capture = lambda: Capture(files=[FileSpec("m.bin", lambda f: f.write(b"w"))], model_file="m.bin", nbytes=1)  # noqa: E731
+    assert run.step_end(0, 1, {}, capture)
+    run.end()
     assert set(re.findall(r'"(\w+)":', preempt_doc)) == set(engine.stats()["preempt"])
 
 

@@ -73,7 +73,7 @@ def run_job(size: int, steps: int, at_step: Callable[[int, int, PreemptionContro
         finally:
             pre.close()
             group.close(30)
-        out.update(saved=engine.saved, record=engine.preempt, agreement=pre.agreement)
+        out.update(saved=engine.saved, record=pre.record, agreement=pre.agreement)
         results[r] = out
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]

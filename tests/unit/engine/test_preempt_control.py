@@ -72,7 +72,7 @@ def test_one_process_answers_with_its_own_flag_at_every_step_without_a_collectiv
 
 def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143() -> None:
     """When the workers agree on another worker's request, this one saves that step once (reason 'peer'),
-    joins the write, records it in engine.preempt, and exits with 143 (a peer's request counts as SIGTERM)."""
+    joins the write, records it (pre.record), and exits with 143 (a peer's request counts as SIGTERM)."""
     engine = Engine(scratch_dir="/tmp/scratch")
     agreement = ScriptedAgreement(at=2)
     pre = controller(engine, agreement)
@@ -82,7 +82,7 @@ def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143()
     assert exc.value.code == 143
     assert engine.saved == [(0, 2, {"loss": 0.5}, "peer")] and engine.finished == 1
     assert pre.saved_at == (0, 2) and pre.mid_epoch and agreement.stats()["points"] == 2
-    assert engine.preempt["reason"] == "peer" and engine.preempt["step"] == 2 and engine.preempt["exit_code"] == 143
+    assert pre.record["reason"] == "peer" and pre.record["step"] == 2 and pre.record["exit_code"] == 143
     assert pre.step_end(0, 3, engine.save(0, 3)) is True and engine.saved[1:] == []
 
 
@@ -94,7 +94,7 @@ def test_with_return_training_stops_and_fit_returns() -> None:
     assert pre.step_end(3, 7, engine.save(3, 7)) is True
     assert pre.step_end(3, 8, engine.save(3, 8)) is True
     assert engine.saved == [(3, 7, {}, "SIGUSR1")] and engine.finished == 1
-    assert engine.preempt["exit_code"] is None and engine.preempt["signal_to_commit_s"] >= 0
+    assert pre.record["exit_code"] is None and pre.record["signal_to_commit_s"] >= 0
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_the_exit_status_is_128_plus_the_signal_unless_one_is_given(setting, rea
     pre.watcher.trigger(reason, signum)
     with pytest.raises(SystemExit) as exc:
         pre.step_end(0, 1, engine.save(0, 1))
-    assert exc.value.code == code == engine.preempt["exit_code"]
+    assert exc.value.code == code == pre.record["exit_code"]
     assert exit_status("return", pre.watcher.pending) is None
 
 
