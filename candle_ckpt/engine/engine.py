@@ -115,7 +115,7 @@ class CheckpointEngine:
     def _node_drain(self) -> Any:
         """A non-primary whose ``ckpt_directory`` is its own (node-local) drains its own part of each checkpoint
         to the persistent tier: its drain, made at its first commit there (None without a persistent tier)."""
-        if self.remote is None and self.cfg.persistent and self.group is not None and self.group.rank != 0:
+        if self.remote is None and self.cfg.persistent and not is_primary(self.group):
             from candle_ckpt.storage.drain import Drain
 
             self.remote = Drain(self.cfg, self.store, self.log, self.retention.select, group_timeout())

@@ -22,7 +22,7 @@ from typing import Any
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointSaveError
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.storage.multipart import NodePart, SharedSave, hear_work_ready, node_local_word, write_rank_part
@@ -77,7 +77,7 @@ def commit_epoch(
     """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks, unless
     their ``ckpt_directory`` is their own (node-local): then each commits its copy there and gets its sidecar."""
     key, timeout_s = group.meeting("save"), group_timeout()
-    if group.rank != 0:
+    if not is_primary(group):
         word = hear_work_ready(group, key, timeout_s)
         generation = node_local_word(store.layout, word)
         if generation is not None:
@@ -93,7 +93,7 @@ def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Si
     """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar
     (a node-local rank: that of its own copy)."""
     key, timeout_s = group.meeting("save"), group_timeout()
-    if group.rank != 0:
+    if not is_primary(group):
         word = hear_work_ready(group, key, timeout_s)
         generation = node_local_word(store.layout, word)
         if generation is not None:

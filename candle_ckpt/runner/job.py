@@ -24,7 +24,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -180,7 +180,7 @@ class JobRunner:
         # A one-process checkpoint under several processes: every process loads the same files (mapped
         # by the group's verification: read here as bytes), then they meet.
         contents = {name: bytes(data) for name, data in chosen.contents.items()}
-        if self.group.rank != 0:
+        if not is_primary(self.group):
             log.warning(
                 f"restart: {where} was written by one process: process {self.group.rank} continues with "
                 "that process's loop state (its RNG states and positions)"
@@ -269,7 +269,7 @@ class JobRunner:
         self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
         if self.group.size > 1:  # several JAX processes: each writes its part; process 0 locks, commits and logs
             layout = L.Layout.of(self.cfg)
-            self.log = OpsLog(layout.log if self.group.rank == 0 else None, get_logger(self.logger, self.verbose))
+            self.log = OpsLog(layout.log if is_primary(self.group) else None, get_logger(self.logger, self.verbose))
         if self.strategy is not None:
             from candle_ckpt.distributed.worker_state import WorkerTrainingState
 
