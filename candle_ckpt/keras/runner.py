@@ -30,9 +30,9 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
-from candle_ckpt.keras.group_restart import agree_on_checkpoint
 from candle_ckpt.keras.runner_group import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.keras.runner_group import reads as group_reads
 from candle_ckpt.keras.runner_state import (  # noqa: F401 - STATE_* are this module's names too
