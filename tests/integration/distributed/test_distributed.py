@@ -14,6 +14,7 @@ all-reduce is deterministic here (the tests would show it if it were not).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -161,3 +162,44 @@ def test_keras3_job_runner_worker_killed_then_chief_killed_during_commit(tmp_pat
     ref.wait()
     for i in range(2):
         assert_same(run3.final(i), ref.final(0))
+
+
+# -- the one restore protocol (engine/group_restore.py) over tf_group ----------------------
+def test_tf_keras_cluster_falls_back_together_when_a_worker_cannot_verify_the_newest(tmp_path: Path) -> None:
+    """tf_keras fit on 2 workers, 3 epochs; restart where worker 1 reads epoch 3's weights file with a byte flipped
+    (the chief's copy is intact): the chief chose epoch 3, worker 1's CRC check fails, the chief rejects it and
+    both workers restore epoch 2, identical, and retrain epoch 3 bit-identical to the first run; the chief's
+    ckpt.log says why epoch 3 was skipped."""
+    ckpt = tmp_path / "ckpt"
+    first = run_to_end(tmp_path, "first", "tfk", ckpt, 3, 2)
+    assert last_link(ckpt) == "epochs/003"
+    bad = ["--corrupt-read", "ckpts/epochs/003/model_weights.h5"]
+    again = Cluster(tmp_path, "again", "tfk", ckpt, 3, 2, extra={1: bad})
+    again.wait()
+    assert "CORRUPT-READ" in again.output(1) and "CORRUPT-READ" not in again.output(0)
+    assert again.restored_epochs() == [2, 2]
+    assert_same(again.restored(0), again.restored(1))
+    for i in range(2):
+        assert_same(again.final(i), first.final(0))
+    log = (ckpt / "ckpt.log").read_text()
+    skipped = [line for line in log.splitlines() if "restart: skipping epoch 3: " in line]
+    assert len(skipped) == 1 and "process 1: " in skipped[0] and "model_weights.h5" in skipped[0], log[-3000:]
+    assert "restart: worker worker:0 resumed from " in log and "epochs/002" in log.split("resumed from ")[-1]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_tf_restore_calls_and_keys_left(tmp_path: Path, n: int) -> None:
+    """A tf.distribute restore of n workers (tf_keras restart() of a checkpoint): its calls to TensorFlow's
+    coordination service are O(n) summed over the workers, and once every worker is past it the only keys it set
+    that remain are the n per-rank scope counters (candle_ckpt/opened/R)."""
+    ckpt = tmp_path / "ckpt"
+    run_to_end(tmp_path, "seed", "tfk", ckpt, 1, 1)  # one checkpoint (epoch 1) to restore
+    counted = Cluster(tmp_path, "count", "tfk", ckpt, 1, n, extra={i: ["--count"] for i in range(n)})
+    counted.wait()
+    assert counted.restored_epochs() == [1] * n
+    reports = [json.loads(Path(str(out) + ".count.json").read_text()) for out in counted.outs]
+    calls = sum(sum(r["calls"].values()) for r in reports)
+    left = sorted(k for r in reports for k in r["left"])
+    assert left == [f"candle_ckpt/opened/{r}" for r in range(n)], left
+    assert calls <= 16 * n, (calls, [r["calls"] for r in reports])
+    print(f"N={n}: restore {calls} calls ({calls / n:.1f} per worker), keys left {len(left)}")
