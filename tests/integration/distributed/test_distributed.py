@@ -203,3 +203,45 @@ def test_tf_restore_calls_and_keys_left(tmp_path: Path, n: int) -> None:
     assert left == [f"candle_ckpt/opened/{r}" for r in range(n)], left
     assert calls <= 16 * n, (calls, [r["calls"] for r in reports])
     print(f"N={n}: restore {calls} calls ({calls / n:.1f} per worker), keys left {len(left)}")
+
+
+_LONE_RESTORE = """
+import json, os, sys, time
+rank, p0, p1, d = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+workers = [f"localhost:{p0}", f"localhost:{p1}"]
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+import tensorflow as tf
+from candle_ckpt.core.errors import GroupTimeout
+from candle_ckpt.distributed.worker_state import WorkerTrainingState
+
+class Nothing:
+    reads = ()
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+done = os.path.join(d, "done")
+if rank == 0:
+    state = WorkerTrainingState({"ckpt_directory": d}, adapter=Nothing(), strategy=strategy, writable=False,
+                                verbose=False, collective_timeout_s=3)
+    try:
+        state.restore()
+    except GroupTimeout as err:
+        print("T", err)
+    open(done, "w").close()
+else:  # never restores; stays in the cluster until worker 0 is done
+    deadline = time.monotonic() + 120
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def test_a_worker_that_never_restores_is_named_within_collective_timeout_s(tmp_path: Path) -> None:
+    """2 workers, worker 1 never calls restore(): worker 0's restore raises GroupTimeout after its
+    collective_timeout_s (3 s), naming the meeting point and rank 1."""
+    from cluster import free_ports, run_pair
+
+    script = tmp_path / "lone.py"
+    script.write_text(_LONE_RESTORE)
+    ports = [str(p) for p in free_ports(2)]
+    args = [[str(i), *ports, str(tmp_path / "ckpt")] for i in (0, 1)]
+    outs = run_pair(script, args, {"CUDA_VISIBLE_DEVICES": ""}, wait_s(90))
+    assert "T the processes did not all reach 'restore/0/tiers' within 3 s (rank(s) 1 never came)" in outs[0], outs
