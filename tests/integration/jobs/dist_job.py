@@ -183,12 +183,13 @@ class Counting:
         group = tf_group(strategy, len(strategy.cluster_resolver.cluster_spec().as_dict()["worker"]))
         StoreGroup(TfStore(), group.rank, group.size, prefix="count-probe").barrier("end", 120)
         left = []
-        for key in dict.fromkeys(self.keys):
+        for key in dict.fromkeys(self.keys):  # asked by inserting it (no read that could time out on a busy box)
             try:
-                self.raw().get_config_key_value(key, 1)
+                self.raw().set_config_key_value(key, "probe")
+            except Exception:  # AlreadyExistsError: it is still there
                 left.append(key)
-            except Exception:  # DeadlineExceededError: not there
-                pass
+            else:
+                self.raw().delete_config_key_value(key)
         with open(out + ".count.json", "w") as f:
             json.dump({"calls": self.calls, "set": self.keys, "left": left}, f)
 
