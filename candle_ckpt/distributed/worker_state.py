@@ -34,7 +34,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointError, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import scoped
+from candle_ckpt.core.group import Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, worker_info
@@ -231,6 +231,12 @@ class WorkerTrainingState:
             finally:
                 self._resync()
             return self._loaded(chosen, start, "")
+        return self._restore_together(group, epoch, reads, own, start)
+
+    def _restore_together(
+        self, group: Group, epoch: int | None, reads: tuple[str, ...], own: CheckpointStore | None, start: float
+    ) -> dict[str, Any] | None:
+        """:meth:`restore` of several workers: the one protocol over ``group``'s scope for this restore."""
         # The chief is rank 0 of the group, the primary that chooses: TensorFlow numbers the chief task, or worker 0
         # when the cluster has none, 0 (multi_worker_util.id_in_cluster), as worker_info names the chief.
         if (group.rank == 0) != self.info.is_chief:
@@ -242,7 +248,7 @@ class WorkerTrainingState:
         try:
             try:
                 chosen = agree_on_checkpoint(
-                    cfg, self.log, scope, scope.meeting("restore"), reads, None, epoch,
+                    self.cfg, self.log, scope, scope.meeting("restore"), reads, None, epoch,
                     store=own, fs=self.fs, mapped=False, timeout_s=self.timeout_s, node_local=False,
                 )  # fmt: skip
             finally:
@@ -251,8 +257,8 @@ class WorkerTrainingState:
             found = self._loaded(chosen, start, f"worker {self.info.task_type}:{self.info.task_id}")
         except GroupTimeout:
             raise  # a worker is gone: no last meeting to hold (the keys go with the job)
-        except BaseException:
-            scope.close(self.timeout_s)  # every worker raises the same (the chief's word): all meet here
+        except Exception:
+            scope.close(self.timeout_s)  # an error every worker raises (the chief's word): all meet here
             raise
         scope.close(self.timeout_s)
         return found
