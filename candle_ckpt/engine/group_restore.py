@@ -143,45 +143,28 @@ def agree_on_checkpoint(
         verify = lambda said: _verify_choice(cfg, said, reads, needed, mapped)  # noqa: E731
         return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)
     rejected: dict[str, str] = {}
-    primary = _primary_store(cfg, needed, rejected, store, fs) if group.rank == 0 else None
+    store = _primary_store(cfg, needed, rejected, store, fs) if group.rank == 0 else None
     try:
-        return _agree_shared(cfg, log, group, name, reads, needed, epoch, primary, rejected, mapped, bound)
+        for attempt in itertools.count():
+            key, held = f"{name}/{attempt}", []
+
+            def choose(held: list[Chosen | None] = held) -> str:
+                held.append(select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, steps=True,
+                                              store=store))  # fmt: skip
+                return _choice(held[0])
+
+            said = node_restore.primary_says(group, f"{key}/choice", choose if group.rank == 0 else None, bound)
+            if said == "none":
+                return None
+            mine = held[0] if held else None  # the primary's, verified while choosing
+            verify = (lambda m=mine: m) if mine is not None else (
+                lambda s=said: _verify_choice(cfg, s, reads, needed, mapped))  # fmt: skip
+            chosen, reasons = node_restore.verify_together(group, log, f"{key}/verified", verify, bound)
+            if not reasons:
+                return chosen
+            if store is not None:
+                rejected[_where(store.layout, said)] = "; ".join(reasons)
     finally:
-        if primary is not None:
-            primary.crc_scope = None  # the writer's store goes on without this restore's scope
-
-
-def _agree_shared(
-    cfg: CkptConfig,
-    log: OpsLog,
-    group: Group,
-    name: str,
-    reads: tuple[str, ...],
-    needed: Needed,
-    epoch: int | None,
-    store: CheckpointStore | None,
-    rejected: dict[str, str],
-    mapped: bool,
-    bound: float,
-) -> Chosen | None:
-    """Steps 2 and 3 in a shared ``ckpt_directory`` (``store``: the primary's, None elsewhere)."""
-    for attempt in itertools.count():
-        key, held = f"{name}/{attempt}", []
-
-        def choose(held: list[Chosen | None] = held) -> str:
-            held.append(select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, steps=True, store=store))
-            return _choice(held[0])
-
-        said = node_restore.primary_says(group, f"{key}/choice", choose if group.rank == 0 else None, bound)
-        if said == "none":
-            return None
-        mine = held[0] if held else None  # the primary's, verified while choosing
-        verify = (
-            (lambda m=mine: m) if mine is not None else (lambda s=said: _verify_choice(cfg, s, reads, needed, mapped))
-        )
-        chosen, reasons = node_restore.verify_together(group, log, f"{key}/verified", verify, bound)
-        if not reasons:
-            return chosen
         if store is not None:
-            rejected[_where(store.layout, said)] = "; ".join(reasons)
+            store.crc_scope = None  # the writer's store goes on without this restore's scope
     return None  # not reached: itertools.count() is endless
