@@ -110,11 +110,8 @@ def agree_on_checkpoint(
     node_local: bool = True,
 ) -> Chosen | None:
     """Steps 1 to 3 of the module docstring on every process: the primary's choice, verified everywhere (or,
-    when each process's ``ckpt_directory`` is its own, :mod:`~candle_ckpt.engine.node_restore`'s).
-
-    Each process checks the CRC of the files it reads (the primary while choosing, and only the size of the
-    others' files); if one cannot, the primary rejects that checkpoint, logging every process's reason, and
-    chooses again (round N meets at ``name/N``), every process with it.
+    when each process's ``ckpt_directory`` is its own, :mod:`~candle_ckpt.engine.node_restore`'s); round N of
+    the choice meets at ``name/N``.
 
     Args:
         name: This restore's meeting point prefix (``group.meeting("restore")``).
@@ -139,32 +136,49 @@ def agree_on_checkpoint(
     wanted = epoch if epoch is not None else cfg.restart_epoch
     word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted, timeout_s=bound,
                                        node_local=node_local)  # fmt: skip
+    verify = lambda said: _verify_choice(cfg, said, reads, needed, mapped)  # noqa: E731
     if word != node_restore.SHARED:
-        verify = lambda said: _verify_choice(cfg, said, reads, needed, mapped)  # noqa: E731
         return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)
+    if group.rank != 0:
+        return _agree_shared(group, log, name, None, verify, bound)
     rejected: dict[str, str] = {}
-    store = _primary_store(cfg, needed, rejected, store, fs) if group.rank == 0 else None
+    store = _primary_store(cfg, needed, rejected, store, fs)
+
+    def select() -> Chosen | None:
+        return select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, steps=True, store=store)
+
+    def reject(said: str, reasons: list[str]) -> None:
+        rejected[_where(store.layout, said)] = "; ".join(reasons)
+
     try:
-        for attempt in itertools.count():
-            key, held = f"{name}/{attempt}", []
-
-            def choose(held: list[Chosen | None] = held) -> str:
-                held.append(select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, steps=True,
-                                              store=store))  # fmt: skip
-                return _choice(held[0])
-
-            said = node_restore.primary_says(group, f"{key}/choice", choose if group.rank == 0 else None, bound)
-            if said == "none":
-                return None
-            mine = held[0] if held else None  # the primary's, verified while choosing
-            verify = (lambda m=mine: m) if mine is not None else (
-                lambda s=said: _verify_choice(cfg, s, reads, needed, mapped))  # fmt: skip
-            chosen, reasons = node_restore.verify_together(group, log, f"{key}/verified", verify, bound)
-            if not reasons:
-                return chosen
-            if store is not None:
-                rejected[_where(store.layout, said)] = "; ".join(reasons)
+        return _agree_shared(group, log, name, (select, reject), verify, bound)
     finally:
-        if store is not None:
-            store.crc_scope = None  # the writer's store goes on without this restore's scope
+        store.crc_scope = None  # the writer's store goes on without this restore's scope
+
+
+Primary = tuple[Callable[[], Chosen | None], Callable[[str, list[str]], None]]
+
+
+def _agree_shared(
+    group: Group, log: OpsLog, name: str, primary: Primary | None, verify: Callable[[str], Chosen], bound: float
+) -> Chosen | None:
+    """Steps 2 and 3 in a shared ``ckpt_directory``; ``primary``: the primary's ``(select, reject)``, None on
+    the others (``select()`` chooses, ``reject(said, reasons)`` rules out a checkpoint some process failed)."""
+    for attempt in itertools.count():
+        key, held = f"{name}/{attempt}", []
+
+        def choose(held: list[Chosen | None] = held) -> str:
+            held.append(primary[0]())
+            return _choice(held[0])
+
+        said = node_restore.primary_says(group, f"{key}/choice", choose if primary else None, bound)
+        if said == "none":
+            return None
+        mine = held[0] if held else None  # the primary's, verified while choosing
+        check = (lambda m=mine: m) if mine is not None else (lambda s=said: verify(s))
+        chosen, reasons = node_restore.verify_together(group, log, f"{key}/verified", check, bound)
+        if not reasons:
+            return chosen
+        if primary is not None:
+            primary[1](said, reasons)
     return None  # not reached: itertools.count() is endless
