@@ -40,6 +40,8 @@ from candle_ckpt.storage.store import CheckpointStore
 
 # needed(where): the files of the sharded checkpoint ``where`` this process reads (None: a job that writes none).
 Needed = Callable[[str], set[str]] | None
+# The primary's part of a choice round: select() chooses, reject(said, reasons) rules out what a process failed.
+Primary = tuple[Callable[[], Chosen | None], Callable[[str, list[str]], None]]
 
 
 def _choice(chosen: Chosen | None) -> str:
@@ -154,9 +156,6 @@ def agree_on_checkpoint(
         return _agree_shared(group, log, name, (select, reject), verify, bound)
     finally:
         store.crc_scope = None  # the writer's store goes on without this restore's scope
-
-
-Primary = tuple[Callable[[], Chosen | None], Callable[[str, list[str]], None]]
 
 
 def _agree_shared(
