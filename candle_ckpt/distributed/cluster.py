@@ -1,5 +1,4 @@
-"""Where this process sits in a ``tf.distribute`` cluster (its task, the number of workers, the chief),
-and the one small collective the restore uses.
+"""Where this process sits in a ``tf.distribute`` cluster (its task, the number of workers, the chief).
 
 Read from the strategy's cluster resolver, or ``TF_CONFIG`` (no TensorFlow
 import here).
@@ -11,8 +10,6 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
-
-from candle_ckpt.core.errors import GroupTimeout
 
 
 @dataclass(frozen=True)
@@ -81,28 +78,3 @@ def multi_worker_strategy(model: Any) -> Any:
     if strategy is None or type(strategy).__module__.split(".")[0] != "tensorflow":
         return None
     return strategy if worker_info(strategy).num_workers > 1 else None
-
-
-def sum_over_workers(strategy: Any, timeout_s: float, values: list[int], what: str) -> list[int]:
-    """All-reduce (sum) small integers, counting each worker once."""
-    import tensorflow as tf
-
-    calls = [0]
-
-    def local(ctx) -> Any:
-        # Called once per local replica: only the first carries this worker's values.
-        first = calls[0] == 0
-        calls[0] += 1
-        return tf.constant(values if first else [0] * len(values), dtype=tf.int64)
-
-    per_replica = strategy.experimental_distribute_values_from_function(local)
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
-    try:
-        total = strategy.extended.reduce_to(
-            tf.distribute.ReduceOp.SUM, per_replica, destinations=per_replica, options=options
-        )
-    except tf.errors.DeadlineExceededError:
-        # The one timeout exception of every group (a CheckpointError); a collective cannot tell who is missing.
-        raise GroupTimeout(f"restore/{what}", timeout_s) from None
-    result = strategy.experimental_local_results(total)[0]
-    return [int(v) for v in result.numpy().tolist()]

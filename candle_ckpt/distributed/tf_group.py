@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from candle_ckpt.core.errors import GroupTimeout
 from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
+
+COUNTER_READ_S = 60.0  # the read of a counter known to exist (only a dead service makes it wait)
 
 
 def coordination_context() -> Any:
@@ -55,8 +58,16 @@ class TfStore(ServiceStore):
         coordination_context().delete_config_key_value(key)
 
     def increment(self, key: str) -> int:
-        # Each rank increments only its own counter (core.group.scoped), so read-delete-set cannot race.
-        value = int(self.get(key, 0.001) or 0) + 1
+        # Each rank increments only its own counter (core.group.scoped), so read-delete-set cannot race. Whether
+        # the counter exists is asked by inserting it, never by a short read: a read that times out on a busy
+        # machine would take an existing counter for a new one, and this rank's next scope would not be the
+        # others' (their meetings then wait for each other under two names until the bound).
+        if self.set(key, "1"):
+            return 1
+        got = self.get(key, COUNTER_READ_S)  # it exists: the read returns at once
+        if got is None:
+            raise GroupTimeout(key, COUNTER_READ_S)
+        value = int(got) + 1
         self.delete(key)
         self.set(key, str(value))
         return value

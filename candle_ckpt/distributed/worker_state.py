@@ -8,15 +8,19 @@ Follows Keras 2's ``keras/distribute/worker_training_state.py``, on top of the c
 * **Only the chief writes to ``ckpt_directory``**: it commits, prunes and appends to
   ``ckpt.log``. Every other worker writes the same files into
   ``ckpts/.tmp-worker-<task_id>/`` and removes it at once (``.tmp-*`` is debris to a restart).
-* **Every worker restores the checkpoint the chief chose.** The chief picks and sends
-  ``(kind, epoch, generation)`` with one small all-reduce; each worker verifies that exact
-  checkpoint's CRCs, a second all-reduce makes sure all succeeded, and only then does any
-  worker load it. Workers choosing on their own could load different epochs and diverge.
+* **Every worker restores the checkpoint the chief chose**, through the one restore protocol
+  of every multi-process job (:mod:`candle_ckpt.engine.group_restore`, the same as for JAX
+  processes) over the workers' :class:`~candle_ckpt.core.group.Group` on TensorFlow's
+  coordination service (:mod:`candle_ckpt.distributed.tf_group`; the chief is rank 0): the
+  chief chooses and says which, each worker verifies that exact checkpoint's CRCs, the
+  workers exchange the outcome, and only then does any worker load it. A worker that cannot
+  verify it makes the chief reject it and choose again (an older one), every worker with
+  it. Workers choosing on their own could load different epochs and diverge.
 
 ``ckpt_directory`` must be on a file system every worker can read (as for Keras's
-``BackupAndRestore``). The two restore collectives carry a timeout (``collective_timeout_s``);
-training collectives are bounded by the strategy's ``CommunicationOptions`` and TensorFlow's
-coordination service.
+``BackupAndRestore``); the restore's first meeting checks it. Each meeting point of the
+restore is bounded by ``collective_timeout_s``; training collectives are bounded by the
+strategy's ``CommunicationOptions`` and TensorFlow's coordination service.
 """
 
 from __future__ import annotations
@@ -28,21 +32,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
+from candle_ckpt.core.errors import CheckpointError, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
+from candle_ckpt.core.group import Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
-from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, sum_over_workers, worker_info
+from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, worker_info
+from candle_ckpt.distributed.tf_group import tf_group
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
-from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint, verify_exact
+from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint
 from candle_ckpt.storage.store import CheckpointStore
 
 __all__ = ["WorkerInfo", "WorkerTrainingState", "multi_worker_strategy", "worker_info"]
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
-# The chief's choice at restore, as broadcast: start from scratch, an epoch checkpoint, an error, a step checkpoint.
-_SCRATCH, _EPOCH, _FAILED, _STEP = 0, 1, 2, 3
 
 
 class WorkerTrainingState:
@@ -63,8 +68,9 @@ class WorkerTrainingState:
         fs: File-system operations of the chief's store (tests inject faults).
         writable: False for a restore-only object (``restart()``): the chief
             then does not take the directory's writer lock.
-        collective_timeout_s: Bound on each restore collective; a worker that
-            waits longer raises instead of hanging.
+        collective_timeout_s: Bound on each meeting point of :meth:`restore`
+            (seconds); a worker that waits longer raises GroupTimeout, naming
+            the point and the workers that never came, instead of hanging.
 
     Raises:
         ValueError: several workers are configured but ``strategy`` is not a
@@ -192,7 +198,13 @@ class WorkerTrainingState:
 
         Call it on every worker. Follows ``ckpt_restart_mode`` and
         ``ckpt_restart_epoch`` like ``restart()`` (the chief pulls from
-        ``ckpt_upload_url`` when its directory is empty).
+        the persistent tier when its newest checkpoint is newer). With several
+        workers this is the protocol of every multi-process job
+        (:func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint`) over the
+        workers' group (:func:`~candle_ckpt.distributed.tf_group.tf_group`): the
+        chief chooses, every worker verifies that checkpoint's files, and if one
+        cannot, the chief rejects it and chooses again (an older one), every
+        worker with it.
 
         Args:
             epoch: Restore exactly this epoch (overrides ``ckpt_restart_epoch``).
@@ -202,95 +214,73 @@ class WorkerTrainingState:
 
         Raises:
             NoValidCheckpoint: on every worker, if the chief found none in
-                ``required`` mode, or any worker could not verify the chosen one.
-            CheckpointError: a restore collective timed out.
+                ``required`` mode (or not the exact epoch asked for).
+            GroupTimeout: a worker did not reach a meeting point of the restore
+                within ``collective_timeout_s`` (naming the point and the missing ranks).
         """
         cfg = self.cfg
         if not cfg.restores(epoch):
             return None
         reads = tuple(self.adapter.reads)
-        multi = self.info.num_workers > 1
         start = time.perf_counter()
-        chosen, error = self._choose(epoch, reads) if self.info.is_chief else (None, None)
-        code, chosen_epoch, generation = self._agree_on_choice(chosen, error, multi)
-        if code == _SCRATCH:
+        own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
+        group = tf_group(self.strategy, self.info.num_workers)
+        if group.size == 1:
+            try:  # one worker: the one-process path (a step checkpoint newer than last first, as a restart does)
+                chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
+            finally:
+                self._resync()
+            return self._loaded(chosen, start, "")
+        return self._restore_together(group, epoch, reads, own, start)
+
+    def _restore_together(
+        self, group: Group, epoch: int | None, reads: tuple[str, ...], own: CheckpointStore | None, start: float
+    ) -> dict[str, Any] | None:
+        """:meth:`restore` of several workers: the one protocol over ``group``'s scope for this restore."""
+        # The chief is rank 0 of the group, the primary that chooses: TensorFlow numbers the chief task, or worker 0
+        # when the cluster has none, 0 (multi_worker_util.id_in_cluster), as worker_info names the chief.
+        if (group.rank == 0) != self.info.is_chief:
+            raise CheckpointError(
+                f"worker {self.info.task_type}:{self.info.task_id} has rank {group.rank} in the workers' group but "
+                f"is_chief={self.info.is_chief}; the chief must be rank 0"
+            )
+        scope = scoped(group, "restore")  # this restore's own keys, all deleted by its last meeting
+        try:
+            try:
+                chosen = agree_on_checkpoint(
+                    self.cfg, self.log, scope, scope.meeting("restore"), reads, None, epoch,
+                    store=own, fs=self.fs, mapped=False, timeout_s=self.timeout_s, node_local=False,
+                )  # fmt: skip
+            finally:
+                if self.info.is_chief:
+                    self._resync()
+            found = self._loaded(chosen, start, f"worker {self.info.task_type}:{self.info.task_id}")
+        except GroupTimeout:
+            raise  # a worker is gone: no last meeting to hold (the keys go with the job)
+        except Exception:
+            scope.close(self.timeout_s)  # an error every worker raises (the chief's word): all meet here
+            raise
+        scope.close(self.timeout_s)
+        return found
+
+    def _resync(self) -> None:
+        """The chief's next commit continues after a checkpoint a restore pulled from the persistent tier."""
+        if self.engine is not None and self.cfg.persistent:
+            self.engine.store.resync_generation()
+
+    def _loaded(self, chosen: Chosen | None, start: float, who: str) -> dict[str, Any] | None:
+        """Load ``chosen`` (verified on every worker) through the adapter; None: start from scratch."""
+        if chosen is None:
             self.resumed = None
             return None
-        chosen = self._verified(chosen, code, chosen_epoch, generation, reads, multi)
-        who = f"worker {self.info.task_type}:{self.info.task_id}" if multi else ""
-        self.load = load_chosen(cfg, self.log, self.adapter, chosen, time.perf_counter() - start, who)
+        self.load = load_chosen(self.cfg, self.log, self.adapter, chosen, time.perf_counter() - start, who)
         pending = getattr(self.adapter, "pending", None) or Pending()  # state the adapter applies later
         side = chosen.sidecar
-        self.resumed = Resumed(os.path.realpath(cfg.directory), side, self.load, pending)
+        self.resumed = Resumed(os.path.realpath(self.cfg.directory), side, self.load, pending)
         if self.engine is not None:
             self.engine.adopt_resumed(side, self.load)
         self.restored_epoch = side.epoch
         return side.to_dict()
-
-    def _choose(self, epoch: int | None, reads: tuple[str, ...]) -> tuple[Chosen | None, Exception | None]:
-        """The chief's choice (a step checkpoint newer than last first), or the error to tell the others."""
-        cfg, chosen, error = self.cfg, None, None
-        try:
-            own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
-            # A step checkpoint (a preemption save) newer than last is preferred: training continues mid-epoch.
-            chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
-        except Exception as err:  # told to the others before raising, so none waits forever
-            error = err
-        if self.engine is not None and cfg.persistent:
-            self.engine.store.resync_generation()  # a pull from the persistent tier may have committed here
-        return chosen, error
-
-    def _agree_on_choice(self, chosen: Chosen | None, error: Exception | None, multi: bool) -> tuple[int, int, int]:
-        """Broadcast the chief's choice as (code, epoch, generation); raise on every worker if it failed."""
-        code, chosen_epoch, generation = _SCRATCH, 0, 0
-        if error is not None:
-            code = _FAILED
-        elif chosen is not None:
-            code = _STEP if chosen.sidecar.step is not None else _EPOCH
-            chosen_epoch, generation = chosen.epoch, chosen.sidecar.generation
-        if multi:
-            chiefs, code, chosen_epoch, generation = sum_over_workers(
-                self.strategy,
-                self.timeout_s,
-                [1, code, chosen_epoch, generation] if self.info.is_chief else [0, 0, 0, 0],
-                "choose",
-            )
-            if chiefs != 1:
-                raise CheckpointError(f"expected exactly one chief in the cluster, found {chiefs}")
-        if code == _FAILED:
-            if error is not None:
-                raise error
-            raise NoValidCheckpoint(
-                f"the chief could not choose a checkpoint to restore in {self.layout.root} (ckpt_restart_mode="
-                f"{self.cfg.restart_mode}); see the chief's log for why"
-            )
-        return code, chosen_epoch, generation
-
-    def _verified(
-        self, chosen: Chosen | None, code: int, chosen_epoch: int, generation: int, reads: tuple[str, ...], multi: bool
-    ) -> Chosen:
-        """The chosen checkpoint, verified on this worker (the chief has it already); all workers or none."""
-        cfg = self.cfg
-        where = self.layout.step_dir(generation) if code == _STEP else self.layout.epoch_dir(chosen_epoch)
-        failure: CheckpointError | None = None
-        if chosen is None:
-            try:
-                store = CheckpointStore.of(cfg)
-                if code == _STEP:  # the step checkpoint of that generation (its sidecar says so)
-                    chosen = Chosen(chosen_epoch, *store.steps.verify(generation, reads=reads))
-                else:
-                    chosen = verify_exact(store, chosen_epoch, generation, reads)
-            except CheckpointError as err:
-                failure = err
-        if multi:
-            (failed,) = sum_over_workers(self.strategy, self.timeout_s, [1 if failure else 0], "verify")
-            if failed:
-                detail = f": {failure}" if failure else " (see that worker's log)"
-                raise NoValidCheckpoint(
-                    f"{failed} worker(s) could not verify {where} chosen by the chief{detail}; "
-                    "nothing was loaded on any worker"
-                )
-        return chosen
 
     def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: str = "epoch") -> int:
         """The epoch to start at: the restored checkpoint's (completed epochs) if

@@ -3,9 +3,9 @@
 The one place that decides which checkpoint a restart loads. Shared by
 ``restart()`` (``keras_restart.py``, one Keras 3 model), the tf_keras adapter,
 the epoch runner (several objects and loop state) and
-:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`, where the chief makes
-the choice once and the other workers verify exactly that checkpoint
-(:func:`verify_exact`).
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`. In a job of several
+processes the primary makes the choice here once and the others verify exactly that
+checkpoint (:mod:`candle_ckpt.engine.group_restore`).
 """
 
 from __future__ import annotations
@@ -312,22 +312,6 @@ def _newest_epoch(
             log.info(f"restart: no checkpoints in {where}; starting from scratch")
         return None
     return Chosen(*found)
-
-
-def verify_exact(store: CheckpointStore, epoch: int, generation: int, reads: Iterable[str]) -> Chosen:
-    """Verify the checkpoint another process chose: exactly ``epoch`` at ``generation``.
-
-    Raises:
-        CorruptCheckpoint: a file fails its size or CRC check.
-        NoValidCheckpoint: the directory holds another commit of that epoch.
-    """
-    side, contents = store.verify(epoch, reads=tuple(reads))
-    if side.generation != generation:
-        raise NoValidCheckpoint(
-            f"{store.layout.epoch_dir(epoch)}: generation {side.generation} on disk, but the chief chose "
-            f"generation {generation} (is ckpt_directory on a file system shared by every worker?)"
-        )
-    return Chosen(epoch, side, contents)
 
 
 def load_chosen(

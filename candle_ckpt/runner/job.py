@@ -30,10 +30,10 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.engine.run import TrainingRun
-from candle_ckpt.keras.group_restart import agree_on_checkpoint
 from candle_ckpt.keras.sharded import keras_group
 from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.runner.sharded import reads as group_reads

@@ -106,7 +106,7 @@ def capture_runner_sharded(
 
 
 def files_for(objects: list[RunnerObject], state: Mapping[str, Any], kinds: Mapping[str, str], rank: int):
-    """``needed(where)`` of :func:`~candle_ckpt.keras.group_restart.agree_on_checkpoint`: the files rank reads."""
+    """``needed(where)`` of :func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint`: the files rank reads."""
 
     def needed(where: str) -> set[str]:
         return files_to_read(runner_variables(objects, state, kinds), where, rank) | set(reads(rank))

@@ -45,7 +45,7 @@ class CheckpointReader:
         self.checksum = checksum
         # crc_scope(directory, sidecar): the names whose CRC32 a verification checks (None: all); the others
         # get their size checked. It may raise CheckpointError to reject the checkpoint. A process of a
-        # multi-process job checks the CRC of the files it reads (see keras/group_restart.py).
+        # multi-process job checks the CRC of the files it reads (see engine/group_restore.py).
         self.crc_scope: Callable[[str, Sidecar], Iterable[str] | None] | None = None
 
     def check_layout(self) -> None:

@@ -14,6 +14,7 @@ all-reduce is deterministic here (the tests would show it if it were not).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -161,3 +162,86 @@ def test_keras3_job_runner_worker_killed_then_chief_killed_during_commit(tmp_pat
     ref.wait()
     for i in range(2):
         assert_same(run3.final(i), ref.final(0))
+
+
+# -- the one restore protocol (engine/group_restore.py) over tf_group ----------------------
+def test_tf_keras_cluster_falls_back_together_when_a_worker_cannot_verify_the_newest(tmp_path: Path) -> None:
+    """tf_keras fit on 2 workers, 3 epochs; restart where worker 1 reads epoch 3's weights file with a byte flipped
+    (the chief's copy is intact): the chief chose epoch 3, worker 1's CRC check fails, the chief rejects it and
+    both workers restore epoch 2, identical, and retrain epoch 3 bit-identical to the first run; the chief's
+    ckpt.log says why epoch 3 was skipped."""
+    ckpt = tmp_path / "ckpt"
+    first = run_to_end(tmp_path, "first", "tfk", ckpt, 3, 2)
+    assert last_link(ckpt) == "epochs/003"
+    bad = ["--corrupt-read", "ckpts/epochs/003/model_weights.h5"]
+    again = Cluster(tmp_path, "again", "tfk", ckpt, 3, 2, extra={1: bad})
+    again.wait()
+    assert "CORRUPT-READ" in again.output(1) and "CORRUPT-READ" not in again.output(0)
+    assert again.restored_epochs() == [2, 2]
+    assert_same(again.restored(0), again.restored(1))
+    for i in range(2):
+        assert_same(again.final(i), first.final(0))
+    log = (ckpt / "ckpt.log").read_text()
+    skipped = [line for line in log.splitlines() if "restart: skipping epoch 3: " in line]
+    assert len(skipped) == 1 and "process 1: " in skipped[0] and "model_weights.h5" in skipped[0], log[-3000:]
+    assert "restart: worker worker:0 resumed from " in log and "epochs/002" in log.split("resumed from ")[-1]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_tf_restore_calls_and_keys_left(tmp_path: Path, n: int) -> None:
+    """A tf.distribute restore of n workers (tf_keras restart() of a checkpoint): its calls to TensorFlow's
+    coordination service are O(n) summed over the workers, and once every worker is past it the only keys it set
+    that remain are the n per-rank scope counters (candle_ckpt/opened/R)."""
+    ckpt = tmp_path / "ckpt"
+    run_to_end(tmp_path, "seed", "tfk", ckpt, 1, 1)  # one checkpoint (epoch 1) to restore
+    counted = Cluster(tmp_path, "count", "tfk", ckpt, 1, n, extra={i: ["--count"] for i in range(n)})
+    counted.wait()
+    assert counted.restored_epochs() == [1] * n
+    reports = [json.loads(Path(str(out) + ".count.json").read_text()) for out in counted.outs]
+    calls = sum(sum(r["calls"].values()) for r in reports)
+    left = sorted(k for r in reports for k in r["left"])
+    assert left == [f"candle_ckpt/opened/{r}" for r in range(n)], left
+    assert calls <= 16 * n, (calls, [r["calls"] for r in reports])
+    print(f"N={n}: restore {calls} calls ({calls / n:.1f} per worker), keys left {len(left)}")
+
+
+_LONE_RESTORE = """
+import json, os, sys, time
+rank, p0, p1, d = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+workers = [f"localhost:{p0}", f"localhost:{p1}"]
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+import tensorflow as tf
+from candle_ckpt.core.errors import GroupTimeout
+from candle_ckpt.distributed.worker_state import WorkerTrainingState
+
+class Nothing:
+    reads = ()
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+done = os.path.join(d, "done")
+if rank == 0:
+    state = WorkerTrainingState({"ckpt_directory": d}, adapter=Nothing(), strategy=strategy, writable=False,
+                                verbose=False, collective_timeout_s=3)
+    try:
+        state.restore()
+    except GroupTimeout as err:
+        print("T", err)
+    open(done, "w").close()
+else:  # never restores; stays in the cluster until worker 0 is done
+    deadline = time.monotonic() + 120
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def test_a_worker_that_never_restores_is_named_within_collective_timeout_s(tmp_path: Path) -> None:
+    """2 workers, worker 1 never calls restore(): worker 0's restore raises GroupTimeout after its
+    collective_timeout_s (3 s), naming the meeting point and rank 1."""
+    from cluster import free_ports, run_pair
+
+    script = tmp_path / "lone.py"
+    script.write_text(_LONE_RESTORE)
+    ports = [str(p) for p in free_ports(2)]
+    args = [[str(i), *ports, str(tmp_path / "ckpt")] for i in (0, 1)]
+    outs = run_pair(script, args, {"CUDA_VISIBLE_DEVICES": ""}, wait_s(90))
+    assert "T the processes did not all reach 'restore/0/tiers' within 3 s (rank(s) 1 never came)" in outs[0], outs

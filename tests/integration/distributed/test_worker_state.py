@@ -369,3 +369,23 @@ def test_tf_keras_fit_says_once_why_its_resume_is_not_exact(tmp_path: Path) -> N
     cb = ck_tfk.CandleCheckpointCallback(_params(tmp_path / "plain", epochs=2), verbose=False)
     _tfk_model().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
     assert "bit-identical" not in (tmp_path / "plain" / "save" / "ckpt.log").read_text()
+
+
+@pytest.mark.parametrize("tasks", [{"worker": 3}, {"chief": 1, "worker": 2}], ids=["workers", "chief+workers"])
+def test_the_chief_is_rank_0_of_the_workers_group(monkeypatch: pytest.MonkeyPatch, tasks: dict[str, int]) -> None:
+    """Every task of a TF_CONFIG cluster (with a "chief" task or without): its rank in tf_group, the group the
+    restore's chief chooses for, is 0 exactly where worker_info says it is the chief; the ranks are 0..n-1."""
+    from candle_ckpt.distributed.cluster import worker_info  # noqa: PLC0415
+    from candle_ckpt.distributed.tf_group import tf_group  # noqa: PLC0415
+
+    cluster = {kind: [f"localhost:{1000 + 10 * i + j}" for j in range(n)] for i, (kind, n) in enumerate(tasks.items())}
+    ranks = []
+    for kind, n in tasks.items():
+        for index in range(n):
+            monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
+            strategy = _NonChiefStrategy()  # a real TFConfigClusterResolver
+            info = worker_info(strategy)
+            group = tf_group(strategy, info.num_workers)
+            assert (group.rank == 0) == info.is_chief, (kind, index, group.rank)
+            ranks.append(group.rank)
+    assert sorted(ranks) == list(range(sum(tasks.values())))

@@ -3,6 +3,7 @@
 Usage::
 
     python dist_job.py KIND DIR EPOCHS OUT.npz [--pause-at E:B] [--pause-in-commit E] [--pause-in-temp E]
+                       [--corrupt-read REL] [--count]
 
 KIND:
     ``mirrored``  Keras 3 ``model.fit`` under MirroredStrategy on 2 logical CPUs
@@ -24,6 +25,12 @@ trains to EPOCHS, and saves the final weights and optimizer variables to OUT.
 ``--pause-in-commit E`` / ``--pause-in-temp N`` print ``IN-COMMIT`` /
 ``IN-TEMP`` in the middle of a save and sleep there (see :func:`pausing_fs`),
 for a kill during a save.
+
+``--corrupt-read REL`` (a non-chief): this worker reads the file ``DIR/REL`` with one byte flipped, as a node
+whose copy went bad would; the file on disk, which the chief reads, stays intact (see :func:`corrupt_read`).
+``--count`` counts every call candle_ckpt makes to TensorFlow's coordination service during ``restart()`` and
+writes ``OUT.count.json``: the calls by operation, and the keys set during the restore that are still in the
+service once every worker has finished (see :class:`Counting`).
 """
 
 from __future__ import annotations
@@ -109,6 +116,87 @@ def pausing_fs(saves: dict[str, int]):
     return PausingFS()
 
 
+def corrupt_read(target: str) -> None:
+    """Every verification in this process reads ``target`` with one byte flipped (a copy in a temporary file): its
+    CRC check fails here only, as on a node whose copy of a shared file went bad."""
+    import shutil
+    import tempfile
+
+    from candle_ckpt.storage import reader
+
+    original = reader.verify_file
+
+    def verify_file(path, *args, **kwargs):
+        if os.path.abspath(path) != os.path.abspath(target):
+            return original(path, *args, **kwargs)
+        bad = os.path.join(tempfile.mkdtemp(), os.path.basename(path))
+        shutil.copyfile(path, bad)
+        with open(bad, "r+b") as f:
+            f.seek(os.path.getsize(bad) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        print(f"CORRUPT-READ {target}", flush=True)
+        return original(bad, *args, **kwargs)
+
+    reader.verify_file = verify_file
+
+
+class Counting:
+    """TensorFlow's coordination service as candle_ckpt reaches it (``tf_group.coordination_context``), with every
+    call counted while :attr:`phase` is ``"restore"``, and the keys set then remembered."""
+
+    def __init__(self) -> None:
+        from candle_ckpt.distributed import tf_group
+
+        self.raw = tf_group.coordination_context
+        self.phase, self.calls, self.keys = "", {}, []
+        tf_group.coordination_context = lambda: self
+
+    def _count(self, op: str) -> None:
+        if self.phase == "restore":
+            self.calls[op] = self.calls.get(op, 0) + 1
+
+    def set_config_key_value(self, key, value):
+        self._count("set")
+        if self.phase == "restore":
+            self.keys.append(key)
+        return self.raw().set_config_key_value(key, value)
+
+    def get_config_key_value(self, key, timeout_ms):
+        self._count("get")
+        return self.raw().get_config_key_value(key, timeout_ms)
+
+    def delete_config_key_value(self, key):
+        self._count("delete")
+        return self.raw().delete_config_key_value(key)
+
+    def report(self, strategy, out: str) -> None:
+        """Once every worker is past its restore (a barrier of its own, not counted): which of the keys this
+        worker set are still there; written with the counts to ``OUT.count.json``."""
+        import json
+
+        from candle_ckpt.core.group import StoreGroup
+        from candle_ckpt.distributed.tf_group import TfStore, tf_group
+
+        self.phase = "end"
+        group = tf_group(strategy, len(strategy.cluster_resolver.cluster_spec().as_dict()["worker"]))
+        StoreGroup(TfStore(), group.rank, group.size, prefix="count-probe").barrier("end", 120)
+        left = []
+        for key in dict.fromkeys(self.keys):  # asked by inserting it (no read that could time out on a busy box)
+            try:
+                self.raw().set_config_key_value(key, "probe")
+            except Exception:  # AlreadyExistsError: it is still there
+                left.append(key)
+            else:
+                self.raw().delete_config_key_value(key)
+        with open(out + ".count.json", "w") as f:
+            json.dump({"calls": self.calls, "set": self.keys, "left": left}, f)
+
+
+PROBES: dict = {}  # "count": the Counting proxy of --count
+
+
 def params(directory: str, epochs: int) -> dict:
     return {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 3}
 
@@ -138,7 +226,12 @@ def run_fit(keras, strategy, directory: str, epochs: int, out: str, at, saves, s
         )
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2), loss="mse")
     p = params(directory, epochs)
+    counting = PROBES.get("count")
+    if counting is not None:
+        counting.phase = "restore"
     found = candle.restart(p, model, verbose=False)
+    if counting is not None:
+        counting.phase = "fit"
     initial = found["epoch"] if found else 0
     print(f"RESTORED epoch={initial}", flush=True)
     dump(out + ".restored.npz", *state_of(model))
@@ -154,6 +247,8 @@ def run_fit(keras, strategy, directory: str, epochs: int, out: str, at, saves, s
     ckpt = candle.CandleCheckpointCallback(p, verbose=False, fs=pausing_fs(saves))
     model.fit(dataset(), epochs=epochs, initial_epoch=initial, verbose=0, callbacks=[ckpt, Pause()])
     dump(out, *state_of(model))
+    if counting is not None:
+        counting.report(strategy, out)
     print("DONE", flush=True)
 
 
@@ -264,4 +359,8 @@ def run_tfk(directory: str, epochs: int, out: str, at, saves) -> None:
 if __name__ == "__main__":
     kind, directory, epochs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     at, saves = parse_pause(sys.argv[5:])
+    if "--corrupt-read" in sys.argv:
+        corrupt_read(os.path.join(directory, sys.argv[sys.argv.index("--corrupt-read") + 1]))
+    if "--count" in sys.argv:
+        PROBES["count"] = Counting()
     {"mirrored": run_mirrored, "k3": run_k3, "tfk": run_tfk}[kind](directory, epochs, out, at, saves)

@@ -108,7 +108,7 @@ def test_a_shared_directory_is_the_commit_of_before(tmp_path: Path) -> None:
     assert sorted(os.listdir(CheckpointReader(tmp_path).layout.epoch_dir(1))) == sorted([*side.files, "ckpt-info.json"])
 
 
-# -- restore: the tier meeting and the choice (keras.node_restore imports no Keras) --------------------------------
+# -- restore: the tier meeting and the choice (engine.node_restore imports no framework) ----------------------------
 
 
 def drain_all(dirs: list[Path], url: Path, epoch: int) -> None:
@@ -130,8 +130,8 @@ def restore(dirs: list[Path], url: Path | None, caplog) -> list[Any]:
 
     from candle_ckpt.config.params import CkptConfig  # noqa: PLC0415
     from candle_ckpt.core.log import OpsLog  # noqa: PLC0415
+    from candle_ckpt.engine import node_restore  # noqa: PLC0415
     from candle_ckpt.engine.resume import Chosen  # noqa: PLC0415
-    from candle_ckpt.keras import node_restore  # noqa: PLC0415
 
     def work(g: Group) -> Any:
         params = {"ckpt_directory": str(dirs[g.rank])} | ({"ckpt_persistent_url": str(url)} if url else {})

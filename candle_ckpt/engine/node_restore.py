@@ -6,7 +6,7 @@ One meeting answers both (:meth:`~candle_ckpt.core.group.Group.collect`, then th
 1. every process writes a marker with a fresh token into its ``ckpt_directory`` and posts the token with its
    inventory: the names of the checkpoints it holds (``epoch:N``, ``step:G``: two directory listings);
 2. the primary looks for every token's marker in its own directory. All seen: the directory is shared, and
-   the primary says ``shared`` (the choose-verify-load of :mod:`~candle_ckpt.keras.group_restart` follows, as
+   the primary says ``shared`` (the choose-verify-load of :mod:`~candle_ckpt.engine.group_restore` follows, as
    before). Only its own: each process has its own directory, and the primary decides at once:
 
    * the **fast** tier's candidate is the newest checkpoint (generation, epoch, step) that EVERY process
@@ -18,7 +18,11 @@ One meeting answers both (:meth:`~candle_ckpt.core.group.Group.collect`, then th
    under the same generation); the processes ``exchange`` the outcome, and if one failed the primary rejects
    that choice and decides again from the same inventories, every process with it.
 
-A mix (some processes share the primary's directory, others do not) is refused on every process.
+A mix (some processes share the primary's directory, others do not) is refused on every process; so is a
+directory of each process's own under ``tf.distribute`` (``node_local=False``: only the chief commits, so the
+others hold no copy) once there is something to restore.
+
+Each meeting point is bounded by ``timeout_s`` (:func:`~candle_ckpt.engine.group_commit.group_timeout` by default).
 """
 
 from __future__ import annotations
@@ -153,16 +157,35 @@ class _Decision:
             self.rejected.add(f"persistent:{'epochs' if kind == 'epoch' else 'steps'}:{generation}")
 
 
+def _bound(timeout_s: float | None) -> float:
+    return group_timeout() if timeout_s is None else timeout_s
+
+
 def meet(
-    cfg: CkptConfig, log: OpsLog, group: Group, name: str, *, steps: bool, wanted: int | None
+    cfg: CkptConfig,
+    log: OpsLog,
+    group: Group,
+    name: str,
+    *,
+    steps: bool,
+    wanted: int | None,
+    timeout_s: float | None = None,
+    node_local: bool = True,
 ) -> tuple[str, _Decision | None]:
     """Steps 1 and 2 of the module docstring: ``("shared", None)``, or the node-local choice and, on the primary,
     the decision (to decide again after a rejection).
 
+    ``node_local=False`` (``tf.distribute``, where only the chief commits): directories of each process's own
+    are refused when the primary's holds a checkpoint or the persistent tier does (the others could not read
+    it; as before this protocol, when a worker's verification of the chief's choice failed), and otherwise
+    lead to ``none`` (a start from scratch) or, in ``required`` mode, the error.
+
     Raises:
         NoValidCheckpoint: the processes neither all share one directory nor each have their own, or the
-            primary found nothing to restore in ``required`` mode (on every process).
+            primary found nothing to restore in ``required`` mode, or (``node_local=False``) the directories
+            are each process's own and there is something to restore (on every process).
     """
+    bound = _bound(timeout_s)
     if not cfg.restores(wanted):  # nothing is restored (the same on every process): no meeting, nothing written
         return SHARED, None
     root = cfg.directory
@@ -183,12 +206,18 @@ def meet(
                 "own node-local directory, or all one shared directory"
             )
         decision.append(_Decision(cfg, log, [set(p["have"]) for p in read], steps, wanted))
+        if not node_local and (read[0]["have"] or decision[0].persistent):
+            raise NoValidCheckpoint(
+                f"ckpt_directory {root!r} is not shared: no other worker sees the chief's marker in it; under "
+                "tf.distribute only the chief commits, so every worker must read the chief's checkpoints: give "
+                "every worker one ckpt_directory on a file system they all share"
+            )
         return decision[0].choose()
 
     try:
         posts = group.collect(f"{name}/tiers", json.dumps({"token": token, "have": _inventory(_store(cfg))}),
-                              group_timeout())  # fmt: skip
-        word = primary_says(group, f"{name}/tiers", decide if group.rank == 0 else None)
+                              bound)  # fmt: skip
+        word = primary_says(group, f"{name}/tiers", decide if group.rank == 0 else None, bound)
     finally:
         os.unlink(marker)
     return word, decision[0] if decision else None
@@ -208,27 +237,27 @@ def take(cfg: CkptConfig, log: OpsLog, group: Group, choice: str, verify: Verify
     return verify(said)
 
 
-def primary_says(group: Group, key: str, decide: Callable[[], str] | None) -> str:
+def primary_says(group: Group, key: str, decide: Callable[[], str] | None, timeout_s: float | None = None) -> str:
     """The primary's ``decide()`` at ``key``, on every process (``decide`` is the primary's; None elsewhere).
 
     Raises:
         NoValidCheckpoint: the primary could not decide (its error is told to the others first, so none waits).
     """
-    word = None
+    word, bound = None, _bound(timeout_s)
     if decide is not None:
         try:
             word = decide()
         except Exception as err:
-            group.broadcast(key, f"error:{err}", group_timeout())
+            group.broadcast(key, f"error:{err}", bound)
             raise
-    word = group.broadcast(key, word, group_timeout())
+    word = group.broadcast(key, word, bound)
     if word.startswith("error:"):
         raise NoValidCheckpoint(f"the primary (process 0) could not choose a checkpoint: {word[6:]}")
     return word
 
 
 def verify_together(
-    group: Group, log: OpsLog, key: str, verify: Callable[[], Chosen]
+    group: Group, log: OpsLog, key: str, verify: Callable[[], Chosen], timeout_s: float | None = None
 ) -> tuple[Chosen | None, list[str]]:
     """``verify()`` on this process, then every process's outcome (``exchange`` at ``key``): the checkpoint and
     no reasons when every process verified its files, else None and every failure (this process's files closed).
@@ -239,7 +268,7 @@ def verify_together(
     except (CheckpointError, ValueError, OSError, KeyError) as err:  # told to the others: all load, or none
         failure = f"process {group.rank}: {err}"
         log.warning(f"restart: {failure}; every process falls back together")
-    reasons = [r for r in group.exchange(key, failure, group_timeout()) if r]
+    reasons = [r for r in group.exchange(key, failure, _bound(timeout_s)) if r]
     if reasons and chosen is not None:
         for data in chosen.contents.values():
             if hasattr(data, "close"):
@@ -249,17 +278,25 @@ def verify_together(
 
 
 def agree_node_local(
-    cfg: CkptConfig, log: OpsLog, group: Group, name: str, choice: str, decision: _Decision | None, verify: Verify
+    cfg: CkptConfig,
+    log: OpsLog,
+    group: Group,
+    name: str,
+    choice: str,
+    decision: _Decision | None,
+    verify: Verify,
+    timeout_s: float | None = None,
 ) -> Chosen | None:
     """Step 3 of the module docstring, from the primary's first ``choice``: the checkpoint every process verified
     (the same on every process), or None when there is none."""
     for attempt in range(1 << 30):
         if attempt:
-            choice = primary_says(group, f"{name}/nl/{attempt}/choice", decision.choose if decision else None)
+            decide = decision.choose if decision else None
+            choice = primary_says(group, f"{name}/nl/{attempt}/choice", decide, timeout_s)
         if choice == "none":
             return None
         key = f"{name}/nl/{attempt}/verified"
-        chosen, reasons = verify_together(group, log, key, lambda c=choice: take(cfg, log, group, c, verify))
+        chosen, reasons = verify_together(group, log, key, lambda c=choice: take(cfg, log, group, c, verify), timeout_s)
         if not reasons:
             return chosen
         if decision is not None:
