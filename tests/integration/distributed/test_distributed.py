@@ -187,6 +187,21 @@ def test_tf_keras_cluster_falls_back_together_when_a_worker_cannot_verify_the_ne
     assert "restart: worker worker:0 resumed from " in log and "epochs/002" in log.split("resumed from ")[-1]
 
 
+def test_tf_keras_cluster_restores_the_exact_epoch_asked_for_on_every_worker(tmp_path: Path) -> None:
+    """ckpt_restart_epoch=1 under the one restore protocol: with epochs 1-3 on disk, both workers restore epoch 1
+    (not the newest), identical, and retrain epochs 2-3 to the first run's weights bit for bit."""
+    ckpt = tmp_path / "ckpt"
+    first = run_to_end(tmp_path, "first", "tfk", ckpt, 3, 2)
+    assert last_link(ckpt) == "epochs/003"
+    again = Cluster(tmp_path, "again", "tfk", ckpt, 3, 2, extra={i: ["--restart-epoch", "1"] for i in range(2)})
+    again.wait()
+    assert again.restored_epochs() == [1, 1]
+    assert_same(again.restored(0), again.restored(1))
+    for i in range(2):
+        assert_same(again.final(i), first.final(0))
+    assert "epochs/001" in (ckpt / "ckpt.log").read_text().split("resumed from ")[-1]
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_tf_restore_calls_and_keys_left(tmp_path: Path, n: int) -> None:
     """A tf.distribute restore of n workers (tf_keras restart() of a checkpoint): its calls to TensorFlow's

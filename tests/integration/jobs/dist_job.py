@@ -198,7 +198,10 @@ PROBES: dict = {}  # "count": the Counting proxy of --count
 
 
 def params(directory: str, epochs: int) -> dict:
-    return {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 3}
+    p = {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 3}
+    if "--restart-epoch" in sys.argv:  # ckpt_restart_epoch: restore exactly that epoch
+        p["ckpt_restart_epoch"] = int(sys.argv[sys.argv.index("--restart-epoch") + 1])
+    return p
 
 
 def dump(path: str, weights: list, opt_vars: list) -> None:
