@@ -21,6 +21,11 @@ class WorkerInfo:
     num_workers: int
     is_chief: bool
 
+    @property
+    def name(self) -> str:
+        """How this worker is named in log lines and errors: ``worker worker:1``."""
+        return f"worker {self.task_type}:{self.task_id}"
+
 
 def _cluster_from_tf_config() -> tuple[dict[str, Any], str | None, int]:
     raw = os.environ.get("TF_CONFIG", "")

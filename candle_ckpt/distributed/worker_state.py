@@ -25,6 +25,7 @@ strategy's ``CommunicationOptions`` and TensorFlow's coordination service.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -131,6 +132,12 @@ class WorkerTrainingState:
     def is_chief(self) -> bool:
         return self.info.is_chief
 
+    @functools.cached_property
+    def group(self) -> Group:
+        """The workers as a :class:`~candle_ckpt.core.group.Group` (the chief is rank 0; one worker: SOLO), over
+        which the restore and each fit's preemption agreement meet (each in a scope of its own)."""
+        return tf_group(self.strategy, self.info.num_workers)
+
     # -- saving ----------------------------------------------------------------------
     def back_up(self, epoch: int, logs: Mapping[str, Any] | None = None, *, reason: str | None = None) -> bool:
         """Save ``epoch`` (completed epochs) if the policy says so; call it on every worker.
@@ -224,7 +231,7 @@ class WorkerTrainingState:
         reads = tuple(self.adapter.reads)
         start = time.perf_counter()
         own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
-        group = tf_group(self.strategy, self.info.num_workers)
+        group = self.group
         if group.size == 1:
             try:  # one worker: the one-process path (a step checkpoint newer than last first, as a restart does)
                 chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
@@ -241,7 +248,7 @@ class WorkerTrainingState:
         # when the cluster has none, 0 (multi_worker_util.id_in_cluster), as worker_info names the chief.
         if (group.rank == 0) != self.info.is_chief:
             raise CheckpointError(
-                f"worker {self.info.task_type}:{self.info.task_id} has rank {group.rank} in the workers' group but "
+                f"{self.info.name} has rank {group.rank} in the workers' group but "
                 f"is_chief={self.info.is_chief}; the chief must be rank 0"
             )
         scope = scoped(group, "restore")  # this restore's own keys, all deleted by its last meeting
@@ -254,7 +261,7 @@ class WorkerTrainingState:
             finally:
                 if self.info.is_chief:
                     self._resync()
-            found = self._loaded(chosen, start, f"worker {self.info.task_type}:{self.info.task_id}")
+            found = self._loaded(chosen, start, self.info.name)
         except GroupTimeout:
             raise  # a worker is gone: no last meeting to hold (the keys go with the job)
         except Exception:

@@ -2,7 +2,7 @@
 agree or nothing (no framework here).
 
 The one choose-verify-load protocol of every multi-process job, over a :class:`~candle_ckpt.core.group.Group`:
-JAX processes (``keras/group_restart.py``, ``keras/runner.py``) and ``tf.distribute`` workers
+JAX processes (``keras/group_restart.py``, ``runner/job.py``) and ``tf.distribute`` workers
 (``distributed/worker_state.py``) alike. Call :func:`agree_on_checkpoint` on every process; the order:
 
 1. one meeting tells a shared ``ckpt_directory`` from node-local ones (:mod:`~candle_ckpt.engine.node_restore`,
@@ -30,7 +30,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CorruptCheckpoint, NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine import node_restore
 from candle_ckpt.engine.group_commit import group_timeout
@@ -141,7 +141,7 @@ def agree_on_checkpoint(
     verify = lambda said: _verify_choice(cfg, said, reads, needed, mapped)  # noqa: E731
     if word != node_restore.SHARED:
         return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)
-    if group.rank != 0:
+    if not is_primary(group):
         return _agree_shared(group, log, name, None, verify, bound)
     rejected: dict[str, str] = {}
     store = _primary_store(cfg, needed, rejected, store, fs)

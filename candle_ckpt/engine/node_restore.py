@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.group_commit import group_timeout
@@ -217,7 +217,7 @@ def meet(
     try:
         posts = group.collect(f"{name}/tiers", json.dumps({"token": token, "have": _inventory(_store(cfg))}),
                               bound)  # fmt: skip
-        word = primary_says(group, f"{name}/tiers", decide if group.rank == 0 else None, bound)
+        word = primary_says(group, f"{name}/tiers", decide if is_primary(group) else None, bound)
     finally:
         os.unlink(marker)
     return word, decision[0] if decision else None

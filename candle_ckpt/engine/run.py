@@ -84,7 +84,8 @@ class TrainingRun:
         log: The job's log.
         group: The job's processes (SOLO: one). Each run meets in a fresh scope of it.
         scope: The scope's name (``"fit"``), or None when ``group`` is the run's own scope already.
-        who: How this process is named in the preemption line (``"process 1 "``).
+        who: How this process is named in the preemption line of a job of several (``"worker worker:1"``);
+            None: ``"process R"``, its rank in ``group``.
         step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
         dispatch_files: The framework's callback dispatcher files (for the fit guard); empty: no guard,
             the front end calls :meth:`end` from its own ``finally``.
@@ -99,7 +100,7 @@ class TrainingRun:
         *,
         group: Group = SOLO,
         scope: str | None = "fit",
-        who: str = "",
+        who: str | None = None,
         step_saves: bool = False,
         dispatch_files: tuple[str, ...] = (),
         on_release: Callable[[], None] | None = None,
@@ -108,8 +109,9 @@ class TrainingRun:
         self.group, self._scope = group, scope
         self.fit_group: Group = SOLO  # this run's scope of the group, between begin() and the end
         self._meets = engine.group.size > 1  # the engine's saves meet in the run's scope (JAX's part-per-process)
+        name = who if who is not None else f"process {group.rank}"
         self.controller = PreemptionController(
-            cfg, engine, log, step_saves=step_saves, who=who, on_record=self._preempted
+            cfg, engine, log, step_saves=step_saves, who=f"{name} " if group.size > 1 else "", on_record=self._preempted
         )
         self.sigterm = SigtermExit()
         self._guard = FitGuard(self._release, dispatch_files) if dispatch_files else None
@@ -138,14 +140,10 @@ class TrainingRun:
         """What ``restart()`` attached to ``model`` for this directory: adopted by the engine once (best
         tracking, lineage, no prune of it), and returned."""
         resumed = resumed_of(model, self.cfg.directory)
-        self.adopt_resumed(resumed)
-        return self.resumed
-
-    def adopt_resumed(self, resumed: Resumed | None) -> None:
-        """Adopt ``resumed`` (a restore the front end did itself), unless it is the one adopted already."""
         if resumed is not None and resumed is not self.resumed:
             self.resumed = resumed
             self.engine.adopt_resumed(resumed.sidecar, resumed.load)
+        return self.resumed
 
     @property
     def where(self) -> str:

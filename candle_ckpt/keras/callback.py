@@ -97,7 +97,6 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.engine,
             self.log,
             group=self.group,
-            who=f"process {self.group.rank} " if self.group.size > 1 else "",
             step_saves=True,
             dispatch_files=internals.CALLBACK_DISPATCH_FILES,
             on_release=self._untrack,

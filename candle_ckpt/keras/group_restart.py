@@ -22,7 +22,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.group import Group
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.group_restore import agree_on_checkpoint
@@ -67,7 +67,7 @@ def restart_group(
     ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
     """
     layout = L.Layout.of(cfg)
-    log = OpsLog(layout.log if group.rank == 0 else None, get_logger(logger, verbose))
+    log = OpsLog(layout.log if is_primary(group) else None, get_logger(logger, verbose))
     # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
     # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
     internals.warm_skipsets()

@@ -362,13 +362,8 @@ class JobRunner:
         """train()'s lifecycle: over the JAX processes' group (its scope is the one the restore met in, closed at
         the end), or the tf.distribute workers' group (a scope of its own)."""
         if self.workers is None:
-            who = f"process {self.group.rank} " if self.group.size > 1 else ""
-            return TrainingRun(self.cfg, self.engine, self.log, group=self.group, scope=None, who=who)
-        from candle_ckpt.distributed.tf_group import tf_group  # noqa: PLC0415 - TensorFlow only with a strategy
-
-        info = self.workers.info
-        who = f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else ""
-        return TrainingRun(self.cfg, self.engine, self.log, group=tf_group(self.strategy, info.num_workers), who=who)
+            return TrainingRun(self.cfg, self.engine, self.log, group=self.group, scope=None)
+        return TrainingRun(self.cfg, self.engine, self.log, group=self.workers.group, who=self.workers.info.name)
 
     def stats(self) -> dict[str, Any]:
         """Durations and MB/s of every save, of the restore and of every upload, and errors."""

@@ -47,13 +47,11 @@ import candle_ckpt.tf_keras.train_state as train_state
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.distributed.tf_group import tf_group
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.engine.preempt_control import plain_logs
-from candle_ckpt.engine.resume import checkpoint_dir
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.tf_keras.optimizer_state import (
@@ -238,13 +236,12 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 fs=self._fs,
             )
             self.cfg = state.cfg  # ckpt_async=auto decided for the cluster's size: capture as the writer writes
-            info = state.info
             self.run = TrainingRun(
                 self.cfg,
                 state.engine,
                 state.log,
-                group=tf_group(state.strategy, info.num_workers),
-                who=f"worker {info.task_type}:{info.task_id} " if info.num_workers > 1 else "",
+                group=state.group,
+                who=state.info.name,
                 dispatch_files=internals.CALLBACK_DISPATCH_FILES,
                 on_release=self._unhook_fit,
             )
@@ -275,7 +272,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._restore_callbacks = data  # at the first on_epoch_begin, after every callback's on_train_begin
         if data is not None and resumed.sidecar.step is not None and adapter.train.sequence is not None:
             self.state.log.warning(
-                f"restart: {checkpoint_dir(self.state.layout, resumed.sidecar)} is a mid-epoch checkpoint: the global "
+                f"restart: {self.run.where} is a mid-epoch checkpoint: the global "
                 f"RNGs and the attributes of the Sequence {type(adapter.train.sequence).__name__} are put back only "
                 "from epoch checkpoints, so this fit reads and draws otherwise than an uninterrupted run; for an exact "
                 "resume, resume from the last epoch checkpoint (ckpt_restart_epoch)"
@@ -296,9 +293,12 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             return False
         ended = side.extra.get("finished")
         epochs = (self.params or {}).get("epochs")
-        where = checkpoint_dir(self.state.layout, side)
         line = finished_line(
-            side, where, ended=tuple(ended) if ended else None, epochs=epochs, restart_epoch=self.cfg.restart_epoch
+            side,
+            self.run.where,
+            ended=tuple(ended) if ended else None,
+            epochs=epochs,
+            restart_epoch=self.cfg.restart_epoch,
         )
         if line is None:
             return False

@@ -127,14 +127,18 @@ def test_a_failed_save_gives_the_signals_and_the_lock_back_at_once(tmp_path: Pat
 
 
 def test_the_controller_reads_the_parameters_and_the_role(tmp_path: Path) -> None:
-    """The signals, the deadline, the exit code and the name in the log line; checkpointing off catches nothing."""
+    """The signals, the deadline, the exit code and the name in the log line (a job of several: the given name,
+    else "process R"; one process: none); checkpointing off catches nothing."""
     params = {"ckpt_preempt_exit_code": 3, "ckpt_preempt_signals": "SIGUSR1,SIGTERM", "ckpt_deadline": "+3600"}
-    run = make_run(config(tmp_path, **params), who="worker worker:1 ")
+    second = ThreadGroup(2).members[1]
+    run = make_run(config(tmp_path, **params), group=second, who="worker worker:1")
     pre = run.controller
     assert pre.cfg.preempt_exit_code == 3 and pre.who == "worker worker:1 "
     assert sorted(pre.watcher.signals) == sorted([signal.SIGUSR1, signal.SIGTERM])
     assert 3500 < pre.watcher.time_left() <= 3600
     assert run.enabled
+    assert make_run(config(tmp_path / "p", **params), group=second).controller.who == "process 1 "
+    assert make_run(config(tmp_path / "one", **params), who="worker worker:0").controller.who == ""
     off = make_run(config(tmp_path / "off", **params, ckpt_save_interval=0))
     assert not off.enabled
 
