@@ -14,15 +14,20 @@ JAX processes (``keras/group_restart.py``, ``runner/job.py``) and ``tf.distribut
 3. every other process verifies the files of that exact checkpoint it will read (size and CRC), and the
    processes ``exchange`` the outcome: if one failed, the primary rejects that checkpoint (logging why, in
    every process's words) and chooses again, every process with it, until all agree or nothing is left. No
-   byte is CRC-checked twice, and no process reads a part it does not need.
+   byte is CRC-checked twice, and no process reads a part it does not need. A part a process loads from
+   whole (``keep``) is read once, into memory, for its CRC and its values; the processes other than the
+   primary start that read on a thread as the restore begins (of the checkpoint ``last`` names, the usual
+   choice), so that it overlaps the primary's choosing.
 
 The caller then loads what was agreed (``engine.resume.load_chosen``) through its adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -35,11 +40,15 @@ from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine import node_restore
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.resume import Chosen, select_checkpoint
+from candle_ckpt.storage.filecheck import Prefetch
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
 
 # needed(where): the files of the sharded checkpoint ``where`` this process reads (None: a job that writes none).
 Needed = Callable[[str], set[str]] | None
+# keep(names): of a sharded checkpoint's files, those this process loads from whole, read once for their CRC and
+# their values (returned with the reads).
+Keep = Callable[[Iterable[str]], set[str]] | None
 # The primary's part of a choice round: select() chooses, reject(said, reasons) rules out what a process failed.
 Primary = tuple[Callable[[], Chosen | None], Callable[[str, list[str]], None]]
 
@@ -57,10 +66,26 @@ def _where(layout: L.Layout, said: str) -> str:
     return layout.step_dir(int(generation)) if kind == "step" else layout.epoch_dir(int(epoch))
 
 
-def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: Needed, mapped: bool) -> Chosen:
+def _keep_scope(needed: Needed, keep: Keep) -> Callable[[str, Any], set[str]] | None:
+    """The store's ``keep_scope``: of a sharded checkpoint, ``keep(its files)`` (each also in ``needed``)."""
+    if keep is None or needed is None:
+        return None
+    return lambda directory, side: keep(side.files) if side.model_file == MANIFEST else set()
+
+
+def _verify_choice(
+    cfg: CkptConfig,
+    said: str,
+    reads: tuple[str, ...],
+    needed: Needed,
+    keep: Keep,
+    ahead: Prefetch | None,
+    mapped: bool,
+) -> Chosen:
     """The checkpoint the primary chose, verified on this process: of a sharded one, only ``needed(where)``."""
     kind, epoch, generation = said.split(":")
     store = CheckpointStore.of(cfg)
+    store.prefetched = ahead
     if kind == "step":
         where, side = store.layout.step_dir(int(generation)), store.steps.read_sidecar(int(generation))
     else:
@@ -72,6 +97,8 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: N
             )
     if side.model_file == MANIFEST and needed is not None:  # the manifest, this process's state, its slices' parts
         wanted = needed(where)
+        kept = keep(side.files) & wanted if keep is not None else set()  # of all its files, not only the wanted
+        store.keep_scope = lambda directory, side: kept
         contents = store.verify_files(where, replace(side, files={k: e for k, e in side.files.items() if k in wanted}),
                                       reads=reads, mapped=mapped)  # fmt: skip
     else:
@@ -79,21 +106,39 @@ def _verify_choice(cfg: CkptConfig, said: str, reads: tuple[str, ...], needed: N
     return Chosen(int(epoch), side, contents)
 
 
+def _prefetch(cfg: CkptConfig, keep: Keep) -> Prefetch | None:
+    """Start reading, on a thread, the parts this process will most likely load: its ``keep`` of the checkpoint
+    ``last`` names (the usual choice), so that its read overlaps the primary's choosing instead of following it.
+    Only what the verification then finds unchanged is used, and its CRC checked as always."""
+    if keep is None:
+        return None
+    where = os.path.realpath(L.Layout.of(cfg).link("last"))
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return None
+    return Prefetch(os.path.join(where, name) for name in keep(names)) if MANIFEST in names else None
+
+
 def _primary_store(
-    cfg: CkptConfig, needed: Needed, rejected: dict[str, str], store: CheckpointStore | None, fs: LocalFS | None
-) -> CheckpointStore:
+    cfg: CkptConfig, needed: Needed, keep: Keep, store: CheckpointStore | None, fs: LocalFS | None
+) -> tuple[CheckpointStore, Callable[[str, list[str]], None]]:
     """The primary's store for choosing (``store``, the writer's own, or a new one): of a sharded checkpoint it
     checks the CRC of the files it reads (and the size of every file), the others check theirs; a checkpoint
-    another process rejected is skipped, with why."""
+    another process rejected is skipped, with why. And ``reject(said, reasons)``, which rules one out."""
     store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
+    rejected: dict[str, str] = {}
 
     def scope(directory: str, side: Any) -> set[str] | None:
         if directory in rejected:
             raise CorruptCheckpoint(directory, rejected[directory])
         return needed(directory) if side.model_file == MANIFEST and needed is not None else None
 
-    store.crc_scope = scope
-    return store
+    def reject(said: str, reasons: list[str]) -> None:
+        rejected[_where(store.layout, said)] = "; ".join(reasons)
+
+    store.crc_scope, store.keep_scope = scope, _keep_scope(needed, keep)
+    return store, reject
 
 
 def agree_on_checkpoint(
@@ -110,6 +155,7 @@ def agree_on_checkpoint(
     mapped: bool = True,
     timeout_s: float | None = None,
     node_local: bool = True,
+    keep: Keep = None,
 ) -> Chosen | None:
     """Steps 1 to 3 of the module docstring on every process: the primary's choice, verified everywhere (or,
     when each process's ``ckpt_directory`` is its own, :mod:`~candle_ckpt.engine.node_restore`'s); round N of
@@ -119,6 +165,8 @@ def agree_on_checkpoint(
         name: This restore's meeting point prefix (``group.meeting("restore")``).
         reads: The files this process loads into memory.
         needed: ``needed(where)``: the files of the sharded checkpoint ``where`` this process reads.
+        keep: ``keep(names)``: of a sharded checkpoint's files, those it loads from whole (within ``needed``):
+            read once, for their CRC and their values, and returned (``bytes``) in the chosen one's contents.
         epoch: Exactly this epoch (``ckpt_restart_epoch`` otherwise), as ``select_checkpoint``.
         store: The primary's own store, when its writer holds the lock (a pull from the persistent tier then
             commits through it); None: a store of its own (with ``fs``).
@@ -129,33 +177,30 @@ def agree_on_checkpoint(
 
     Returns:
         The verified checkpoint (the same on every process), or None when there is none.
-
     Raises:
         NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
         GroupTimeout: a process did not come to a meeting point in time (naming it and the missing ranks).
     """
     bound = group_timeout() if timeout_s is None else timeout_s
     wanted = epoch if epoch is not None else cfg.restart_epoch
-    word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted, timeout_s=bound,
-                                       node_local=node_local)  # fmt: skip
-    verify = lambda said: _verify_choice(cfg, said, reads, needed, mapped)  # noqa: E731
-    if word != node_restore.SHARED:
-        return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)
-    if not is_primary(group):
-        return _agree_shared(group, log, name, None, verify, bound)
-    rejected: dict[str, str] = {}
-    store = _primary_store(cfg, needed, rejected, store, fs)
+    ahead = None if is_primary(group) else _prefetch(cfg, keep)  # the primary reads its part while choosing
+    with ahead if ahead is not None else contextlib.nullcontext():
+        word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted, timeout_s=bound,
+                                           node_local=node_local)  # fmt: skip
+        verify = lambda said: _verify_choice(cfg, said, reads, needed, keep, ahead, mapped)  # noqa: E731
+        if word != node_restore.SHARED:
+            return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)
+        if not is_primary(group):
+            return _agree_shared(group, log, name, None, verify, bound)
+    store, reject = _primary_store(cfg, needed, keep, store, fs)
 
     def select() -> Chosen | None:
         return select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, steps=True, store=store)
 
-    def reject(said: str, reasons: list[str]) -> None:
-        rejected[_where(store.layout, said)] = "; ".join(reasons)
-
     try:
         return _agree_shared(group, log, name, (select, reject), verify, bound)
     finally:
-        store.crc_scope = None  # the writer's store goes on without this restore's scope
+        store.crc_scope = store.keep_scope = None  # the writer's store goes on without this restore's scopes
 
 
 def _agree_shared(

@@ -31,7 +31,7 @@ from candle_ckpt.engine.resume import Chosen, Resumed, attach_resumed, checkpoin
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.preflight import build_optimizer
-from candle_ckpt.keras.sharded import files_to_read, load_sharded, train_state_part
+from candle_ckpt.keras.sharded import files_to_read, kept_parts, load_sharded, train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 
 
@@ -78,7 +78,9 @@ def restart_group(
     reads = adapter.reads
     start = time.perf_counter()
     attach_resumed(model, None)
-    chosen = agree_on_checkpoint(cfg, log, group, name, reads, lambda where: files_to_read(model, where, group.rank))
+    needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
+    keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
+    chosen = agree_on_checkpoint(cfg, log, group, name, reads, needed, keep=keep)
     if chosen is None:
         group.close(group_timeout())
         return None

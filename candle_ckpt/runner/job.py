@@ -34,7 +34,7 @@ from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.engine.run import TrainingRun
-from candle_ckpt.keras.sharded import keras_group
+from candle_ckpt.keras.sharded import kept_parts, keras_group
 from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.runner.sharded import reads as group_reads
 from candle_ckpt.runner.state import (  # noqa: F401 - STATE_* are this module's names too
@@ -212,8 +212,9 @@ class JobRunner:
         group, start = self.group, time.perf_counter()
         self._meeting = name = group.meeting("restore")
         needed = files_for(self.objects, self.state, self.kinds, group.rank)
+        keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
         chosen = agree_on_checkpoint(
-            self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch
+            self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch, keep=keep
         )
         if chosen is None:
             return None

@@ -156,7 +156,7 @@ def restore_runner_sharded(
     def read() -> tuple[dict, dict, dict]:
         own = _own_state(chosen.contents, rank, where, log)
         doc = read_loop_state(_plain(state, kinds), own, where)
-        return own, doc, read_sharded(runner_variables(objects, state, kinds), where)
+        return own, doc, read_sharded(runner_variables(objects, state, kinds), where, chosen.contents)
 
     own, doc, arrays = read_all_or_none(read, where, agree)
     assign_all(arrays)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 
 from candle_ckpt.core.checksum import crc32, format_crc, iter_file_chunks
 from candle_ckpt.core.errors import CorruptCheckpoint
@@ -22,8 +23,12 @@ def verify_file(
     mapped: bool,
     check: bool,
     progress: Callable[[int], None] | None,
+    given: bytes | None = None,
 ) -> bytes | mmap.mmap | None:
-    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``read``, else None."""
+    """Check one file's type, size and (if ``check``) CRC; return its bytes if ``read``, else None.
+
+    ``given``: the file's bytes, already read (:class:`Prefetch`), checked instead of reading it.
+    """
     if os.path.islink(path) or not os.path.isfile(path):
         raise CorruptCheckpoint(path, "file is missing (or is not a regular file)")
     size = os.path.getsize(path)
@@ -31,7 +36,10 @@ def verify_file(
         raise CorruptCheckpoint(path, f"size is {size} bytes but the sidecar recorded {entry.size}")
     data = None
     if read:
-        data = map_file(path, size) if mapped else read_file(path, size)
+        if given is not None:
+            data = given
+        else:
+            data = map_file(path, size) if mapped else read_file(path, size)
         if len(data) != entry.size:  # changed since the size check
             raise CorruptCheckpoint(path, f"size is {len(data)} bytes but the sidecar recorded {entry.size}")
         value = crc32(data) if check else None
@@ -46,6 +54,56 @@ def verify_file(
     if check and format_crc(value) != entry.crc32:
         raise CorruptCheckpoint(path, f"CRC32 is {format_crc(value)} but the sidecar recorded {entry.crc32}")
     return data
+
+
+class Prefetch:
+    """Files read whole into memory on a background thread, ahead of their verification: a restore's likely
+    parts, read while the processes meet and the primary chooses, instead of after.
+
+    :meth:`take` gives a file's bytes only if the file is still the one read (same device, inode, size and
+    modification time); the caller then checks their CRC as if it had read them itself. A file that cannot be
+    read is passed over: the verification reads it again and reports what is wrong.
+    """
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self._got: dict[str, tuple[tuple[int, ...], bytes]] = {}
+        self._thread = threading.Thread(target=self._run, args=(list(paths),), name="candle-ckpt-prefetch",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def _run(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    stat = os.fstat(f.fileno())
+                    self._got[path] = (_identity(stat), f.read(stat.st_size + 1))
+            except OSError:
+                continue
+
+    def take(self, path: str) -> bytes | None:
+        """``path``'s bytes as read ahead (after that read ends), or None: not read, or changed since."""
+        self._thread.join()  # no longer than reading the file here would take
+        got = self._got.pop(path, None)
+        try:
+            same = got is not None and got[0] == _identity(os.stat(path)) and len(got[1]) == got[0][2]
+        except OSError:
+            same = False
+        return got[1] if same and got is not None else None
+
+    def close(self) -> None:
+        """Wait for the reading to end and drop what was not taken."""
+        self._thread.join()
+        self._got.clear()
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def read_file(path: str, size: int) -> bytes:

@@ -17,7 +17,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint, LayoutMismatch, SidecarError
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.filecheck import verify_file
+from candle_ckpt.storage.filecheck import Prefetch, verify_file
 
 logger = logging.getLogger("candle_ckpt.storage.reader")
 
@@ -47,6 +47,11 @@ class CheckpointReader:
         # get their size checked. It may raise CheckpointError to reject the checkpoint. A process of a
         # multi-process job checks the CRC of the files it reads (see engine/group_restore.py).
         self.crc_scope: Callable[[str, Sidecar], Iterable[str] | None] | None = None
+        # keep_scope(directory, sidecar): the names a verification reads whole into memory and returns with the
+        # ``reads`` (never mapped): the part a process of a multi-process job loads from, read once for its CRC
+        # and its values (one read of the file, not a check and then a copy out of a mapping).
+        self.keep_scope: Callable[[str, Sidecar], Iterable[str]] | None = None
+        self.prefetched: Prefetch | None = None  # files read ahead, taken by the verification of those it keeps
 
     def check_layout(self) -> None:
         """Refuse a directory that holds checkpoints in the other layout: the two are never mixed.
@@ -191,12 +196,14 @@ class CheckpointReader:
     ) -> dict[str, bytes | mmap.mmap]:
         """Check the size and CRC of each file ``side`` lists in ``directory`` (or in ``only``; see :meth:`verify`).
 
-        With :attr:`crc_scope` set, only the CRCs of the names it gives (and of ``reads``) are checked.
+        With :attr:`crc_scope` set, only the CRCs of the names it gives (and of ``reads``) are checked. With
+        :attr:`keep_scope` set, the names it gives are read whole (as ``bytes``, whatever ``mapped``) and returned too.
 
         Returns:
-            ``{name: bytes or mmap}`` for the names in ``reads``.
+            ``{name: bytes or mmap}`` for the names in ``reads`` (and :attr:`keep_scope`'s).
         """
-        wanted = set(reads)
+        keep = set(self.keep_scope(directory, side)) & side.files.keys() if self.keep_scope is not None else set()
+        wanted = set(reads) | keep
         chosen = None if only is None else set(only) | wanted
         if chosen is not None and not chosen <= side.files.keys():
             raise CorruptCheckpoint(directory, f"has no {', '.join(sorted(chosen - side.files.keys()))}")
@@ -207,7 +214,9 @@ class CheckpointReader:
             if chosen is not None and name not in chosen:
                 continue
             check = self.checksum and entry.crc32 is not None and (crc is None or name in crc)
-            data = verify_file(os.path.join(directory, name), entry, name in wanted, mapped, check, progress)
+            path = os.path.join(directory, name)
+            given = self.prefetched.take(path) if self.prefetched is not None and name in keep else None
+            data = verify_file(path, entry, name in wanted, mapped and name not in keep, check, progress, given)
             if data is not None:
                 contents[name] = data
         return contents

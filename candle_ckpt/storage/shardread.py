@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +45,14 @@ class ShardedReader:
 
     Args:
         directory: The checkpoint directory holding ``manifest.json`` and the parts.
+        loaded: Files of it already in memory, by name (a restore's verified parts, read whole for their CRC):
+            used instead of mapping those parts, and a chunk read whole from one is a view of it, not a copy.
 
     Raises:
         CorruptCheckpoint: the manifest is missing or invalid (naming it).
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], loaded: Mapping[str, object] | None = None) -> None:
         self.directory = os.fspath(directory)
         path = os.path.join(self.directory, MANIFEST)
         body, _ = read_json(path, "the manifest")
@@ -71,6 +73,11 @@ class ShardedReader:
             for name, var in body["variables"].items()
         }
         self._maps: dict[int, mmap.mmap | bytes] = {}
+        self._loaded: dict[int, bytes] = {}  # part -> its bytes, held by the caller: views of them are safe
+        for rank, part in enumerate(self.parts):
+            data = (loaded or {}).get(part["file"])
+            if isinstance(data, bytes) and len(data) == part["size"]:
+                self._loaded[rank] = self._maps[rank] = data
         self.bytes_from: dict[int, int] = {}  # part -> bytes :meth:`read` copied out of it (what it read there)
 
     def part_path(self, rank: int) -> str:
@@ -103,11 +110,18 @@ class ShardedReader:
     def read(self, path: str, index: object = None) -> np.ndarray:
         """Return the values of ``index`` (a tuple of slices or ``(start, stop)`` pairs; None: all) of ``path``.
 
-        The result is a new array (it does not keep the files mapped).
+        The result does not keep the files mapped: a new array, or a read-only view of a part given in memory
+        (``loaded``) when one chunk of it is exactly what is asked for.
         """
         info = self._info(path)
         want = as_index(index, info.global_shape)
         dtype = dtype_of(info.dtype)
+        whole = [(part, offset, nbytes) for part, block, offset, nbytes in info.chunks if block == want]
+        if whole and whole[0][0] in self._loaded:  # in place: the bytes object lives as long as the view
+            part, offset, nbytes = whole[0]
+            self.bytes_from[part] = self.bytes_from.get(part, 0) + nbytes
+            src = np.frombuffer(self._loaded[part], dtype, count=nbytes // dtype.itemsize, offset=offset)
+            return src.reshape(shape_of(want))
         out = np.empty(shape_of(want), dtype)
         for part, block, offset, nbytes in info.chunks:
             both = overlap(block, want)
@@ -139,6 +153,7 @@ class ShardedReader:
             if isinstance(m, mmap.mmap):
                 m.close()
         self._maps.clear()
+        self._loaded.clear()
 
     def __enter__(self) -> ShardedReader:
         return self

@@ -33,23 +33,34 @@ def _needed(rank: int):
     return needed
 
 
-def _restore(dirs: list[Path], *, node_local: bool = True, mode: str = "auto") -> list[Any]:
-    """Every rank's ``agree_on_checkpoint`` (rank r in ``dirs[r]``): the epoch agreed, None, or the exception."""
+def _kept(rank: int):
+    """keep(names): the rank's own part, as ``keras.sharded.kept_parts`` gives it when the counts match."""
+    return lambda names: {f"part-{rank:05d}.bin"} & set(names)
+
+
+def _restore(
+    dirs: list[Path], *, node_local: bool = True, mode: str = "auto", keep: bool = False, contents: bool = False
+) -> list[Any]:
+    """Every rank's ``agree_on_checkpoint`` (rank r in ``dirs[r]``): the epoch agreed (with ``contents``: and
+    what the verification returned), None, or the exception."""
 
     def work(g: Group) -> Any:
         cfg = CkptConfig.from_params({"ckpt_directory": str(dirs[g.rank]), "ckpt_restart_mode": mode})
         log = OpsLog(None, logging.getLogger(LOGGER))
-        chosen = agree_on_checkpoint(
-            cfg, log, g, "restore/0", (), _needed(g.rank), mapped=False, timeout_s=30, node_local=node_local
-        )
-        return chosen.epoch if chosen is not None else None
+        chosen = agree_on_checkpoint(cfg, log, g, "restore/0", (), _needed(g.rank), mapped=False, timeout_s=30,
+                                     node_local=node_local, keep=_kept(g.rank) if keep else None)  # fmt: skip
+        if chosen is None:
+            return None
+        return (chosen.epoch, chosen.contents) if contents else chosen.epoch
 
     return run_ranks(ThreadGroup(len(dirs)), work)
 
 
-def test_a_rank_whose_part_fails_its_crc_makes_every_rank_fall_back(tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize("keep", [False, True], ids=["checked", "kept"])
+def test_a_rank_whose_part_fails_its_crc_makes_every_rank_fall_back(tmp_path: Path, caplog, keep: bool) -> None:
     """Epoch 2's part of rank 1 has a flipped byte (same size): the primary checks only its size and chooses
-    epoch 2, rank 1's CRC check fails, and both ranks agree on epoch 1; the primary's log says why."""
+    epoch 2, rank 1's CRC check fails, and both ranks agree on epoch 1; the primary's log says why. ``kept``:
+    each rank reads its part whole (rank 1 reads ahead the part of ``last``, the damaged one): the same."""
     hub = ThreadGroup(2)
     for epoch in (1, 2):
         assert not any(isinstance(r, BaseException) for r in save_sharded(str(tmp_path), hub, epoch))
@@ -58,10 +69,25 @@ def test_a_rank_whose_part_fails_its_crc_makes_every_rank_fall_back(tmp_path: Pa
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
     with caplog.at_level("INFO", logger=LOGGER):
-        assert _restore([tmp_path, tmp_path]) == [1, 1]
+        assert _restore([tmp_path, tmp_path], keep=keep) == [1, 1]
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("restart: process 1: ") and "part-00001.bin" in m for m in said), said
     assert any(m.startswith("restart: skipping epoch 2: ") and "process 1: " in m for m in said), said
+
+
+def test_every_rank_gets_its_own_part_back_whole_and_checked(tmp_path: Path) -> None:
+    """keep: every rank's verification returns its own part of the chosen checkpoint (the newest) as bytes,
+    equal to the file (rank 1's read ahead while the primary chose), and nothing of the other rank's."""
+    hub = ThreadGroup(2)
+    for epoch in (1, 2):
+        assert not any(isinstance(r, BaseException) for r in save_sharded(str(tmp_path), hub, epoch))
+    where = Path(CheckpointReader(tmp_path).layout.epoch_dir(2))
+    results = _restore([tmp_path, tmp_path], keep=True, contents=True)
+    for rank, (epoch, contents) in enumerate(results):
+        assert epoch == 2
+        parts = {name for name in contents if name.endswith(".bin")}
+        assert parts == {f"part-{rank:05d}.bin"}
+        assert contents[f"part-{rank:05d}.bin"] == (where / f"part-{rank:05d}.bin").read_bytes()
 
 
 def test_own_directories_are_refused_where_only_the_primary_commits(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CheckpointSaveError, CorruptCheckpoint, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.group import ThreadGroup
+from candle_ckpt.storage.filecheck import Prefetch
 from candle_ckpt.storage.multipart import SharedSave, write_rank_part
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.sharded import MANIFEST
@@ -223,3 +224,42 @@ def test_crc_scope_checks_the_crc_of_the_files_named_and_the_size_of_the_others(
     found = reader.find_valid(on_problem=lambda epoch, why: problems.append(f"{epoch}: {why}"))
     assert found is not None and found[0] == 1
     assert problems == [f"2: {rejected}: process 1: its part is damaged"]
+
+
+def test_keep_scope_returns_the_kept_part_as_bytes_checked_and_a_read_ahead_is_used_only_if_unchanged(
+    tmp_path: Path,
+) -> None:
+    """keep_scope: the kept part comes back as bytes (even with mapped=True), equal to the file and CRC-checked
+    (a flipped byte in it is caught); bytes read ahead (Prefetch) are used while the file is the one read, and
+    after the file is replaced by another of the same size they are not: the new file is read and checked."""
+    save_sharded(str(tmp_path), ThreadGroup(2), 1)
+    reader = CheckpointReader(tmp_path)
+    part = Path(reader.layout.epoch_dir(1)) / "part-00001.bin"
+    original = part.read_bytes()
+    reader.keep_scope = lambda directory, side: {"part-00001.bin"}
+    _, contents = reader.verify(1, reads=("train.state.p00001.npz",), mapped=True)
+    assert type(contents["part-00001.bin"]) is bytes and contents["part-00001.bin"] == original
+    assert set(contents) == {"part-00001.bin", "train.state.p00001.npz"}
+
+    with Prefetch([str(part)]) as ahead:
+        reader.prefetched = ahead
+        _, contents = reader.verify(1)
+        assert contents["part-00001.bin"] == original
+        assert ahead.take(str(part)) is None  # taken once: the verification took it
+
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    with Prefetch([str(part)]) as ahead:
+        assert ahead.take(str(part)) == original  # (this test takes it; read ahead again for the verification)
+    with Prefetch([str(part)]) as ahead:
+        ahead.take(str(tmp_path / "nothing"))  # waits for the read ahead to end
+        staged = part.with_name("staged")
+        staged.write_bytes(bytes(damaged))
+        os.replace(staged, part)  # another file, same name and size: the bytes read ahead are not used
+        reader.prefetched = ahead
+        with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+            reader.verify(1)
+    reader.prefetched = None
+    part.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptCheckpoint, match=r"part-00001\.bin: CRC32 is"):
+        reader.verify(1)

@@ -128,6 +128,28 @@ def test_parts_for_names_only_the_parts_holding_the_slice(tmp_path: Path) -> Non
         reader.read("w", ((0, 7), (0, 4)))
 
 
+def test_a_part_given_in_memory_is_read_in_place_and_equals_the_mapped_read(tmp_path: Path) -> None:
+    """A restore hands the reader the part it verified in memory (``loaded``): a chunk read whole is then a
+    read-only view of those bytes (no copy), a slice of it or a chunk of another part is read as before, and
+    all equal the mapped reads; bytes of the wrong length are not used."""
+    work, array = halves(tmp_path)
+    data = (work / part_bin(0)).read_bytes()
+    whole = np.frombuffer(data, np.uint8)
+    with ShardedReader(work, {part_bin(0): data}) as reader:
+        top = reader.read("w", ((0, 3), (0, 4)))
+        assert np.shares_memory(top, whole) and not top.flags.writeable
+        np.testing.assert_array_equal(top, array[:3])
+        rows = reader.read("w", ((1, 2), (0, 4)))  # a slice of the chunk: a copy
+        assert not np.shares_memory(rows, whole)
+        np.testing.assert_array_equal(rows, array[1:2])
+        np.testing.assert_array_equal(reader.read("w"), array)
+        assert reader.bytes_from == {0: 3 * 16 + 16 + 3 * 16, 1: 3 * 16}
+    with ShardedReader(work, {part_bin(0): data[:-1]}) as reader:
+        top = reader.read("w", ((0, 3), (0, 4)))
+        assert not np.shares_memory(top, whole)
+        np.testing.assert_array_equal(top, array[:3])
+
+
 def test_a_flipped_bit_in_one_part_is_caught_naming_that_file(tmp_path: Path) -> None:
     """Corrupting one byte of part 1 makes verify() fail naming part-00001.bin; part 0 alone still verifies."""
     work, _ = halves(tmp_path)
