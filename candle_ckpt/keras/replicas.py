@@ -158,6 +158,7 @@ class ShardedRead:
         slice_bytes: The state bytes it took from the checkpoint's files.
         gathered_bytes: The state bytes the other processes sent it (after :meth:`assemble`).
         bytes_from: The state bytes it took from each part, by the part's rank.
+        in_place_bytes: Of ``slice_bytes``, those used in place from a part the verification read into memory.
     """
 
     variables: dict[str, Any]
@@ -167,6 +168,7 @@ class ShardedRead:
     slice_bytes: int = 0
     gathered_bytes: int = 0
     bytes_from: dict[int, int] = field(default_factory=dict)
+    in_place_bytes: int = 0
 
     @classmethod
     def read(cls, reader: ShardedReader, variables: dict[str, Any], plan: ReadPlan) -> ShardedRead:
@@ -179,12 +181,13 @@ class ShardedRead:
             want = np_dtype(variables[path])
             return data if data.dtype == want else data.astype(want)
 
-        before = dict(reader.bytes_from)
+        before, in_place = dict(reader.bytes_from), reader.bytes_in_place
         for path, block in plan.whole:
             out.values[(path, block)] = take(path, block)
         for path, block, piece in plan.own:
             out.own[(path, block)] = take(path, piece)
         out.bytes_from = {r: n - before.get(r, 0) for r, n in reader.bytes_from.items() if n > before.get(r, 0)}
+        out.in_place_bytes = reader.bytes_in_place - in_place
         return out
 
     def assemble(self) -> dict[str, tuple[Any, Any]]:

@@ -396,7 +396,8 @@ def _process_count() -> int:
 
 def read_stats(read: ShardedRead, where: str, rank: int) -> dict[str, int]:
     """What process ``rank`` read of ``where``: ``read_bytes`` (the files it checked, whole, plus what it took
-    from the other parts), ``checked_bytes``, ``slice_bytes`` and ``gathered_bytes``."""
+    from the other parts), ``checked_bytes``, ``slice_bytes`` (of which ``in_place_bytes`` were used in place
+    from its part, read once into memory) and ``gathered_bytes``."""
     names = files_to_read(None, where, rank)
     checked = sum(os.path.getsize(os.path.join(where, n)) for n in names if os.path.isfile(os.path.join(where, n)))
     mine = {r for r in read.bytes_from if part_bin(r) in names}
@@ -405,5 +406,6 @@ def read_stats(read: ShardedRead, where: str, rank: int) -> dict[str, int]:
         "read_bytes": checked + elsewhere,
         "checked_bytes": checked,
         "slice_bytes": read.slice_bytes,
+        "in_place_bytes": read.in_place_bytes,
         "gathered_bytes": read.gathered_bytes,
     }

@@ -79,6 +79,7 @@ class ShardedReader:
             if isinstance(data, bytes) and len(data) == part["size"]:
                 self._loaded[rank] = self._maps[rank] = data
         self.bytes_from: dict[int, int] = {}  # part -> bytes :meth:`read` copied out of it (what it read there)
+        self.bytes_in_place = 0  # of those, the bytes served as views of a part given in memory (no copy)
 
     def part_path(self, rank: int) -> str:
         return os.path.join(self.directory, self.parts[rank]["file"])
@@ -120,6 +121,7 @@ class ShardedReader:
         if whole and whole[0][0] in self._loaded:  # in place: the bytes object lives as long as the view
             part, offset, nbytes = whole[0]
             self.bytes_from[part] = self.bytes_from.get(part, 0) + nbytes
+            self.bytes_in_place += nbytes
             src = np.frombuffer(self._loaded[part], dtype, count=nbytes // dtype.itemsize, offset=offset)
             return src.reshape(shape_of(want))
         out = np.empty(shape_of(want), dtype)

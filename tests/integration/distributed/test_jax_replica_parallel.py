@@ -110,8 +110,9 @@ def test_every_rank_closes_with_what_it_wrote(dp2):
 
 
 def test_restore_reads_half_per_process_and_gathers_the_rest(dp2, tmp_path):
-    """A rerun of the same 2 processes: each reads its own part (about half of the checkpoint's bytes) and gets
-    the other half of the state from the other process; both restore the saved arrays bit for bit."""
+    """A rerun of the same 2 processes: each reads its own part (about half of the checkpoint's bytes) once, into
+    memory, uses every slice of it in place, and gets the other half of the state from the other process; both
+    restore the saved arrays bit for bit."""
     ck_src, _, want, _ = dp2
     ck = tmp_path / "ck"
     shutil.copytree(ck_src, ck, symlinks=True)
@@ -125,6 +126,7 @@ def test_restore_reads_half_per_process_and_gathers_the_rest(dp2, tmp_path):
         assert _same(job.restored(i), want[i]) == [], f"process {i}"
         load = _stats(job, i)["load"]
         assert load["slice_bytes"] == shares[i]  # its own slices: exactly what it wrote
+        assert load["in_place_bytes"] == shares[i]  # all of them from its part read once, none copied
         assert load["gathered_bytes"] == state - shares[i]
         assert load["read_bytes"] <= total / 2 + 32 * 1024, (load, total)  # its part, manifest, its train state
         assert f"process {i} resumed" in job.output(i)
@@ -148,6 +150,7 @@ def test_four_processes_restore_two_and_each_write_a_quarter(dp2, tmp_path):
         assert job.restored_epoch(i) == EPOCHS
         assert _same(job.restored(i), want[0]) == [], f"process {i}"
         assert abs(loads[i]["slice_bytes"] - state / 4) <= 16 * 1024 + 64, i
+        assert loads[i]["in_place_bytes"] == 0, i  # another process count: slices copied out of mapped parts
         assert loads[i]["read_bytes"] < 0.75 * total, loads  # each part's CRC is checked by one process only
     assert sum(load["read_bytes"] for load in loads) < 2 * total, loads
     shares, state = _shares(ck / "ckpts" / "epochs" / f"{EPOCHS + 1:03d}")
