@@ -177,16 +177,16 @@ def agree_on_checkpoint(
 
     Returns:
         The verified checkpoint (the same on every process), or None when there is none.
+
     Raises:
         NoValidCheckpoint: the primary could not choose (on every process), e.g. none left after the rejections.
         GroupTimeout: a process did not come to a meeting point in time (naming it and the missing ranks).
     """
     bound = group_timeout() if timeout_s is None else timeout_s
-    wanted = epoch if epoch is not None else cfg.restart_epoch
     ahead = None if is_primary(group) else _prefetch(cfg, keep)  # the primary reads its part while choosing
     with ahead if ahead is not None else contextlib.nullcontext():
-        word, decision = node_restore.meet(cfg, log, group, name, steps=True, wanted=wanted, timeout_s=bound,
-                                           node_local=node_local)  # fmt: skip
+        word, decision = node_restore.meet(cfg, log, group, name, steps=True, timeout_s=bound, node_local=node_local,
+                                           wanted=epoch if epoch is not None else cfg.restart_epoch)  # fmt: skip
         verify = lambda said: _verify_choice(cfg, said, reads, needed, keep, ahead, mapped)  # noqa: E731
         if word != node_restore.SHARED:
             return node_restore.agree_node_local(cfg, log, group, name, word, decision, verify, timeout_s=bound)

@@ -84,11 +84,14 @@ class Prefetch:
         """``path``'s bytes as read ahead (after that read ends), or None: not read, or changed since."""
         self._thread.join()  # no longer than reading the file here would take
         got = self._got.pop(path, None)
+        if got is None:
+            return None
+        identity, data = got
         try:
-            same = got is not None and got[0] == _identity(os.stat(path)) and len(got[1]) == got[0][2]
+            now = _identity(os.stat(path))
         except OSError:
-            same = False
-        return got[1] if same and got is not None else None
+            return None
+        return data if now == identity and len(data) == identity[2] else None  # same file, not grown while read
 
     def close(self) -> None:
         """Wait for the reading to end and drop what was not taken."""

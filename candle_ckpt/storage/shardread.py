@@ -72,12 +72,12 @@ class ShardedReader:
             )
             for name, var in body["variables"].items()
         }
+        # part -> its mapping, or its bytes (given in memory, or an empty part): views of bytes are safe to return
         self._maps: dict[int, mmap.mmap | bytes] = {}
-        self._loaded: dict[int, bytes] = {}  # part -> its bytes, held by the caller: views of them are safe
         for rank, part in enumerate(self.parts):
             data = (loaded or {}).get(part["file"])
             if isinstance(data, bytes) and len(data) == part["size"]:
-                self._loaded[rank] = self._maps[rank] = data
+                self._maps[rank] = data
         self.bytes_from: dict[int, int] = {}  # part -> bytes :meth:`read` copied out of it (what it read there)
         self.bytes_in_place = 0  # of those, the bytes served as views of a part given in memory (no copy)
 
@@ -117,13 +117,12 @@ class ShardedReader:
         info = self._info(path)
         want = as_index(index, info.global_shape)
         dtype = dtype_of(info.dtype)
-        whole = [(part, offset, nbytes) for part, block, offset, nbytes in info.chunks if block == want]
-        if whole and whole[0][0] in self._loaded:  # in place: the bytes object lives as long as the view
-            part, offset, nbytes = whole[0]
-            self.bytes_from[part] = self.bytes_from.get(part, 0) + nbytes
-            self.bytes_in_place += nbytes
-            src = np.frombuffer(self._loaded[part], dtype, count=nbytes // dtype.itemsize, offset=offset)
-            return src.reshape(shape_of(want))
+        for part, block, offset, nbytes in info.chunks:
+            data = self._maps.get(part)
+            if block == want and isinstance(data, bytes):  # in place: the bytes object lives as long as the view
+                self.bytes_from[part] = self.bytes_from.get(part, 0) + nbytes
+                self.bytes_in_place += nbytes
+                return np.frombuffer(data, dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape_of(want))
         out = np.empty(shape_of(want), dtype)
         for part, block, offset, nbytes in info.chunks:
             both = overlap(block, want)
@@ -155,7 +154,6 @@ class ShardedReader:
             if isinstance(m, mmap.mmap):
                 m.close()
         self._maps.clear()
-        self._loaded.clear()
 
     def __enter__(self) -> ShardedReader:
         return self
