@@ -7,6 +7,7 @@
         ckpts/
             lock                  held (flock) by the one writer
             work/                 the checkpoint being written
+            restarts.jsonl        the restart history (core/history.py)
             epochs/NNN/           committed checkpoints (NNN = completed epochs)
             steps/GGG/            the newest mid-epoch (step) checkpoint (GGG = its commit generation)
             best -> epochs/NNN    relative symlink (or a pointer file)
@@ -154,6 +155,11 @@ class Layout:
     @property
     def work(self) -> str:
         return os.path.join(self.ckpts, "work")
+
+    @property
+    def history(self) -> str:
+        """The restart history (:mod:`candle_ckpt.core.history`): ``<ckpts>/restarts.jsonl``."""
+        return os.path.join(self.ckpts, "restarts.jsonl")
 
     @property
     def epochs(self) -> str:

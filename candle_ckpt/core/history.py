@@ -1,0 +1,168 @@
+"""The restart history of one training: every start, restore, failure and refusal, kept beside its checkpoints.
+
+One JSON object per line, appended, in ``<ckpts>/restarts.jsonl`` (``Layout.history``); on the persistent tier
+the same file sits at ``<url>/restarts.jsonl`` and travels with the checkpoints to whichever node the run lands
+on. The reader takes the union of both by record ``id`` and orders it by ``time``. Nothing here decides anything
+but what the records say: :func:`no_progress_restarts` counts how often the newest checkpoint was resumed with no
+commit after it (a crash loop), :func:`failure_rate` how often the run failed per second of wall time (for the
+automatic step interval). A line that cannot be parsed (a write cut by a kill) is skipped, never an error.
+
+Records (``v`` 1), every one with ``v``, ``id``, ``event``, ``time`` (Unix seconds), ``host``, ``pid``:
+
+- ``{"event": "restart", "resumed": "epochs/005" | "steps/012" | null, "epoch": 5, "step": null, "generation": 7,
+  "source": "fast" | "persistent" | null, "lineage": "...", "start": {...}}``: a ``restart()`` (``resumed`` null:
+  nothing to resume, a fresh start);
+- ``{"event": "failure", "restart": "<id of the restart>", "error": "ValueError: ...", "phase": "step"}``: the
+  process ended by an uncaught error, or by the watchdog (``"error": "hang"``, ``phase`` the one that hung);
+- ``{"event": "refused", "resumed": "epochs/005", "count": 3, "last_failure": "..."}``: ``restart()`` refused
+  to resume a crash loop once more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+HISTORY_FILE = "restarts.jsonl"
+VERSION = 1
+EVENTS = ("restart", "failure", "refused")
+MAX_LINE = 64 * 1024  # a record longer than this is cut to its essentials by the writer
+
+
+def new_record(event: str, **fields: Any) -> dict[str, Any]:
+    """A record of ``event`` stamped with this process (``v``, ``id``, ``time``, ``host``, ``pid``) and ``fields``."""
+    if event not in EVENTS:
+        raise ValueError(f"history event must be one of {', '.join(EVENTS)}; got {event!r}")
+    record: dict[str, Any] = {
+        "v": VERSION,
+        "id": uuid.uuid4().hex,
+        "event": event,
+        "time": round(time.time(), 3),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    record.update(fields)
+    return record
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    """One line of the file (compact JSON and a newline)."""
+    return (json.dumps(dict(record), separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
+
+
+def append_local(path: str, record: Mapping[str, Any]) -> None:
+    """Append ``record`` to the history file ``path`` (created with its directory), one ``write`` and an fsync.
+
+    Appends of one short line by ``O_APPEND`` land whole or not at all on a local file system; a cut line is
+    skipped by :func:`parse`.
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, encode(record))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def parse(data: bytes | str) -> list[dict[str, Any]]:
+    """The records of a history file's bytes, in file order; lines that are not a record are skipped."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") in EVENTS and isinstance(record.get("time"), int | float):
+            out.append(record)
+    return out
+
+
+def read_local(path: str) -> list[dict[str, Any]]:
+    """The records of the history file ``path`` (none if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            return parse(f.read())
+    except FileNotFoundError:
+        return []
+
+
+def merge(*histories: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The union of several copies of one history (the fast and the persistent tier's), by ``id``, by time."""
+    seen: dict[str, dict[str, Any]] = {}
+    for history in histories:
+        for record in history:
+            key = str(record.get("id") or encode(record))
+            seen.setdefault(key, dict(record))
+    return sorted(seen.values(), key=lambda r: (r["time"], str(r.get("id"))))
+
+
+def restarts(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``restart`` records, in order."""
+    return [r for r in records if r.get("event") == "restart"]
+
+
+def no_progress_restarts(records: Iterable[Mapping[str, Any]], resumed: str | None) -> int:
+    """How many times in a row, counting back from the newest restart, ``resumed`` was the checkpoint resumed.
+
+    Each restart that resumed the same checkpoint as the next one made no durable progress in between (a commit
+    would have been resumed instead). A refusal ends the count: the operator looked at the loop and started again.
+    """
+    if resumed is None:
+        return 0
+    count = 0
+    for record in reversed(list(records)):
+        if record.get("event") == "refused":
+            break
+        if record.get("event") != "restart":
+            continue
+        if record.get("resumed") != resumed:
+            break
+        count += 1
+    return count
+
+
+def last_failure(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The newest failure's error line, or None."""
+    for record in reversed(list(records)):
+        if record.get("event") == "failure":
+            return str(record.get("error") or "an error with no message")
+    return None
+
+
+def failure_rate(records: Iterable[Mapping[str, Any]], now: float | None = None) -> tuple[int, float]:
+    """``(failures, seconds)``: the restarts after the first one, and the wall time they are spread over.
+
+    Every restart after the first means the process before it did not finish (preempted, killed, crashed). The
+    seconds run from the first restart to ``now``. ``(0, s)`` for a run that never failed.
+    """
+    starts = [float(r["time"]) for r in restarts(records)]
+    if not starts:
+        return 0, 0.0
+    end = time.time() if now is None else now
+    return len(starts) - 1, max(0.0, end - starts[0])
+
+
+__all__ = [
+    "EVENTS",
+    "HISTORY_FILE",
+    "append_local",
+    "encode",
+    "failure_rate",
+    "last_failure",
+    "merge",
+    "new_record",
+    "no_progress_restarts",
+    "parse",
+    "read_local",
+    "restarts",
+]
