@@ -448,10 +448,7 @@ def test_only_the_layout_names_the_checkpoint_folders() -> None:
     """No module but core/layout.py spells ``epochs/`` or ``steps/`` as a path piece (``L.link_target``,
     ``L.step_name``, ``L.checkpoint_name``, ``L.EPOCHS``/``L.STEPS``, ``Layout.epochs``/``steps`` name them)."""
     wrong = [
-        f"{name}: {what!r}"
-        for name, _, tree in _modules()
-        if name != LAYOUT_MODULE
-        for what in _folder_names(tree)
+        f"{name}: {what!r}" for name, _, tree in _modules() if name != LAYOUT_MODULE for what in _folder_names(tree)
     ]
     assert not wrong, wrong
     assert _folder_names(next(t for n, _, t in _modules() if n == LAYOUT_MODULE)), "the layout moved"
@@ -462,7 +459,7 @@ def test_the_folder_name_check_finds_each_spelling() -> None:
     each other spelling of a folder as a path, and lets params keys, keyword values and prose through (it can fail)."""
     source = (
         '"""Docstring: epochs/NNN and steps/GGG."""\n'
-        'def f(kind, number, root, params, d):\n'
+        "def f(kind, number, root, params, d):\n"
         '    """A docstring naming ckpts/epochs/NNN."""\n'
         '    a = f"{kind}s/{number:03d}"\n'
         '    b = "epochs/001"\n'
