@@ -1,0 +1,110 @@
+"""``ckpt_save_steps`` for one training loop: when a periodic step checkpoint is due, and ``stats()["steps"]``.
+
+The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule) to the run: the
+:class:`~candle_ckpt.engine.preempt_control.PreemptionController` hands each step's time to
+:meth:`StepPlan.step_end`, which also reads the save costs the engine recorded (every commit's
+``snapshot_s + save_s``: what a step checkpoint, written synchronously, blocks training) and, at the start of each
+fit, the run's failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
+
+Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
+validation, the epoch's checkpoint) and the one after a step checkpoint.
+
+**Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements)
+travels with each commit's outcome (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.note_out`), and every
+process adopts it at the same point of its run (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.agreed`): a
+synchronous commit's end, or the next save's wait for an asynchronous one. So every process takes its step
+checkpoints at the same steps; before the first word is adopted none takes any.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from candle_ckpt.core.history import failure_rate, read_local
+from candle_ckpt.engine.interval import Interval, StepInterval
+
+
+class StepPlan:
+    """The periodic step checkpoints of one loop (see the module docstring).
+
+    Args:
+        cfg: The job's configuration (``ckpt_save_steps``, ``ckpt_mtbf``).
+        engine: The job's engine: ``records``, ``store.layout.history``, ``group``, the note attributes.
+        on: Whether this loop takes periodic step checkpoints at all (checkpointing on, and the loop asks).
+    """
+
+    def __init__(self, cfg: Any, engine: Any, on: bool) -> None:
+        self.engine = engine
+        self.policy = StepInterval(cfg.save_steps if on else 0, cfg.mtbf)
+        self.on = on and cfg.save_steps != 0
+        self.shared = self.on and self.policy.auto and getattr(engine.group, "size", 1) > 1
+        self._seen = 0  # engine.records observed so far
+        self._skip = True  # the next step time is left out
+        self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
+        if self.shared:
+            engine.note_out = self.word
+        self._publish()
+
+    def arm(self, now: float) -> None:
+        """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
+        self._skip = True
+        if self.on and self.policy.auto:
+            try:
+                records = read_local(self.engine.store.layout.history)
+            except OSError:  # unreadable: the prior stands
+                records = []
+            self.policy.failures(*failure_rate(records, now))
+
+    def word(self) -> str:
+        """The primary's word carried by a commit: its interval now (compact JSON, no spaces)."""
+        return json.dumps(self.policy.current().as_dict(), separators=(",", ":"))
+
+    def current(self) -> Interval:
+        """The interval in force: the agreed word in a job of several processes, else this process's own."""
+        if not self.shared:
+            return self.policy.current()
+        agreed = self.engine.agreed
+        if self._agreed[0] != agreed:  # parsed once per word
+            self._agreed = (agreed, _parse(agreed))
+        return self._agreed[1]
+
+    def step_end(self, step: int, step_s: float, save: Callable[[str], Any]) -> None:
+        """After step ``step`` of an epoch, which took ``step_s``: take the step checkpoint if one is due."""
+        if not self.on:
+            return
+        self._observe_saves()
+        if self._skip or step <= 1:
+            self._skip = False
+        else:
+            self.policy.observe_step(step_s)
+        every = self.current().steps
+        if every and step % every == 0:
+            save("steps")
+            self._skip = True
+        self._publish()
+
+    def _observe_saves(self) -> None:
+        """The costs of the commits recorded since the last call (a non-primary's parts are not its to judge)."""
+        records = self.engine.records
+        for record in records[self._seen :]:
+            if not record.get("part"):
+                self.policy.observe_save(float(record["snapshot_s"]) + float(record["save_s"]))
+        self._seen = len(records)
+
+    def _publish(self) -> None:
+        """``stats()["steps"]``: the interval in force and why, with the measurements behind it."""
+        self.engine.step_interval = {**self.current().as_dict(), "setting": self.policy.setting}
+
+
+def _parse(word: str) -> Interval:
+    """The interval a primary's word says (:meth:`StepPlan.word`); none (``unmeasured``) if it says none."""
+    try:
+        said = json.loads(word) if word else {}
+    except ValueError:
+        said = {}
+    if not isinstance(said, dict) or "interval" not in said:
+        return Interval(0, "unmeasured")
+    fields = (said.get(name) for name in ("seconds", "step_s", "save_s", "mtbf_s"))
+    return Interval(int(said["interval"]), str(said.get("reason")), *fields)
