@@ -306,7 +306,7 @@ class CheckpointEngine:
         return (self.note_out() if is_primary(self.group) else "", heard)
 
     def _adopt(self) -> None:
-        """Every rank passes here alike (no write of its own in flight): the last commit's word becomes the agreed one."""
+        """Every rank passes here alike (no write of its own in flight): the last commit's word is agreed now."""
         self.agreed = self._heard
 
     def _wait_for_writer(self, epoch: int) -> None:
