@@ -6,7 +6,9 @@ The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule)
 ``snapshot_s + save_s``: what a step checkpoint, written synchronously, blocks training) and, at the start of each
 fit, the run's failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
 
-Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
+A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
+for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
+force. Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
 validation, the epoch's checkpoint) and the one after a step checkpoint.
 
 **Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements)
@@ -42,6 +44,7 @@ class StepPlan:
         self.shared = self.on and self.policy.auto and getattr(engine.group, "size", 1) > 1
         self._seen = 0  # engine.records observed so far
         self._skip = True  # the next step time is left out
+        self._saved_at = 0  # the step of this epoch's last step checkpoint (0: none yet)
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -49,7 +52,7 @@ class StepPlan:
 
     def arm(self, now: float) -> None:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
-        self._skip = True
+        self._skip, self._saved_at = True, 0
         if self.on and self.policy.auto:
             try:
                 records = read_local(self.engine.store.layout.history)
@@ -79,10 +82,12 @@ class StepPlan:
             self._skip = False
         else:
             self.policy.observe_step(step_s)
+        if step <= self._saved_at:  # a new epoch: its steps count from its beginning
+            self._saved_at = 0
         every = self.current().steps
-        if every and step % every == 0:
+        if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             save("steps")
-            self._skip = True
+            self._saved_at, self._skip = step, True
         self._publish()
 
     def _observe_saves(self) -> None:
