@@ -2,9 +2,10 @@
 
 The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule) to the run: the
 :class:`~candle_ckpt.engine.preempt_control.PreemptionController` hands each step's time to
-:meth:`StepPlan.step_end`, which also reads the save costs the engine recorded (every commit's
-``snapshot_s + save_s``: what a step checkpoint, written synchronously, blocks training) and, at the start of each
-fit, the run's failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
+:meth:`StepPlan.step_end`, which times each step checkpoint it takes (the seconds it blocked training: the save
+cost ``C``). Before the first, the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``:
+a step checkpoint is written synchronously, so all of it blocks). At the start of each fit it reads the run's
+failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
 
 A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
 for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
@@ -21,6 +22,7 @@ checkpoints at the same steps; before the first word is adopted none takes any.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,7 @@ class StepPlan:
         self._seen = 0  # engine.records observed so far
         self._skip = True  # the next step time is left out
         self._saved_at = 0  # the step of this epoch's last step checkpoint (0: none yet)
+        self._measured = False  # a step checkpoint's blocked time was measured: commit records are no longer used
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -86,15 +89,19 @@ class StepPlan:
             self._saved_at = 0
         every = self.current().steps
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
+            began = time.perf_counter()
             save("steps")
+            self.policy.observe_save(time.perf_counter() - began)  # what it blocked training, all of it
+            self._measured, self._seen = True, len(self.engine.records)
             self._saved_at, self._skip = step, True
         self._publish()
 
     def _observe_saves(self) -> None:
-        """The costs of the commits recorded since the last call (a non-primary's parts are not its to judge)."""
+        """Until a step checkpoint's blocked time is measured: the recorded costs of the commits since the last call
+        (snapshot and write; a non-primary's parts are not its to judge), the probe's estimate of it."""
         records = self.engine.records
         for record in records[self._seen :]:
-            if not record.get("part"):
+            if not (record.get("part") or self._measured):
                 self.policy.observe_save(float(record["snapshot_s"]) + float(record["save_s"]))
         self._seen = len(records)
 
