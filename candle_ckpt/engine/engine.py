@@ -103,7 +103,7 @@ class CheckpointEngine:
         # The step interval of a multi-process job (engine.step_plan): the primary's word (note_out()) travels with
         # each commit's outcome; every rank hears it (_heard) and adopts it (agreed) at a point every rank passes
         # alike: after a save's wait for the write in flight, or after a synchronous commit.
-        self.note_out: Callable[[], str] | None = None
+        self.note_out: Callable[[float], str] | None = None  # given the cost of the commit in progress
         self._heard, self.agreed = "", ""
         self.step_interval: dict[str, Any] | None = None  # stats()["steps"], kept by the step plan
         self.drained: bool | None = None  # did the last finish() see every drain complete (None: no persistent tier)
@@ -274,7 +274,7 @@ class CheckpointEngine:
                 return None
             if self._shared:  # every rank writes its part; the primary commits
                 start = time.perf_counter()
-                side = commit_step(self.store, self.group, cap, template, self._note())
+                side = commit_step(self.store, self.group, cap, template, self._note(cap))
                 self._adopt()
                 if not is_primary(self.group):
                     self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
@@ -295,15 +295,17 @@ class CheckpointEngine:
         )
         return side
 
-    def _note(self) -> tuple[str, Callable[[str], None]] | None:
-        """The word this commit carries to every rank (the primary's; see ``note_out``) and where it is heard."""
+    def _note(self, cap: Capture) -> tuple[Callable[[], str], Callable[[str], None]] | None:
+        """The word this commit carries to every rank (the primary's, see ``note_out``: asked once the checkpoint is
+        published, with what it cost so far) and where every rank hears it."""
         if self.note_out is None:
             return None
+        began, out = time.perf_counter(), self.note_out
 
         def heard(word: str) -> None:
             self._heard = word
 
-        return (self.note_out() if is_primary(self.group) else "", heard)
+        return (lambda: out(cap.snapshot_s + time.perf_counter() - began), heard)
 
     def _adopt(self) -> None:
         """Every rank passes here alike (no write of its own in flight): the last commit's word is agreed now."""
@@ -347,7 +349,7 @@ class CheckpointEngine:
         best_epoch = best.epoch if self.cfg.save_best else None
         if self._shared:
             start = time.perf_counter()
-            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch, self._note())
+            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch, self._note(cap))
             if side is None:  # not the primary: its part is in, the primary did the rest
                 self.records.append(part_record({"epoch": epoch, "reason": template.reason}, cap, start))
                 self.policy.committed(best)

@@ -41,9 +41,9 @@ from candle_ckpt.storage.store import CheckpointStore
 # (CANDLE_CKPT_GROUP_TIMEOUT_S overrides it).
 GROUP_TIMEOUT_S = 300.0
 
-#: ``(the primary's word, heard)``: a word the primary carries to every rank with a commit's outcome, and what
-#: every rank calls with it once committed (None: no word).
-Note = tuple[str, Callable[[str], None]] | None
+#: ``(the primary's word, heard)``: what gives the word the primary carries to every rank with a commit's outcome
+#: (asked once the checkpoint is published), and what every rank calls with it once committed (None: no word).
+Note = tuple[Callable[[], str], Callable[[str], None]] | None
 
 
 def group_timeout() -> float:
@@ -110,9 +110,9 @@ def commit_epoch(
         _heard(note, split_note(outcome)[1])
         return None
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
-    shared.note = note[0] if note is not None else ""
+    shared.note = note[0] if note is not None else None
     side = store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
-    _heard(note, shared.note)
+    _heard(note, shared.said)
     return side
 
 
@@ -137,9 +137,9 @@ def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Si
         _heard(note, said)
         return side
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
-    shared.note = note[0] if note is not None else ""
+    shared.note = note[0] if note is not None else None
     side = store.steps.commit(cap.files, template, shared=shared)
-    _heard(note, shared.note)
+    _heard(note, shared.said)
     return side
 
 

@@ -12,11 +12,13 @@ for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill nev
 force. Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
 validation, the epoch's checkpoint) and the one after a step checkpoint.
 
-**Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements)
-travels with each commit's outcome (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.note_out`), and every
-process adopts it at the same point of its run (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.agreed`): a
-synchronous commit's end, or the next save's wait for an asynchronous one. So every process takes its step
-checkpoints at the same steps; before the first word is adopted none takes any.
+**Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements, the
+commit's own cost counted) travels with each commit's outcome
+(:attr:`~candle_ckpt.engine.engine.CheckpointEngine.note_out`), and every process adopts it at the same point of
+its run (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.agreed`): a synchronous commit's end, or the next
+save's wait for an asynchronous one. So every process takes its step checkpoints at the same steps; before the
+first word is adopted none takes any (the first epoch's checkpoint carries it: step checkpoints from the second
+epoch on, the third with asynchronous writes).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.core.history import failure_rate, read_local
-from candle_ckpt.engine.interval import Interval, StepInterval
+from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
 
 
 class StepPlan:
@@ -63,9 +66,13 @@ class StepPlan:
                 records = []
             self.policy.failures(*failure_rate(records, now))
 
-    def word(self) -> str:
-        """The primary's word carried by a commit: its interval now (compact JSON, no spaces)."""
-        return json.dumps(self.policy.current().as_dict(), separators=(",", ":"))
+    def word(self, cost: float) -> str:
+        """The primary's word carried by a commit that cost ``cost`` so far: the interval with that cost counted
+        (as its record will be; compact JSON, no spaces)."""
+        policy = self.policy
+        if not self._measured:
+            policy = replace(policy, saves=[*policy.saves, cost][-SAVES_KEPT:])
+        return json.dumps(policy.current().as_dict(), separators=(",", ":"))
 
     def current(self) -> Interval:
         """The interval in force: the agreed word in a job of several processes, else this process's own."""

@@ -112,8 +112,10 @@ class SharedSave:
     _stage: str = "start"
     #: Every rank's files, when the others are node-local (the primary's sidecar lists its own only).
     every_file: dict[str, FileEntry] | None = None
-    #: A word of the primary's carried to every rank with the outcome (the step interval: engine.step_plan).
-    note: str = ""
+    #: A word of the primary's carried to every rank with the outcome (the step interval: engine.step_plan),
+    #: asked for at step 5, once the checkpoint is published; :attr:`said` keeps what it said.
+    note: Callable[[], str] | None = None
+    said: str = ""
 
     def __post_init__(self) -> None:
         if not is_primary(self.group):
@@ -192,7 +194,8 @@ class SharedSave:
     def committed(self, where: str) -> None:
         """Step 5: tell every rank where the checkpoint was published (``epochs/NNN`` or ``steps/GGG``)."""
         self._stage = "done"
-        self.group.broadcast(f"{self.key}/committed", f"{where} {self.note}" if self.note else where, self.timeout_s)
+        self.said = self.note() if self.note is not None else ""
+        self.group.broadcast(f"{self.key}/committed", f"{where} {self.said}" if self.said else where, self.timeout_s)
 
     def failed(self, err: BaseException) -> None:
         """Complete the meeting points still ahead with the failure, so no rank waits for a save that is off."""

@@ -159,7 +159,7 @@ def test_several_processes_use_the_agreed_word_not_their_own_times(tmp_path) -> 
     for step in range(1, 10):
         steps.step_end(step, 0.01, saved.append)
     assert saved == [] and engine.step_interval["reason"] == "unmeasured"
-    word = json.loads(engine.note_out())
+    word = json.loads(engine.note_out(0.1))  # a commit that cost 0.1 s so far
     assert word["interval"] > 9
     engine.agreed = json.dumps({"interval": 3, "reason": "young-daly"})
     for step in range(1, 10):
