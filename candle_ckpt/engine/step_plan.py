@@ -32,6 +32,9 @@ from typing import Any
 from candle_ckpt.core.history import failure_rate, read_local
 from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
 
+#: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
+REFRESH_STEPS = 16
+
 
 class StepPlan:
     """The periodic step checkpoints of one loop (see the module docstring).
@@ -51,6 +54,7 @@ class StepPlan:
         self._skip = True  # the next step time is left out
         self._saved_at = 0  # the step of this epoch's last step checkpoint (0: none yet)
         self._measured = False  # a step checkpoint's blocked time was measured: commit records are no longer used
+        self._now, self._steps = Interval(0, "unmeasured"), 0  # the interval in force, taken again _steps ago
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -65,6 +69,7 @@ class StepPlan:
             except OSError:  # unreadable: the prior stands
                 records = []
             self.policy.failures(*failure_rate(records, now))
+            self._publish()
 
     def word(self, cost: float) -> str:
         """The primary's word carried by a commit that cost ``cost`` so far: the interval with that cost counted
@@ -87,21 +92,26 @@ class StepPlan:
         """After step ``step`` of an epoch, which took ``step_s``: take the step checkpoint if one is due."""
         if not self.on:
             return
-        self._observe_saves()
+        if len(self.engine.records) != self._seen:
+            self._observe_saves()
         if self._skip or step <= 1:
             self._skip = False
         else:
             self.policy.observe_step(step_s)
         if step <= self._saved_at:  # a new epoch: its steps count from its beginning
             self._saved_at = 0
-        every = self.current().steps
+        self._steps += 1
+        fresh = self._now.reason == "unmeasured" or (self.shared and self.engine.agreed != self._agreed[0])
+        if fresh or self._steps >= REFRESH_STEPS:
+            self._publish()  # the moving step time, taken again now and then: a step costs microseconds
+        every = self._now.steps
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             began = time.perf_counter()
             save("steps")
             self.policy.observe_save(time.perf_counter() - began)  # what it blocked training, all of it
             self._measured, self._seen = True, len(self.engine.records)
             self._saved_at, self._skip = step, True
-        self._publish()
+            self._publish()
 
     def _observe_saves(self) -> None:
         """Until a step checkpoint's blocked time is measured: the recorded costs of the commits since the last call
@@ -111,10 +121,12 @@ class StepPlan:
             if not (record.get("part") or self._measured):
                 self.policy.observe_save(float(record["snapshot_s"]) + float(record["save_s"]))
         self._seen = len(records)
+        self._publish()
 
     def _publish(self) -> None:
-        """``stats()["steps"]``: the interval in force and why, with the measurements behind it."""
-        self.engine.step_interval = {**self.current().as_dict(), "setting": self.policy.setting}
+        """The interval in force, taken again; ``stats()["steps"]``: it and why, with the measurements behind it."""
+        self._now, self._steps = self.current(), 0
+        self.engine.step_interval = {**self._now.as_dict(), "setting": self.policy.setting}
 
 
 def _parse(word: str) -> Interval:
