@@ -67,6 +67,8 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "signals": str,
     "exit": str,
     "deadline": str,
+    "steps": str,
+    "mtbf": str,
 }
 
 

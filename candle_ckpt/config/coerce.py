@@ -31,7 +31,7 @@ def must_be(spec: Spec, key: str) -> str:
 
 def _check_range(spec: Spec, key: str, number: float) -> None:
     """Raise ValueError if ``number`` violates the spec's bounds."""
-    if spec.kind == "int":
+    if spec.kind in ("int", "steps"):
         low_ok = spec.minimum is None or (number > spec.minimum if spec.strict else number >= spec.minimum)
         if not low_ok or (spec.maximum is not None and not number <= spec.maximum):
             raise ValueError(f"{must_be(spec, key)}; got {describe(number)}")
@@ -233,6 +233,22 @@ def _to_text(spec: Spec, key: str, value: object) -> str:
     return plain_text(value)
 
 
+def _auto_or(inner: Callable[[Spec, str, object], Any]) -> Callable[[Spec, str, object], Any]:
+    """A coercion that also takes the word ``auto`` (kept as ``"auto"``); its errors name both choices."""
+
+    def coerce_auto(spec: Spec, key: str, value: object) -> Any:
+        if isinstance(value, str) and is_auto_word(value):
+            return "auto"
+        try:
+            return inner(spec, key, value)
+        except (TypeError, ValueError) as err:  # the same sentence, naming auto too; what was got as the inner said
+            said = str(err)
+            got = said[said.index("; got ") :] if "; got " in said else f"; got {describe_typed(value)}"
+            raise type(err)(f"{key} must be {spec.allowed}{got}") from None
+
+    return coerce_auto
+
+
 _COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "bool": _to_bool,
     "int": _to_int,
@@ -245,6 +261,8 @@ _COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "url": _to_url,
     "location": _to_location,
     "json": _to_json,
+    "steps": _auto_or(_to_int),
+    "mtbf": _auto_or(_to_float),
     "signals": lambda spec, key, value: parse_signals(value, key),
     "exit": lambda spec, key, value: parse_exit_code(value, key),
     "deadline": lambda spec, key, value: parse_deadline(value, key),

@@ -61,7 +61,9 @@ class CkptConfig:
         drain_timeout: Seconds a preemption save's drain may take before the process exits.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
-        save_steps: Also save every N steps of an epoch; 0: never.
+        save_steps: Also save every N steps of an epoch; 0: never; ``"auto"``: chosen as the run goes
+            (:mod:`candle_ckpt.engine.interval`).
+        mtbf: Mean seconds between failures for ``save_steps="auto"``, or ``"auto"`` (learned).
         preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
         preempt_exit_code: After a preemption save: ``"signal"`` (exit with 128 + its number),
             ``"return"`` (stop training, ``fit`` returns) or an exit status.
@@ -96,7 +98,8 @@ class CkptConfig:
     drain_timeout: float = 25.0
     best_metric_last: float | None = None
     layout: str = "nested"
-    save_steps: int = 0
+    save_steps: int | str = "auto"
+    mtbf: float | str = "auto"
     preempt_signals: tuple[str, ...] = ("SIGTERM",)
     preempt_exit_code: int | str = "signal"
     deadline: str = "auto"

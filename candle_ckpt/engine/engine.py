@@ -100,6 +100,12 @@ class CheckpointEngine:
         # the commit and the prune. The drain to the persistent tier (ckpt_persistent_url) uses it.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
+        # The step interval of a multi-process job (engine.step_plan): the primary's word (note_out()) travels with
+        # each commit's outcome; every rank hears it (_heard) and adopts it (agreed) at a point every rank passes
+        # alike: after a save's wait for the write in flight, or after a synchronous commit.
+        self.note_out: Callable[[float], str] | None = None  # given the cost of the commit in progress
+        self._heard, self.agreed = "", ""
+        self.step_interval: dict[str, Any] | None = None  # stats()["steps"], kept by the step plan
         self.drained: bool | None = None  # did the last finish() see every drain complete (None: no persistent tier)
         if cfg.persistent and self._writes_store():
             from candle_ckpt.storage.drain import Drain
@@ -165,6 +171,7 @@ class CheckpointEngine:
         except TimeoutError as err:  # the previous write hangs: skip this save, memory stays bounded
             self._failed(epoch, err)
             return False
+        self._adopt()
         if self._check_writer() or decision.ask_again:  # a failed write sets best tracking back: ask again
             decision = self._ask(epoch, logs, reason)
         if decision.reason is None:
@@ -178,6 +185,8 @@ class CheckpointEngine:
             self.writer.submit(
                 lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
             )
+            if not self.writer.is_async:
+                self._adopt()
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
             return False
@@ -255,6 +264,7 @@ class CheckpointEngine:
         except TimeoutError as err:
             self._failed(epoch, err)
             return None
+        self._adopt()
         self._check_writer()
         try:
             cap = self._capture(capture)
@@ -264,7 +274,8 @@ class CheckpointEngine:
                 return None
             if self._shared:  # every rank writes its part; the primary commits
                 start = time.perf_counter()
-                side = commit_step(self.store, self.group, cap, template)
+                side = commit_step(self.store, self.group, cap, template, self._note(cap))
+                self._adopt()
                 if not is_primary(self.group):
                     self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
                     if NODE_LOCAL in side.extra and self._node_drain() is not None:
@@ -283,6 +294,22 @@ class CheckpointEngine:
             f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
         )
         return side
+
+    def _note(self, cap: Capture) -> tuple[Callable[[], str], Callable[[str], None]] | None:
+        """The word this commit carries to every rank (the primary's, see ``note_out``: asked once the checkpoint is
+        published, with what it cost so far) and where every rank hears it."""
+        if self.note_out is None:
+            return None
+        began, out = time.perf_counter(), self.note_out
+
+        def heard(word: str) -> None:
+            self._heard = word
+
+        return (lambda: out(cap.snapshot_s + time.perf_counter() - began), heard)
+
+    def _adopt(self) -> None:
+        """Every rank passes here alike (no write of its own in flight): the last commit's word is agreed now."""
+        self.agreed = self._heard
 
     def _wait_for_writer(self, epoch: int) -> None:
         """Wait for the write in flight; the first time training has to wait for it, say so (once)."""
@@ -322,7 +349,7 @@ class CheckpointEngine:
         best_epoch = best.epoch if self.cfg.save_best else None
         if self._shared:
             start = time.perf_counter()
-            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch)
+            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch, self._note(cap))
             if side is None:  # not the primary: its part is in, the primary did the rest
                 self.records.append(part_record({"epoch": epoch, "reason": template.reason}, cap, start))
                 self.policy.committed(best)
@@ -420,6 +447,7 @@ class CheckpointEngine:
             "writer_wait_s": list(self.writer.wait_s),
             "async": self.writer.is_async,
             "preempt": self.preempt,
+            "steps": self.step_interval,
         }
 
     def report(self) -> None:

@@ -18,6 +18,7 @@ bounded by :func:`group_timeout`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.core import layout as L
@@ -25,13 +26,24 @@ from candle_ckpt.core.errors import CheckpointSaveError
 from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.storage.multipart import NodePart, SharedSave, hear_work_ready, node_local_word, write_rank_part
+from candle_ckpt.storage.multipart import (
+    NodePart,
+    SharedSave,
+    hear_work_ready,
+    node_local_word,
+    split_note,
+    write_rank_part,
+)
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import CheckpointStore
 
 # Bound on each meeting point of a save or a restore: a peer that died makes the others raise after this
 # (CANDLE_CKPT_GROUP_TIMEOUT_S overrides it).
 GROUP_TIMEOUT_S = 300.0
+
+#: ``(the primary's word, heard)``: what gives the word the primary carries to every rank with a commit's outcome
+#: (asked once the checkpoint is published), and what every rank calls with it once committed (None: no word).
+Note = tuple[Callable[[], str], Callable[[str], None]] | None
 
 
 def group_timeout() -> float:
@@ -72,37 +84,65 @@ def _node_store(store: CheckpointStore, generation: int) -> CheckpointStore:
 
 
 def commit_epoch(
-    store: CheckpointStore, group: Group, epoch: int, cap: Capture, template: Sidecar, best_epoch: int | None
+    store: CheckpointStore,
+    group: Group,
+    epoch: int,
+    cap: Capture,
+    template: Sidecar,
+    best_epoch: int | None,
+    note: Note = None,
 ) -> Sidecar | None:
     """Every rank writes its part of ``cap``; the primary commits ``epochs/NNN``. None on the other ranks, unless
-    their ``ckpt_directory`` is their own (node-local): then each commits its copy there and gets its sidecar."""
+    their ``ckpt_directory`` is their own (node-local): then each commits its copy there and gets its sidecar.
+
+    ``note``: ``(the primary's word, heard)``: the word travels with the outcome (no meeting of its own) and
+    ``heard(word)`` is called on every rank once the checkpoint is committed."""
     key, timeout_s = group.meeting("save"), group_timeout()
     if not is_primary(group):
         word = hear_work_ready(group, key, timeout_s)
         generation = node_local_word(store.layout, word)
         if generation is not None:
             node = NodePart(group, key, _sharded(cap), timeout_s)
-            return _node_store(store, generation).commit(epoch, [], template, best_epoch=best_epoch, shared=node)
-        write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
+            side = _node_store(store, generation).commit(epoch, [], template, best_epoch=best_epoch, shared=node)
+            _heard(note, node.note)
+            return side
+        outcome = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
+        _heard(note, split_note(outcome)[1])
         return None
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
-    return store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
+    shared.note = note[0] if note is not None else None
+    side = store.commit(epoch, cap.files, template, best_epoch=best_epoch, shared=shared)
+    _heard(note, shared.said)
+    return side
 
 
-def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar) -> Sidecar:
+def commit_step(store: CheckpointStore, group: Group, cap: Capture, template: Sidecar, note: Note = None) -> Sidecar:
     """A step checkpoint (``steps/GGG``) written by every rank; the primary commits it; every rank gets its sidecar
-    (a node-local rank: that of its own copy)."""
+    (a node-local rank: that of its own copy). ``note``: as :func:`commit_epoch`'s."""
     key, timeout_s = group.meeting("save"), group_timeout()
     if not is_primary(group):
         word = hear_work_ready(group, key, timeout_s)
         generation = node_local_word(store.layout, word)
         if generation is not None:
             node = NodePart(group, key, _sharded(cap), timeout_s)
-            return _node_store(store, generation).steps.commit([], template, shared=node)
-        where = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
+            side = _node_store(store, generation).steps.commit([], template, shared=node)
+            _heard(note, node.note)
+            return side
+        outcome = write_rank_part(store.layout, group, key, _sharded(cap), fs=store.fs, timeout_s=timeout_s, heard=word)
+        where, said = split_note(outcome)
         generation = L.parse_step_name(where)
         if generation is None:
             raise CheckpointSaveError(f"{key}: the primary published {where!r}, not a step checkpoint (steps/GGG)")
-        return store.steps.read_sidecar(generation)
+        side = store.steps.read_sidecar(generation)
+        _heard(note, said)
+        return side
     shared = SharedSave(group, key, _sharded(cap), dict(cap.sharding), dict(cap.manifest_extra), timeout_s)
-    return store.steps.commit(cap.files, template, shared=shared)
+    shared.note = note[0] if note is not None else None
+    side = store.steps.commit(cap.files, template, shared=shared)
+    _heard(note, shared.said)
+    return side
+
+
+def _heard(note: Note, word: str) -> None:
+    if note is not None:
+        note[1](word)

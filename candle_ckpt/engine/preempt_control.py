@@ -55,6 +55,7 @@ from candle_ckpt.engine.preempt import (
     preempt_record,
 )
 from candle_ckpt.engine.resume import checkpoint_dir
+from candle_ckpt.engine.step_plan import StepPlan
 from candle_ckpt.storage.drain import DRAIN_INCOMPLETE_EXIT
 
 #: ``ckpt_preempt_exit_code`` words: exit with 128 + the signal's number, or return from ``fit``.
@@ -312,10 +313,10 @@ class PreemptionController:
         self.watcher = PreemptionWatcher(
             signal_numbers(cfg.preempt_signals) if on else (), deadline if on else None, cfg.deadline_margin
         )
-        self.every_steps = cfg.save_steps if (on and step_saves) else 0
+        self.steps = StepPlan(cfg, engine, on and step_saves)  # ckpt_save_steps: a number, or auto
         # The same configuration on every worker: all of them skip the agreement, or none does.
         self.watching = self.watcher.active
-        self.enabled = self.watching or self.every_steps > 0
+        self.enabled = self.watching or self.steps.on
         self.saved_at: tuple[int, int] | None = None  # (epoch, steps done) of the preemption save
         self.mid_epoch = False  # that save was a step checkpoint: the epoch did not end
         self._last, self._step_s = time.monotonic(), 0.0
@@ -335,6 +336,7 @@ class PreemptionController:
             self.agreement = agreement
         self.saved_at, self.mid_epoch, self.record = None, False, None
         self._last, self._step_s = time.monotonic(), 0.0
+        self.steps.arm(time.time())
         warning = None if checkpointing_off(self.cfg) else unwatched_warning(self.cfg.deadline, self.deadline_source)
         if warning:
             self.log.warning(warning)
@@ -410,8 +412,7 @@ class PreemptionController:
         if self.watching and self.agreement.step_end(self._local()):
             self._finish(epoch, step, save)
             return True
-        if self.every_steps and step % self.every_steps == 0:
-            save("steps")
+        self.steps.step_end(step, self._step_s, save)
         return False
 
     def epoch_end(self, epoch: int, saved: bool, force: Callable[[str], Any], *, last_epoch: bool = False) -> bool:

@@ -13,7 +13,8 @@ The order, for one checkpoint and a :class:`~candle_ckpt.core.group.Group` ``g``
    ``manifest.json``, its own files and the sidecar listing every file, fsyncs
    ``work/`` and runs the usual rename and link steps of
    :mod:`candle_ckpt.storage.commit`;
-5. ``g.broadcast(key/committed, "epochs/NNN" | "steps/GGG" | "error: ...")``.
+5. ``g.broadcast(key/committed, "epochs/NNN" | "steps/GGG" | "error: ...")``, followed by a space and the
+   primary's note when it gives one (:attr:`SharedSave.note`: the step interval every rank adopts).
 
 Non-primaries never take the lock, rename, link or prune. A failed or missing
 part means nothing is published: ``work/`` is discarded and the previous
@@ -111,6 +112,10 @@ class SharedSave:
     _stage: str = "start"
     #: Every rank's files, when the others are node-local (the primary's sidecar lists its own only).
     every_file: dict[str, FileEntry] | None = None
+    #: A word of the primary's carried to every rank with the outcome (the step interval: engine.step_plan),
+    #: asked for at step 5, once the checkpoint is published; :attr:`said` keeps what it said.
+    note: Callable[[], str] | None = None
+    said: str = ""
 
     def __post_init__(self) -> None:
         if not is_primary(self.group):
@@ -189,7 +194,8 @@ class SharedSave:
     def committed(self, where: str) -> None:
         """Step 5: tell every rank where the checkpoint was published (``epochs/NNN`` or ``steps/GGG``)."""
         self._stage = "done"
-        self.group.broadcast(f"{self.key}/committed", where, self.timeout_s)
+        self.said = self.note() if self.note is not None else ""
+        self.group.broadcast(f"{self.key}/committed", f"{where} {self.said}" if self.said else where, self.timeout_s)
 
     def failed(self, err: BaseException) -> None:
         """Complete the meeting points still ahead with the failure, so no rank waits for a save that is off."""
@@ -205,6 +211,12 @@ class SharedSave:
         except GroupTimeout as late:
             logger.warning("could not tell every process that save %s failed: %s", self.key, late)
         self._stage = "done"
+
+
+def split_note(outcome: str) -> tuple[str, str]:
+    """A step-5 outcome as ``(where, note)``: ``"epochs/005 {...}"`` -> ``("epochs/005", "{...}")``."""
+    where, _, note = outcome.partition(" ")
+    return where, note
 
 
 def hear_work_ready(group: Group, key: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
@@ -238,7 +250,8 @@ def write_rank_part(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     heard: str | None = None,
 ) -> str:
-    """A non-primary's share of one multi-part commit; returns where it was published (``epochs/NNN``, ``steps/GGG``).
+    """A non-primary's share of one multi-part commit; returns the primary's outcome: where it was published
+    (``epochs/NNN``, ``steps/GGG``), then its note if it gave one (:func:`split_note`).
 
     ``heard``: the primary's step-1 word if the caller already heard it (:func:`hear_work_ready`).
 
@@ -277,6 +290,7 @@ class NodePart:
     part: Part
     timeout_s: float = DEFAULT_TIMEOUT_S
     lineage: str | None = None
+    note: str = ""  # the primary's note, heard with the outcome
     _stage: str = "start"
 
     def work_ready(self, work: str | None = None, generation: int | None = None) -> None:
@@ -304,6 +318,7 @@ class NodePart:
             raise CheckpointSaveError(
                 f"{self.key}: the primary did not publish the checkpoint ({outcome.removeprefix(ERROR)})"
             )
+        self.note = split_note(outcome)[1]
         body = json.loads(word[1:])
         self.lineage = body.get("lineage")
         value_crc, size = fs.write_bytes(os.path.join(work, MANIFEST), body["manifest"].encode("utf-8"))

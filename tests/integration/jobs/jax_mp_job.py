@@ -25,6 +25,7 @@ print ``STATS {json}`` (the callback's ``stats()``: its saves and its restore) a
 ``--rows=R``: R rows of data in all (64 unless told; under ``dp`` each process feeds R / NPROC of them).
 ``--mesh=B,M``: ``mp`` on a B x M mesh (``batch`` x ``model``, B * M devices in all) instead of 1 x D; the
 processes of one mesh row feed the same rows, each row its own share.
+``--mtbf=S``: ``ckpt_mtbf=S``. ``--step-sleep=S``: every step takes S seconds more (a real model's step time).
 ``--node-local``: this process's ``ckpt_directory`` is ``DIR/node<RANK>`` (each its own, as on node-local disks).
 ``--persistent=URL``: ``ckpt_persistent_url``; ``--drain=POLICY``: ``ckpt_drain``.
 ``--keys-out=PATH``: after fit, every process meets (a device barrier), then rank 0 writes to PATH, as JSON,
@@ -95,8 +96,9 @@ def dump(model, path: str) -> None:
     np.savez(path, **arrays)
 
 
-def Pause(epoch: int, batch: int, seconds: int = 600):
-    """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled)."""
+def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0):
+    """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled);
+    ``every``: it also sleeps that long after every batch (a real model's step time)."""
     import keras
 
     class _Pause(keras.callbacks.Callback):
@@ -104,6 +106,7 @@ def Pause(epoch: int, batch: int, seconds: int = 600):
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
+            time.sleep(every)
             if self.epoch == epoch and b == batch:
                 print("PAUSED", flush=True)
                 time.sleep(seconds)
@@ -190,6 +193,8 @@ def main() -> None:
     }
     if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous in a multi-process job)
         params["ckpt_async"] = "--async" in flags
+    if flag(flags, "mtbf"):
+        params["ckpt_mtbf"] = float(flag(flags, "mtbf"))
     found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)
@@ -201,6 +206,8 @@ def main() -> None:
     at_end = next((f.split("=")[1] for f in flags if f.startswith("--pause-epoch-end=")), None)
     if at_end is not None:
         callbacks.append(PauseAtEpochEnd(int(at_end)))
+    if flag(flags, "step-sleep"):
+        callbacks.append(Pause(-1, -1, 0, every=float(flag(flags, "step-sleep"))))
     x, y = make_data(int(flag(flags, "rows") or N))
     if dist == "dp":  # the batch is split over the processes: each feeds its own part of every global batch
         x, y = x[rank::nproc], y[rank::nproc]

@@ -114,6 +114,9 @@ def test_without_preemption_the_batch_hook_is_keras_default(tmp_path):
     from keras.src.utils.python_utils import is_default
 
     off = {"ckpt_directory": str(tmp_path), "epochs": 1, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"}
+    off["ckpt_save_steps"] = 0  # auto (the default) needs the hook too
+    auto = CandleCheckpointCallback({**off, "ckpt_save_steps": "auto", "ckpt_directory": str(tmp_path / "a")}, None)
+    assert not is_default(auto.on_train_batch_end)
     assert is_default(CandleCheckpointCallback(off, logger=None).on_train_batch_end)
     on = CandleCheckpointCallback({"ckpt_directory": str(tmp_path / "on"), "epochs": 1}, logger=None)
     assert not is_default(on.on_train_batch_end)

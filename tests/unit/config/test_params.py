@@ -45,7 +45,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "drain_timeout": 25.0,
     "best_metric_last": None,
     "layout": "nested",
-    "save_steps": 0,
+    "save_steps": "auto",
+    "mtbf": "auto",
     "preempt_signals": ("SIGTERM",),
     "preempt_exit_code": "signal",
     "deadline": "auto",
@@ -81,6 +82,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
     "ckpt_save_steps": "save_steps",
+    "ckpt_mtbf": "mtbf",
     "ckpt_preempt_signals": "preempt_signals",
     "ckpt_preempt_exit_code": "preempt_exit_code",
     "ckpt_deadline": "deadline",
@@ -229,6 +231,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_best_metric_last",
         "ckpt_layout",
         "ckpt_save_steps",
+        "ckpt_mtbf",
         "ckpt_preempt_signals",
         "ckpt_preempt_exit_code",
         "ckpt_deadline",
@@ -454,6 +457,12 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_keep_limit", "0", ValueError),
     ("epochs", 0, ValueError),
     ("ckpt_restart_epoch", -(10**5000), ValueError),
+    ("ckpt_save_steps", "sometimes", ValueError),
+    # auto or seconds
+    ("ckpt_mtbf", True, TypeError),
+    ("ckpt_mtbf", 0, ValueError),
+    ("ckpt_mtbf", "never", ValueError),
+    ("ckpt_mtbf", math.inf, ValueError),
     # float
     ("ckpt_async_timeout", True, TypeError),
     ("ckpt_async_timeout", 0, ValueError),
@@ -793,7 +802,7 @@ def test_ckpt_defs_types_and_defaults() -> None:
     for key in BOOL_KEYS:
         assert by_name[key]["type"] is (str2bool_or_auto if key == "ckpt_async" else str2bool)
     for key in INT_KEYS[:-1]:
-        assert by_name[key]["type"] is int
+        assert by_name[key]["type"] is (str if key == "ckpt_save_steps" else int)  # auto, or an int
     assert by_name["ckpt_async_timeout"]["type"] is float
     assert by_name["ckpt_directory"]["type"] is str
     assert by_name["ckpt_keep_mode"] == {
@@ -1075,7 +1084,7 @@ def test_upload_options_not_an_object_is_refused() -> None:
     [
         ("ckpt_keep_limit", "many", "ckpt_keep_limit must be an integer > 0; got 'many'"),
         ("ckpt_keep_limit", "0", "ckpt_keep_limit must be an integer > 0; got 0"),
-        ("ckpt_save_steps", "-1", "ckpt_save_steps must be an integer >= 0 (0 disables); got -1"),
+        ("ckpt_save_steps", "-1", "ckpt_save_steps must be auto or an integer >= 0 (0 disables); got -1"),
     ],
 )
 def test_a_bad_integer_reads_the_same_from_the_dict_and_the_flag(key, text, sentence, capsys):

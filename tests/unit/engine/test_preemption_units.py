@@ -60,7 +60,8 @@ def test_bad_signals_name_the_parameter(value, error, match):
 def test_preemption_defaults_and_none():
     """By default SIGTERM is caught and the deadline is auto; the word none turns each off (not 'the default')."""
     cfg = CkptConfig.from_params({})
-    assert (cfg.preempt_signals, cfg.deadline, cfg.deadline_margin, cfg.save_steps) == (("SIGTERM",), "auto", 60, 0)
+    assert (cfg.preempt_signals, cfg.deadline, cfg.deadline_margin) == (("SIGTERM",), "auto", 60)
+    assert (cfg.save_steps, cfg.mtbf) == ("auto", "auto")
     assert cfg.preempt_exit_code == "signal"
     assert CkptConfig.from_params({"ckpt_preempt_exit_code": " Return"}).preempt_exit_code == "return"
     off = CkptConfig.from_params({"ckpt_preempt_signals": "None", "ckpt_deadline": "none"})
@@ -75,7 +76,10 @@ def test_preemption_defaults_and_none():
     [
         ({"ckpt_preempt_exit_code": 256}, "ckpt_preempt_exit_code must be <= 255"),
         ({"ckpt_preempt_exit_code": -1}, "ckpt_preempt_exit_code must be >= 0"),
-        ({"ckpt_save_steps": -2}, r"ckpt_save_steps must be an integer >= 0 \(0 disables\); got -2"),
+        ({"ckpt_save_steps": -2}, r"ckpt_save_steps must be auto or an integer >= 0 \(0 disables\); got -2"),
+        ({"ckpt_save_steps": "often"}, r"ckpt_save_steps must be auto or an integer >= 0 \(0 disables\); got 'often'"),
+        ({"ckpt_mtbf": 0}, r"ckpt_mtbf must be auto or seconds > 0; got 0"),
+        ({"ckpt_mtbf": "never"}, r"ckpt_mtbf must be auto or seconds > 0; got 'never'"),
         ({"ckpt_deadline_margin": "soon"}, "ckpt_deadline_margin must be a number"),
         ({"ckpt_deadline": "tomorrow"}, "ckpt_deadline must be auto, none"),
         ({"ckpt_deadline": "+ten"}, "ckpt_deadline: '\\+ten' must be \\+ followed by"),

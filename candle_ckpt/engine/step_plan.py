@@ -1,0 +1,141 @@
+"""``ckpt_save_steps`` for one training loop: when a periodic step checkpoint is due, and ``stats()["steps"]``.
+
+The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule) to the run: the
+:class:`~candle_ckpt.engine.preempt_control.PreemptionController` hands each step's time to
+:meth:`StepPlan.step_end`, which times each step checkpoint it takes (the seconds it blocked training: the save
+cost ``C``). Before the first, the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``:
+a step checkpoint is written synchronously, so all of it blocks). At the start of each fit it reads the run's
+failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
+
+A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
+for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
+force. Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
+validation, the epoch's checkpoint) and the one after a step checkpoint.
+
+**Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements, the
+commit's own cost counted) travels with each commit's outcome
+(:attr:`~candle_ckpt.engine.engine.CheckpointEngine.note_out`), and every process adopts it at the same point of
+its run (:attr:`~candle_ckpt.engine.engine.CheckpointEngine.agreed`): a synchronous commit's end, or the next
+save's wait for an asynchronous one. So every process takes its step checkpoints at the same steps; before the
+first word is adopted none takes any (the first epoch's checkpoint carries it: step checkpoints from the second
+epoch on, the third with asynchronous writes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from candle_ckpt.core.history import failure_rate, read_local
+from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
+
+#: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
+REFRESH_STEPS = 16
+
+
+class StepPlan:
+    """The periodic step checkpoints of one loop (see the module docstring).
+
+    Args:
+        cfg: The job's configuration (``ckpt_save_steps``, ``ckpt_mtbf``).
+        engine: The job's engine: ``records``, ``store.layout.history``, ``group``, the note attributes.
+        on: Whether this loop takes periodic step checkpoints at all (checkpointing on, and the loop asks).
+    """
+
+    def __init__(self, cfg: Any, engine: Any, on: bool) -> None:
+        self.engine = engine
+        self.policy = StepInterval(cfg.save_steps if on else 0, cfg.mtbf)
+        self.on = on and cfg.save_steps != 0
+        self.shared = self.on and self.policy.auto and getattr(engine.group, "size", 1) > 1
+        self._seen = 0  # engine.records observed so far
+        self._skip = True  # the next step time is left out
+        self._saved_at = 0  # the step of this epoch's last step checkpoint (0: none yet)
+        self._measured = False  # a step checkpoint's blocked time was measured: commit records are no longer used
+        self._now, self._steps = Interval(0, "unmeasured"), 0  # the interval in force, taken again _steps ago
+        self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
+        if self.shared:
+            engine.note_out = self.word
+        self._publish()
+
+    def arm(self, now: float) -> None:
+        """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
+        self._skip, self._saved_at = True, 0
+        if self.on and self.policy.auto:
+            try:
+                records = read_local(self.engine.store.layout.history)
+            except OSError:  # unreadable: the prior stands
+                records = []
+            self.policy.failures(*failure_rate(records, now))
+            self._publish()
+
+    def word(self, cost: float) -> str:
+        """The primary's word carried by a commit that cost ``cost`` so far: the interval with that cost counted
+        (as its record will be; compact JSON, no spaces)."""
+        policy = self.policy
+        if not self._measured:
+            policy = replace(policy, saves=[*policy.saves, cost][-SAVES_KEPT:])
+        return json.dumps(policy.current().as_dict(), separators=(",", ":"))
+
+    def current(self) -> Interval:
+        """The interval in force: the agreed word in a job of several processes, else this process's own."""
+        if not self.shared:
+            return self.policy.current()
+        agreed = self.engine.agreed
+        if self._agreed[0] != agreed:  # parsed once per word
+            self._agreed = (agreed, _parse(agreed))
+        return self._agreed[1]
+
+    def step_end(self, step: int, step_s: float, save: Callable[[str], Any]) -> None:
+        """After step ``step`` of an epoch, which took ``step_s``: take the step checkpoint if one is due."""
+        if not self.on:
+            return
+        if len(self.engine.records) != self._seen:
+            self._observe_saves()
+        if self._skip or step <= 1:
+            self._skip = False
+        else:
+            self.policy.observe_step(step_s)
+        if step <= self._saved_at:  # a new epoch: its steps count from its beginning
+            self._saved_at = 0
+        self._steps += 1
+        fresh = self._now.reason == "unmeasured" or (self.shared and self.engine.agreed != self._agreed[0])
+        if fresh or self._steps >= REFRESH_STEPS:
+            self._publish()  # the moving step time, taken again now and then: a step costs microseconds
+        every = self._now.steps
+        if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
+            began = time.perf_counter()
+            save("steps")
+            self.policy.observe_save(time.perf_counter() - began)  # what it blocked training, all of it
+            self._measured, self._seen = True, len(self.engine.records)
+            self._saved_at, self._skip = step, True
+            self._publish()
+
+    def _observe_saves(self) -> None:
+        """Until a step checkpoint's blocked time is measured: the recorded costs of the commits since the last call
+        (snapshot and write; a non-primary's parts are not its to judge), the probe's estimate of it."""
+        records = self.engine.records
+        for record in records[self._seen :]:
+            if not (record.get("part") or self._measured):
+                self.policy.observe_save(float(record["snapshot_s"]) + float(record["save_s"]))
+        self._seen = len(records)
+        self._publish()
+
+    def _publish(self) -> None:
+        """The interval in force, taken again; ``stats()["steps"]``: it and why, with the measurements behind it."""
+        self._now, self._steps = self.current(), 0
+        self.engine.step_interval = {**self._now.as_dict(), "setting": self.policy.setting}
+
+
+def _parse(word: str) -> Interval:
+    """The interval a primary's word says (:meth:`StepPlan.word`); none (``unmeasured``) if it says none."""
+    try:
+        said = json.loads(word) if word else {}
+    except ValueError:
+        said = {}
+    if not isinstance(said, dict) or "interval" not in said:
+        return Interval(0, "unmeasured")
+    fields = (said.get(name) for name in ("seconds", "step_s", "save_s", "mtbf_s"))
+    return Interval(int(said["interval"]), str(said.get("reason")), *fields)

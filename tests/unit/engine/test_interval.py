@@ -1,0 +1,167 @@
+"""ckpt_save_steps=auto's rule (engine.interval) and its wiring to a run (engine.step_plan), without a framework."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core.history import append_local, new_record
+from candle_ckpt.core.layout import Layout
+from candle_ckpt.engine.interval import OVERHEAD, PRIOR_MTBF_S, StepInterval, choose, mtbf
+from candle_ckpt.engine.step_plan import StepPlan
+
+times = st.floats(min_value=1e-4, max_value=1e3, allow_nan=False, allow_infinity=False)
+costs = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
+mtbfs = st.floats(min_value=1.0, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@given(times, costs, mtbfs)
+def test_the_interval_never_costs_more_than_the_overhead_bound(step_s, save_s, mtbf_s) -> None:
+    """One save per interval costs at most 2% of the training time between two saves."""
+    chosen = choose(step_s, save_s, mtbf_s)
+    assert chosen.steps >= 1
+    assert save_s <= OVERHEAD * chosen.steps * step_s * (1 + 1e-9)
+
+
+@given(times, costs, mtbfs)
+def test_the_interval_is_never_shorter_than_young_daly(step_s, save_s, mtbf_s) -> None:
+    """Saves come no more often than sqrt(2 x save cost x MTBF) needs; the reason names the bound that won."""
+    chosen = choose(step_s, save_s, mtbf_s)
+    daly = math.sqrt(2 * save_s * mtbf_s)
+    assert chosen.steps * step_s >= daly * (1 - 1e-9)
+    assert chosen.reason == ("overhead" if save_s / OVERHEAD >= daly else "young-daly")
+
+
+@given(times, costs, costs, mtbfs)
+def test_the_interval_grows_with_the_save_cost(step_s, save_a, save_b, mtbf_s) -> None:
+    """A dearer save never gives a shorter interval."""
+    low, high = sorted((save_a, save_b))
+    assert choose(step_s, low, mtbf_s).steps <= choose(step_s, high, mtbf_s).steps
+
+
+def test_young_daly_with_a_given_mtbf() -> None:
+    """With 0.5 s saves, 1 h between failures and 0.1 s steps: sqrt(2 x 0.5 x 3600) = 60 s = 600 steps."""
+    chosen = choose(0.1, 0.5, 3600.0)
+    assert (chosen.steps, chosen.reason, chosen.seconds) == (600, "young-daly", pytest.approx(60.0))
+    policy = StepInterval("auto", 3600.0)
+    policy.observe_step(0.1)
+    policy.observe_save(0.5)
+    assert policy.current() == chosen
+
+
+def test_the_overhead_bound_wins_when_failures_are_frequent() -> None:
+    """Failures every 10 s and 0.5 s saves: Young/Daly says 3.2 s, but 2% overhead needs 25 s (250 steps)."""
+    chosen = choose(0.1, 0.5, 10.0)
+    assert (chosen.steps, chosen.reason) == (250, "overhead")
+
+
+@given(st.integers(min_value=1, max_value=10**6), times, costs)
+def test_a_number_passes_through_unchanged(every, step_s, save_s) -> None:
+    """ckpt_save_steps=N means every N steps, whatever is measured."""
+    policy = StepInterval(every)
+    policy.observe_step(step_s)
+    policy.observe_save(save_s)
+    assert (policy.current().steps, policy.current().reason) == (every, "fixed")
+
+
+def test_zero_is_off_and_auto_waits_for_a_measured_save() -> None:
+    """0 is off; auto takes no step checkpoint before a save and a step time have been measured."""
+    assert (StepInterval(0).current().steps, StepInterval(0).current().reason) == (0, "off")
+    policy = StepInterval("auto")
+    assert (policy.current().steps, policy.current().reason) == (0, "unmeasured")
+    policy.observe_step(0.01)
+    assert policy.current().steps == 0
+    policy.observe_save(0.2)
+    assert policy.current().steps > 0
+
+
+def test_the_mtbf_is_learned_from_failures_with_a_prior_before_the_first() -> None:
+    """Before a failure: the prior (or the time gone without one, if longer); after: seconds per failure."""
+    assert mtbf(0, 60.0) == PRIOR_MTBF_S
+    assert mtbf(0, 2 * PRIOR_MTBF_S) == 2 * PRIOR_MTBF_S
+    assert mtbf(3, 300.0) == 100.0
+    policy = StepInterval("auto")
+    policy.failures(2, 120.0)
+    assert policy.mtbf_s() == 60.0
+    assert StepInterval("auto", 50.0).mtbf_s() == 50.0
+
+
+def test_step_time_is_a_moving_average() -> None:
+    """A single slow step moves the step time by a fifth of the difference, not to itself."""
+    policy = StepInterval("auto")
+    policy.observe_step(0.1)
+    policy.observe_step(1.1)
+    assert policy.step_s == pytest.approx(0.3)
+
+
+class Engine:
+    """What a StepPlan reads and writes of a CheckpointEngine."""
+
+    def __init__(self, root: str, size: int = 1) -> None:
+        self.records: list[dict] = []
+        self.store = type("Store", (), {"layout": Layout.at(root)})()
+        self.group = type("Group", (), {"size": size})()
+        self.agreed, self.note_out, self.step_interval = "", None, None
+
+
+def plan(engine: Engine, **params) -> StepPlan:
+    return StepPlan(CkptConfig.from_params(params), engine, True)
+
+
+def test_the_plan_saves_after_a_measured_save_and_reports_why(tmp_path) -> None:
+    """No step checkpoint before a save is measured; then one every N steps; stats()["steps"] says N and why."""
+    engine, saved = Engine(str(tmp_path)), []
+    steps = plan(engine, ckpt_mtbf=100.0)
+    steps.arm(0.0)
+    for step in range(1, 6):
+        steps.step_end(step, 0.01, saved.append)
+    assert saved == [] and engine.step_interval["reason"] == "unmeasured"
+    engine.records.append({"epoch": 1, "snapshot_s": 0.01, "save_s": 0.09})  # an epoch checkpoint: 0.1 s
+    for step in range(1, 500):
+        steps.step_end(step, 0.01, saved.append)
+    # max(0.1 / 0.02, sqrt(2 x 0.1 x 100)) = max(5, 4.47) s = 500 steps of 0.01 s
+    assert engine.step_interval["interval"] == 500 and engine.step_interval["reason"] == "overhead"
+    assert saved == []
+    steps.step_end(500, 0.01, saved.append)
+    assert saved == ["steps"]
+    # The step checkpoint's own blocked time (here a list append) now counts beside the probe's 0.1 s.
+    assert engine.step_interval["save_s"] < 0.1 and engine.step_interval["interval"] < 500
+
+
+def test_the_plan_learns_the_mtbf_from_the_restart_history(tmp_path) -> None:
+    """Three restarts 100 s apart are two failures in 200 s: an MTBF of 100 s."""
+    engine = Engine(str(tmp_path))
+    history = Layout.at(str(tmp_path)).history
+    for at in (1000.0, 1100.0, 1200.0):
+        record = new_record("restart", resumed=None)
+        record["time"] = at
+        append_local(history, record)
+    steps = plan(engine)
+    steps.arm(1200.0)
+    engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
+    for step in (1, 2):  # the first step of a fit compiles: its time is left out
+        steps.step_end(step, 0.1, lambda reason: None)
+    assert engine.step_interval["mtbf_s"] == 100.0
+    assert engine.step_interval["reason"] == "overhead"  # sqrt(2 x 0.5 x 100) = 10 s < 25 s
+
+
+def test_several_processes_use_the_agreed_word_not_their_own_times(tmp_path) -> None:
+    """In a job of several processes the interval is the primary's word once adopted, whatever this one measured."""
+    engine, saved = Engine(str(tmp_path), size=2), []
+    steps = plan(engine)
+    assert engine.note_out is not None
+    engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.1})
+    for step in range(1, 10):
+        steps.step_end(step, 0.01, saved.append)
+    assert saved == [] and engine.step_interval["reason"] == "unmeasured"
+    word = json.loads(engine.note_out(0.1))  # a commit that cost 0.1 s so far
+    assert word["interval"] > 9
+    engine.agreed = json.dumps({"interval": 3, "reason": "young-daly"})
+    for step in range(1, 10):
+        steps.step_end(step, 0.01, saved.append)
+    assert len(saved) == 3 and engine.step_interval["interval"] == 3
