@@ -168,7 +168,7 @@ def _first(numbers: list[int], read, facts: S.RunFacts) -> Sidecar | None:
         try:
             return read(number)
         except CorruptCheckpoint as err:
-            if "missing" not in err.reason:
+            if "missing" not in err.reason and "No such file" not in err.reason:  # not one being written
                 facts.problems.append(f"{err.path}: {err.reason}")
         except CheckpointError as err:
             facts.problems.append(str(err))

@@ -163,8 +163,8 @@ def page(shown: Sequence[Mapping[str, Any]], info: Mapping[str, Any], roots: Seq
     head = "".join(f"<th>{html.escape(h)}</th>" for h in [*header, "WHY"])
     lines = []
     for r, line in zip(shown, cells, strict=True):
-        tds = [f'<td class="{"state " if i == 1 else ""}{r["state"] if i == 1 else ""}">{html.escape(c)}</td>'
-               for i, c in enumerate(line)]  # fmt: skip
+        tds = [f"<td>{html.escape(c)}</td>" for c in line]
+        tds[1] = f'<td class="state {r["state"]}">{html.escape(line[1])}</td>'
         tds.append(f"<td>{html.escape(str(r['why']))}</td>")
         lines.append(f'<tr class="{r["state"]}">{"".join(tds)}</tr>')
     figure = ""
