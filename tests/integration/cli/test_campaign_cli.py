@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -157,6 +158,9 @@ def test_cli_rst_campaign_example_is_real_output(real: Path) -> None:
     for command, expected in examples:
         proc = campaign(*command.split("#")[0].split()[2:], cwd=real)
         got = (proc.stdout + proc.stderr).replace(str(real), DOC_JOB).splitlines()
+        # A run's DRAIN is "-" when the drain of the checkpoint before its newest had not finished when the newest
+        # was saved (the next one records it): the page shows a lag for each, a real run may show either.
+        got = [re.sub(r"(run-\d+ .*  )- *$", r"\g<1>0.00 s", line) for line in got]
         assert proc.returncode == 0 and matches(expected, got), (command, "\n".join(expected), "\n".join(got))
 
 
