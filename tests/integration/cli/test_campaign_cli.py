@@ -310,3 +310,23 @@ def test_a_lineage_refusal_in_a_fast_tiers_log_shows_the_run_refused(tmp_path: P
     out = json.loads(campaign("fast/run-*", "--json", cwd=tmp_path).stdout)
     assert [(r["run"], r["state"]) for r in out["runs"]] == [("run-a", "training"), ("run-b", "refused")]
     assert "of lineage" in out["runs"][1]["why"] and "refusing" not in out["runs"][1]["why"]
+
+
+def test_a_run_early_stopping_ended_is_done_from_its_sidecar(tmp_path: Path) -> None:
+    """model.fit with EarlyStopping ending it at epoch 2 of 10: the sidecar records it (extra "finished") and the
+    limit (extra "epochs"), and the campaign view calls the run done, saying why."""
+    import keras
+    import numpy as np
+
+    from candle_ckpt import CandleCheckpointCallback
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    params = {"epochs": 10, "ckpt_directory": str(tmp_path / "run-es"), "ckpt_save_best_metric": "loss"}
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)  # no epoch improves enough
+    model.fit(x, x[:, :1], epochs=10, callbacks=[stop, CandleCheckpointCallback(params)], verbose=0)
+    side = json.loads((tmp_path / "run-es" / "ckpts" / "epochs" / "002" / "ckpt-info.json").read_text())
+    assert (side["extra"]["finished"], side["extra"]["epochs"]) == (["EarlyStopping", 2], 10)
+    (run,) = json.loads(campaign(str(tmp_path / "run-es"), "--json", cwd=tmp_path).stdout)["runs"]
+    assert (run["state"], run["why"]) == ("done", "a callback ended the run after epoch 2")
