@@ -330,3 +330,48 @@ def test_a_run_early_stopping_ended_is_done_from_its_sidecar(tmp_path: Path) -> 
     assert (side["extra"]["finished"], side["extra"]["epochs"]) == (["EarlyStopping", 2], 10)
     (run,) = json.loads(campaign(str(tmp_path / "run-es"), "--json", cwd=tmp_path).stdout)["runs"]
     assert (run["state"], run["why"]) == ("done", "a callback ended the run after epoch 2")
+
+
+def test_s3_one_list_request_per_run_and_no_archive_fetched(synthetic: Path, capsys) -> None:
+    """Against a real S3 protocol server (moto, over HTTP through s3fs), the view sends one ListObjectsV2 per run
+    and one for the campaign, GETs only sidecars and histories, and finds every state."""
+    import socket
+
+    import boto3
+    import fsspec
+    import s3fs.core
+    from moto.server import ThreadedMotoServer
+
+    from candle_ckpt.cli.main import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    region = {"endpoint_url": endpoint, "region_name": "us-east-1"}
+    options = {"key": "testing", "secret": "testing", "client_kwargs": region}
+    calls: list[tuple[str, str]] = []
+    original = s3fs.core.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls.append((method, kwargs.get("Prefix") or kwargs.get("Key") or ""))
+        return await original(self, method, *args, **kwargs)
+
+    try:
+        client = boto3.client("s3", **region, aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="campaign-bucket")
+        fsspec.filesystem("s3", **options).put(str(synthetic), "campaign-bucket/c", recursive=True)
+        s3fs.core.S3FileSystem._call_s3 = counted
+        assert main(["campaign", "s3://campaign-bucket/c", "--json", "--storage-options", json.dumps(options)]) == 0
+    finally:
+        s3fs.core.S3FileSystem._call_s3 = original
+        server.stop()
+    out = capsys.readouterr().out
+    runs = json.loads(out[out.index("{\n") :])["runs"]  # (moto prints a line when it starts)
+    assert sorted(r["state"] for r in runs) == sorted(STATES)
+    lists = sorted(key for method, key in calls if method == "list_objects_v2")
+    assert lists == ["c/", *(f"c/run-{s}/" for s in sorted(STATES))], lists
+    gets = [key for method, key in calls if method == "get_object"]
+    assert gets and all(k.endswith(("ckpt-info.json", "restarts.jsonl")) for k in gets), gets
