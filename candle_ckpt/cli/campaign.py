@@ -266,16 +266,20 @@ def merge(copies: list[S.RunFacts]) -> S.RunFacts:
     """One run's copies (tiers, nodes) as one: the newest commit, the union of the histories."""
     if len(copies) == 1:
         return copies[0]
-    newest = [c.newest for c in copies if c.newest is not None]
+
+    def order(c: S.RunFacts) -> tuple[int, int, int]:
+        n = c.newest
+        return (-1, -1, -1) if n is None else (n.generation, n.epoch, n.step if n.step is not None else 1 << 62)
+
+    live = max(copies, key=order)  # the copy holding the newest commit: a refusal counts only there (not on a
+    # node the run has left)
     return S.RunFacts(
         run=copies[0].run,
         path=", ".join(c.path for c in copies),
         tier="+".join(sorted({c.tier for c in copies})),
-        newest=max(newest, key=lambda n: (n.generation, n.epoch, n.step if n.step is not None else 1 << 62))
-        if newest
-        else None,
+        newest=live.newest,
         history=H.merge(*(c.history for c in copies)),
-        lineage_refusal=next((c.lineage_refusal for c in copies if c.lineage_refusal), None),
+        lineage_refusal=live.lineage_refusal,
         seen=max((c.seen for c in copies if c.seen is not None), default=None),
         problems=[p for c in copies for p in c.problems],
     )
@@ -299,6 +303,7 @@ def read_campaign(roots: list[str], options: dict[str, Any] | None = None) -> li
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
+    """``candle-ckpt campaign``: the table (or ``--json``) and the summary line; ``--plot`` / ``--html`` files."""
     options = _options(args.storage_options)
     runs = read_campaign(list(args.roots), options)
     now = time.time()
@@ -325,6 +330,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def _options(text: str | None) -> dict[str, Any]:
+    """``--storage-options``: a JSON object, or one line saying what it is instead."""
     if not text:
         return {}
     try:

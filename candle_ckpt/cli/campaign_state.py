@@ -254,6 +254,7 @@ def _best_key(r: Mapping[str, Any]) -> tuple[bool, float, str]:
 
 
 def fmt_newest(r: dict[str, Any]) -> str:
+    """A row's newest checkpoint as ``list`` names it: ``epoch 4``, or ``epoch 3, step 3`` (Keras's 1-based epochs)."""
     if r["epoch"] is None:
         return "-"
     return f"epoch {r['epoch']}" if r["step"] is None else f"epoch {r['epoch'] + 1}, step {r['step']}"
@@ -288,6 +289,7 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The terminal's table: the header and one line per row, columns aligned."""
     if not rows:
         return ["no run to show"]
     header, cells = table_cells(rows)
