@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from candle_ckpt.core.log import position
+
 STATES = ("done", "training", "moved", "preempted", "failed", "stale", "refused")
 #: The reasons of the saves a run makes on its own; any other reason is a forced save (a preemption).
 ROUTINE_REASONS = frozenset({"", "best", "final", "interval", "init", "steps", "candle"})
@@ -255,9 +257,7 @@ def _best_key(r: Mapping[str, Any]) -> tuple[bool, float, str]:
 
 def fmt_newest(r: dict[str, Any]) -> str:
     """A row's newest checkpoint as ``list`` names it: ``epoch 4``, or ``epoch 3, step 3`` (Keras's 1-based epochs)."""
-    if r["epoch"] is None:
-        return "-"
-    return f"epoch {r['epoch']}" if r["step"] is None else f"epoch {r['epoch'] + 1}, step {r['step']}"
+    return "-" if r["epoch"] is None else position(r["epoch"], r["step"])
 
 
 def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
