@@ -20,7 +20,6 @@ from candle_ckpt.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
-    abandoned_epochs,
     epoch_ranges,
     fmt_bytes,
     fmt_time,
@@ -41,7 +40,8 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.log import counted
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.storage.lineage import abandoned_epochs
+from candle_ckpt.storage.store import CheckpointStore, Rollback
 
 # -- list -----------------------------------------------------------------------------------
 
@@ -143,14 +143,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_store(args.dir)
-    abandoned = abandoned_epochs(store, store.link_epoch("last")) if args.epoch is None else []
+    # Every checkpoint on disk is checked; those of a lineage a rollback abandoned are checked too, and named.
+    abandoned = set(abandoned_epochs(store, store.link_epoch("last")))
     epochs = [resolve_epoch(store, args.epoch)] if args.epoch is not None else store.epochs()
-    epochs = [e for e in epochs if e not in abandoned]  # not the job's history: checked only when named
-    if abandoned:
-        print(
-            f"not checked: {counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a "
-            f"rollback abandoned (--epoch N checks one; prune --abandoned removes them)"
-        )
     with_steps = args.epoch is None and bool(store.steps.generations())
     if not epochs and not with_steps:
         print(f"no checkpoints in {store.layout.root}")
@@ -158,21 +153,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bar_factory = progress_factory()
     failures = []
     for epoch in epochs:
+        mark = "  (abandoned by a rollback)" if epoch in abandoned else ""
         try:
             side = verify_with_bar(store, epoch, bar_factory)
         except CheckpointError as err:
             where = f"{err.path}: {err.reason}" if isinstance(err, CorruptCheckpoint) else str(err)
             failures.append(f"epoch {epoch}: {where}")
-            print(f"epoch {L.epoch_name(epoch)}: FAILED  {where}", flush=True)
+            print(f"epoch {L.epoch_name(epoch)}: FAILED  {where}{mark}", flush=True)
             continue
         unchecked = [n for n, e in side.files.items() if e.crc32 is None]
         how = "sizes only (saved with ckpt_checksum off)" if unchecked else "CRC32 ok"
         files = counted(len(side.files), "file")
-        print(f"epoch {L.epoch_name(epoch)}: ok  {files}, {fmt_bytes(side.total_bytes)}, {how}")
+        print(f"epoch {L.epoch_name(epoch)}: ok  {files}, {fmt_bytes(side.total_bytes)}, {how}{mark}")
     count = len(epochs)
     if with_steps:
         failures += verify_steps(store)
         count += len(store.steps.generations())
+    if abandoned and args.epoch is None:
+        were = "was" if len(abandoned) == 1 else "were"
+        print(
+            f"{counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a lineage a rollback abandoned "
+            f"{were} checked too: not on the way to last, never restored; {PROG} prune {args.dir} --abandoned "
+            "removes them"
+        )
     if failures:
         print(f"{len(failures)} of {counted(count, 'checkpoint')} FAILED verification")
         raise CliError(f"verification failed: {'; '.join(failures)}", code=EXIT_CORRUPT)
@@ -227,24 +230,38 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     # Lock first: no job may commit or prune between the check and the re-pointing.
     store.open_for_write()
     try:
-        before = store.link_epoch("last")
-        try:
-            store.verify(epoch)
-        except CheckpointError as err:
-            raise CliError(f"refusing to roll back to epoch {epoch}: {err}", code=EXIT_CORRUPT) from None
-        store.set_link("last", epoch)
-        dropped = store.steps.remove_all()  # they continue the lineage rolled back from
+        done = store.rollback(epoch)
+    except CheckpointError as err:
+        raise CliError(f"refusing to roll back to epoch {epoch}: {err}", code=EXIT_CORRUPT) from None
     finally:
         store.close()
-    was = L.link_target(before) if before is not None else "nothing"
-    oplog(store).info(f"rollback: 'last' re-pointed from {was} to {L.link_target(epoch)} by {PROG}")
-    if dropped:
-        names = ", ".join(L.step_name(g) for g in dropped)
-        oplog(store).info(f"rollback: removed the step checkpoints {names} (mid-epoch, after the rollback point)")
+    log = oplog(store)
+    was = L.link_target(done.last_before) if done.last_before is not None else "nothing"
+    log.info(f"rollback: 'last' re-pointed from {was} to {L.link_target(epoch)} by {PROG}")
+    if done.dropped:
+        names = ", ".join(L.step_name(g) for g in done.dropped)
+        log.info(f"rollback: removed the step checkpoints {names} (mid-epoch, after the rollback point)")
         print(f"removed the step checkpoints {names}: they continued the run rolled back from")
     print(f"last -> {L.link_target(epoch)} (was {was}); checkpoint verified")
+    if done.had_best:
+        line = _best_line(done)
+        print(line)
+        log.info(f"rollback: {line} by {PROG}")
     print(f"the next restart() resumes after epoch {epoch}")
     return EXIT_OK
+
+
+def _best_line(done: Rollback) -> str:
+    """Where ``best`` went: the best checkpoint of the current lineage, or nowhere (docs/cli.rst, ``rollback``)."""
+    best, before = done.best, done.best_before
+    was = L.link_target(before) if before is not None else "a bad link"
+    lineage = f"the current lineage (epochs {epoch_ranges(best.lineage)})"
+    if best.epoch is None:
+        what = best.metric or "a monitored metric"
+        return f"best removed (was {was}): no checkpoint of {lineage} records {what}"
+    how = "unchanged" if best.epoch == before else f"was {was}"
+    word = "lowest" if best.mode == "min" else "highest"
+    return f"best -> {L.link_target(best.epoch)} ({how}): the {word} {best.metric} of {lineage}"
 
 
 # -- plot -----------------------------------------------------------------------------------

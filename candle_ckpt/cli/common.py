@@ -11,7 +11,6 @@ from typing import Any
 from candle_ckpt.cli.console import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG  # noqa: F401 (re-exported: defined beside the Ctrl-C answer, which imports lightly)
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
-from candle_ckpt.core.lineage import Record, current_lineage
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.store import CheckpointStore
@@ -84,24 +83,6 @@ def read_sidecar(store: CheckpointStore, epoch: int) -> Sidecar:
 
 def read_links(store: CheckpointStore) -> dict[str, int | None]:
     return {name: store.link_epoch(name) for name in L.LINK_NAMES}
-
-
-def abandoned_epochs(store: CheckpointStore, last: int | None) -> list[int]:
-    """The epochs on disk that a rollback abandoned: not on the way to ``last`` (:func:`current_lineage`),
-    the epoch the ``last`` link points to (read once by the caller: a bad link is warned about once).
-
-    Read from the sidecars; a checkpoint whose sidecar cannot be read is never called abandoned (its
-    own problem is reported instead), and without a readable ``last`` nothing is.
-    """
-    records = {}
-    for epoch in store.epochs():
-        try:
-            side = store.read_sidecar(epoch)
-        except CheckpointError:
-            continue
-        records[epoch] = Record(side.generation, side.resumed_from)
-    lineage = current_lineage(records, last)
-    return sorted(e for e in records if lineage and e not in lineage)
 
 
 def marks_of(epoch: int, pointers: dict[str, int | None]) -> list[str]:

@@ -1,7 +1,7 @@
 """``candle-ckpt prune``: apply a keep policy to a checkpoint directory, or show what it would remove.
 
 Like the training callback it goes through :meth:`CheckpointStore.prune` (best and last are always
-kept) and refuses while a job writes to the directory.
+kept; after a rollback the current lineage is retained first) and refuses while a job writes to the directory.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 from candle_ckpt.cli.common import (
     EXIT_OK,
     PROG,
-    abandoned_epochs,
     epoch_ranges,
     fmt_bytes,
     marks_of,
@@ -24,6 +23,7 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.log import counted
 from candle_ckpt.core.retention import retention_policy
+from candle_ckpt.storage.lineage import abandoned_epochs
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -46,16 +46,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
         store.open_for_write()  # refuses while a job writes to the directory, before printing anything
     try:
         pointers = read_links(store)  # under the lock: no job moves 'last' meanwhile
+        abandoned = abandoned_epochs(store, pointers["last"])
         if args.abandoned:
-            policy: Any = Abandoned(abandoned_epochs(store, pointers["last"]))
+            policy: Any = Abandoned(abandoned)
         else:
             policy = retention_policy(args.keep_mode, args.keep_limit)
-        return _prune(store, policy, pointers, args)
+        return _prune(store, policy, pointers, args, abandoned)
     finally:
         store.close()
 
 
-def _prune(store: CheckpointStore, policy: Any, pointers: dict[str, int | None], args: argparse.Namespace) -> int:
+def _prune(
+    store: CheckpointStore, policy: Any, pointers: dict[str, int | None], args: argparse.Namespace, abandoned: list[int]
+) -> int:
     sizes = {}
     for epoch in store.epochs():
         try:
@@ -69,9 +72,15 @@ def _prune(store: CheckpointStore, policy: Any, pointers: dict[str, int | None],
 
     rule = f"keep_mode {args.keep_mode}, keep_limit {args.keep_limit}" if not args.abandoned else "abandoned"
     print(f"{rule} ({policy!r}); best and last are always kept")
-    keep, doomed = store.prune_plan(policy.select)
+    if abandoned and not args.abandoned:
+        print(
+            f"the current lineage first: {counted(len(abandoned), 'checkpoint')} ({epoch_ranges(abandoned)}) of a "
+            "lineage a rollback abandoned rank below it"
+        )
+    by_lineage = not args.abandoned  # --abandoned is a rule about the lineage itself
+    keep, doomed = store.prune_plan(policy.select, lineage_first=by_lineage)
     if not args.dry_run:
-        doomed = store.prune(policy.select)
+        doomed = store.prune(policy.select, lineage_first=by_lineage)
     for epoch in keep:
         print(f"keep          {describe(epoch)}")
     verb = "would remove" if args.dry_run else "removed"

@@ -35,6 +35,11 @@ SIDECAR = "ckpt-info.json"
 WEIGHTS_FILE = "model.weights.h5"
 MODEL_FILE = "model.keras"
 EXTRA_FILE = "model.extra.npz"  # variables save_weights omits (RNG seed states)
+# The two kinds of checkpoint directory, by the name of the folder that holds them (the persistent tier's too):
+# every other module names them through these, link_target and step_name (tests/unit/test_architecture.py).
+EPOCHS = "epochs"
+STEPS = "steps"
+_KINDS = {"epoch": EPOCHS, "step": STEPS}
 _EPOCH_RE = re.compile(r"^[0-9]{3,9}$")
 _LINK_TARGET_RE = re.compile(r"^epochs/([0-9]{3,9})/?$")
 _STEP_NAME_RE = re.compile(r"^steps/([0-9]{3,9})$")
@@ -88,24 +93,45 @@ def resolve_link_target(target: str, ckpts_dirs: tuple[str, ...]) -> tuple[int |
     parent, name = os.path.split(full)
     number = parse_epoch(name)
     for ckpts in ckpts_dirs:
-        if parent == os.path.join(ckpts, "epochs") and number is not None:
+        if parent == os.path.join(ckpts, EPOCHS) and number is not None:
             return number, ""
     if any(full == c or full.startswith(c + os.sep) for c in ckpts_dirs):
         return None, f"it points to {target!r}, inside {base} but not to an epochs/NNN checkpoint"
     return None, (
         f"it points to {target!r}, which is outside {base}; a link is followed only to "
-        f"{os.path.join(base, 'epochs', 'NNN')}"
+        f"{os.path.join(base, EPOCHS, 'NNN')}"
     )
 
 
 def link_target(epoch: int) -> str:
     """Return the relative target stored in a ``best``/``last`` link."""
-    return f"epochs/{epoch_name(epoch)}"
+    return f"{EPOCHS}/{epoch_name(epoch)}"
 
 
 def step_name(generation: int) -> str:
     """``steps/GGG``: the name, relative to ``ckpts/``, of the step checkpoint of commit generation ``generation``."""
-    return f"steps/{epoch_name(generation)}"
+    return f"{STEPS}/{epoch_name(generation)}"
+
+
+def checkpoint_name(kind: str, number: int) -> str:
+    """``epochs/NNN`` for ``("epoch", NNN)``, ``steps/GGG`` for ``("step", GGG)``: a checkpoint's name by its kind.
+
+    Raises:
+        ValueError: ``kind`` is neither ``"epoch"`` nor ``"step"``.
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be 'epoch' or 'step'; got {kind!r}")
+    return link_target(number) if kind == "epoch" else step_name(number)
+
+
+def split_epoch_path(path: str) -> tuple[str, int] | None:
+    """``(ckpt_directory, NNN)`` for a path ``<ckpt_directory>/ckpts/epochs/NNN`` (the nested layout), else None."""
+    epochs_dir, name = os.path.split(os.path.abspath(path).rstrip(os.sep))
+    ckpts, folder = os.path.split(epochs_dir)
+    epoch = parse_epoch(name)
+    if epoch is None or folder != EPOCHS or os.path.basename(ckpts) != "ckpts":
+        return None
+    return os.path.dirname(ckpts), epoch
 
 
 def parse_step_name(name: str) -> int | None:
@@ -163,12 +189,12 @@ class Layout:
 
     @property
     def epochs(self) -> str:
-        return os.path.join(self.ckpts, "epochs")
+        return os.path.join(self.ckpts, EPOCHS)
 
     @property
     def steps(self) -> str:
         """Where step (mid-epoch) checkpoints live: ``steps/GGG``, GGG their commit generation."""
-        return os.path.join(self.ckpts, "steps")
+        return os.path.join(self.ckpts, STEPS)
 
     def step_dir(self, generation: int) -> str:
         return os.path.join(self.steps, epoch_name(generation))

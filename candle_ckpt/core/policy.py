@@ -9,12 +9,15 @@ I/O, no clock and no Keras/TensorFlow import. The save rule that uses it is
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 __all__ = [
     "HIGHER_IS_BETTER",
     "HIGHER_IS_BETTER_SUFFIXES",
     "BestState",
+    "best_of",
     "is_improvement",
     "resolve_mode",
 ]
@@ -161,3 +164,24 @@ class BestState:
         if is_improvement(value, self.value, self.mode):
             return replace(self, value=float(value), epoch=epoch), True
         return self, False
+
+
+def best_of(values: Mapping[int, Any], mode: str) -> int | None:
+    """The epoch of the best of ``values`` (``{epoch: metric value}``), as best tracking would have found it.
+
+    The epochs are offered in order to :meth:`BestState.update`: a later equal value is no improvement, so
+    the earliest of equal bests wins; a value that is not a finite number never wins.
+
+    Args:
+        values: The monitored metric's value at each epoch.
+        mode: ``"min"`` or ``"max"``.
+
+    Returns:
+        The best epoch, or None if no value is a finite number.
+    """
+    best = BestState("", mode)
+    for epoch in sorted(values):
+        value = values[epoch]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            best, _ = best.update(float(value), epoch)
+    return best.epoch

@@ -13,7 +13,15 @@ from typing import Protocol
 
 from candle_ckpt.config.schema import KEEP_MODES
 
-__all__ = ["KeepAll", "KeepExponential", "KeepLatest", "RetentionPolicy", "retention_policy", "prune_plan"]
+__all__ = [
+    "ABANDONED_OFFSET",
+    "KeepAll",
+    "KeepExponential",
+    "KeepLatest",
+    "RetentionPolicy",
+    "retention_policy",
+    "prune_plan",
+]
 
 
 class RetentionPolicy(Protocol):
@@ -125,6 +133,11 @@ class KeepAll(_Limited):
         return set(epochs)
 
 
+#: How far below the current lineage :func:`prune_plan` ranks an epoch a rollback abandoned (epoch names have at
+#: most 9 digits: every abandoned epoch ranks below epoch 0, and far enough that the exponential rule gives them
+#: two of its slots at most).
+ABANDONED_OFFSET = 1 << 40
+
 #: Each ``ckpt_keep_mode`` name (the schema's choices) and its rule.
 _RULES: dict[str, type[_Limited]] = {"linear": KeepLatest, "exponential": KeepExponential, "all": KeepAll}
 
@@ -151,7 +164,10 @@ def retention_policy(mode: str, limit: int) -> KeepLatest | KeepExponential | Ke
 
 
 def prune_plan(
-    epochs: Iterable[int], select: Callable[[set[int], tuple[int, ...]], Iterable[int]], protected: Iterable[int] = ()
+    epochs: Iterable[int],
+    select: Callable[[set[int], tuple[int, ...]], Iterable[int]],
+    protected: Iterable[int] = (),
+    abandoned: Iterable[int] = (),
 ) -> tuple[list[int], list[int]]:
     """Split existing epochs into those to keep and those to delete: the one retention rule.
 
@@ -159,10 +175,18 @@ def prune_plan(
     protect ``best``, ``last`` and the checkpoint in use), whatever ``select``
     returns; ``select`` decides the rest.
 
+    The current lineage comes first: the checkpoints a rollback ``abandoned``
+    (:mod:`candle_ckpt.core.lineage`) rank as older than every checkpoint of the
+    lineage, in their own order: ``select`` sees each as ``epoch - ABANDONED_OFFSET``
+    (``KeepLatest(2)`` after a rollback to 3 of a 40-epoch run keeps 2 and 3, not 39
+    and 40). They are kept only where the rule leaves room; the offset is a constant,
+    so pruning twice is pruning once.
+
     Args:
         epochs: Epoch numbers that currently exist (duplicates are merged).
         select: A retention policy's ``select(epochs, protected)``, such as ``KeepLatest(5).select``.
         protected: Epochs that must be kept if present.
+        abandoned: Epochs of a lineage a rollback abandoned (those absent from ``epochs`` are ignored).
 
     Returns:
         ``(keep_sorted, delete_sorted)``, both ascending and disjoint, whose
@@ -170,5 +194,9 @@ def prune_plan(
     """
     present = set(epochs)
     kept_always = present & set(protected)
-    keep = (set(select(present, tuple(sorted(kept_always)))) | kept_always) & present
+    old = present & set(abandoned)
+    rank = {e: e - ABANDONED_OFFSET if e in old else e for e in present}
+    back = {r: e for e, r in rank.items()}
+    chosen = select(set(rank.values()), tuple(sorted(rank[e] for e in kept_always)))
+    keep = ({back[r] for r in chosen if r in back} | kept_always) & present
     return sorted(keep), sorted(present - keep)

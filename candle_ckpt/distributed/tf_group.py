@@ -3,13 +3,15 @@
 The strategy starts TensorFlow's coordination service (the one its own
 ``PreemptionCheckpointHandler`` meets through); :class:`TfStore` is that
 service's key-value store, reached through ``context.context()``'s
-``set_config_key_value`` / ``get_config_key_value`` / ``delete_config_key_value``.
+``set_config_key_value`` / ``get_config_key_value`` / ``delete_config_key_value``
+(:func:`~candle_ckpt.distributed.tf_internals.coordination_context`: TensorFlow's private
+modules are reached only there).
 The protocol is :class:`~candle_ckpt.core.group.StoreGroup`'s, the same as
 for JAX: O(N) messages per meeting, every key deleted once it has served, no
 device collective (so a watcher thread may use it while the training thread
 runs its all-reduces).
 
-The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0).
+The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0), through the same gateway.
 
 A worker's preemption agreement is the one every group has
 (:class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`, built by
@@ -26,23 +28,9 @@ from typing import Any
 
 from candle_ckpt.core.errors import GroupTimeout
 from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
+from candle_ckpt.distributed.tf_internals import coordination_context, worker_rank
 
 COUNTER_READ_S = 60.0  # the read of a counter known to exist (only a dead service makes it wait)
-
-
-def coordination_context() -> Any:
-    """TensorFlow's eager context: its ``*_config_key_value`` calls reach the coordination service.
-
-    This module is the gateway to TensorFlow's coordination service, as ``jax_group.coordination_client`` is
-    to JAX's (TensorFlow has no public handle on it; its own ``PreemptionCheckpointHandler`` uses this one).
-
-    Relies on: ``tensorflow.python.eager.context.context()`` (``set_config_key_value``,
-    ``get_config_key_value``, ``delete_config_key_value``)
-    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
-    """
-    from tensorflow.python.eager import context  # noqa: PLC0415
-
-    return context.context()
 
 
 class TfStore(ServiceStore):
@@ -77,17 +65,11 @@ class TfStore(ServiceStore):
 
 
 def tf_group(strategy: Any, num_workers: int) -> Group:
-    """The group of ``strategy``'s workers (several), else :data:`SOLO`; the chief is rank 0.
-
-    Relies on: ``tensorflow.python.distribute.multi_worker_util.id_in_cluster`` (the rank, as TensorFlow's
-    own ``PreemptionCheckpointHandler`` numbers the workers)
-    -- tripwire ``test_tf_group.py::test_tf_group_meets_over_tensorflows_coordination_service``.
-    """
+    """The group of ``strategy``'s workers (several), else :data:`SOLO`; the chief is rank 0 (the rank is
+    :func:`~candle_ckpt.distributed.tf_internals.worker_rank`'s, as TensorFlow's own
+    ``PreemptionCheckpointHandler`` numbers the workers)."""
     resolver = getattr(strategy, "cluster_resolver", None) if strategy is not None else None
     if num_workers <= 1 or resolver is None or getattr(resolver, "task_type", None) is None:
         return SOLO
-    from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
-
-    spec = resolver.cluster_spec().as_dict()
-    rank = multi_worker_util.id_in_cluster(spec, resolver.task_type, int(resolver.task_id or 0))
+    rank = worker_rank(resolver.cluster_spec().as_dict(), resolver.task_type, int(resolver.task_id or 0))
     return StoreGroup(TfStore(), rank, num_workers)

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 
 from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
 from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.log import OpsLog
@@ -71,7 +72,7 @@ def _describe(side: Sidecar) -> str:
 def _names(have: set[str]) -> list[str]:
     """``{"epoch:3", "step:7"}`` as ``["epochs/003", "steps/007"]``, in order."""
     pairs = sorted((kind, int(number)) for kind, number in (ident.split(":") for ident in have))
-    return [f"{kind}s/{number:03d}" for kind, number in pairs]
+    return [L.checkpoint_name(kind, number) for kind, number in pairs]
 
 
 class _Decision:

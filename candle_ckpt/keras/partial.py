@@ -44,18 +44,12 @@ def _locate(checkpoint: str | os.PathLike[str] | int, directory: str | os.PathLi
         raise TypeError(
             f"load_weights: checkpoint must be a path to ckpts/epochs/NNN or an epoch number; got {checkpoint!r}"
         )
-    path = os.path.abspath(os.fspath(checkpoint)).rstrip(os.sep)
-    epoch = L.parse_epoch(os.path.basename(path))
-    epochs_dir = os.path.dirname(path)
-    if (
-        epoch is None
-        or os.path.basename(epochs_dir) != "epochs"
-        or os.path.basename(os.path.dirname(epochs_dir)) != "ckpts"
-    ):
+    found = L.split_epoch_path(os.fspath(checkpoint))
+    if found is None:
         raise ValueError(
             f"load_weights: {checkpoint!r} is not a checkpoint directory <ckpt_directory>/ckpts/epochs/NNN"
         )
-    return os.path.dirname(os.path.dirname(epochs_dir)), epoch
+    return found
 
 
 def _layers_by_name(model: keras.Model) -> dict[str, list[tuple[str, list[Any]]]]:

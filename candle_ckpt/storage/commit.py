@@ -28,16 +28,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.fs import LocalFS, read_link
 from candle_ckpt.core.sidecar import FileEntry, Sidecar
 from candle_ckpt.core.stats import mb_per_s, seconds
-
-if TYPE_CHECKING:
-    from candle_ckpt.storage.multipart import SharedSave
 
 logger = logging.getLogger("candle_ckpt.storage.commit")
 
@@ -48,6 +45,35 @@ class FileSpec:
 
     name: str
     write: Callable[[CrcFile], None]
+
+
+class SharedCommit(Protocol):
+    """One process's side of a commit that several processes write together, as the commit protocol sees it.
+
+    :class:`~candle_ckpt.storage.multipart.SharedSave` (the primary's) and
+    :class:`~candle_ckpt.storage.multipart.NodePart` (a node-local rank's) implement it; this module never
+    imports them, so the storage modules form no import circle (tests/unit/test_architecture.py).
+    """
+
+    def work_ready(self, work: str, generation: int) -> None:
+        """A fresh ``work/`` exists for the commit of ``generation``: the other ranks may write into it."""
+        ...
+
+    def gather(self, fs: LocalFS, work: str, template: Sidecar | None = None) -> dict[str, FileEntry]:
+        """The other ranks' files in ``work/``, checked, by name (added to the sidecar)."""
+        ...
+
+    def finish_sidecar(self, side: Sidecar) -> Sidecar:
+        """The sidecar to write, with what the shared save adds to it."""
+        ...
+
+    def committed(self, where: str) -> None:
+        """The checkpoint was published as ``where`` (``epochs/NNN`` or ``steps/GGG``)."""
+        ...
+
+    def failed(self, err: BaseException) -> None:
+        """The commit failed with ``err``: no rank may wait for it."""
+        ...
 
 
 def fresh_work(fs: LocalFS, lay: L.Layout) -> None:
@@ -64,7 +90,7 @@ def write_work(
     checksum: bool,
     sidecar: Sidecar,
     generation: int,
-    shared: SharedSave | None = None,
+    shared: SharedCommit | None = None,
 ) -> Sidecar:
     """Step 1 of a commit: every file, then the sidecar, into a fresh ``work/``, fsynced; ``work/`` fsynced.
 

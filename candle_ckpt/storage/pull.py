@@ -18,10 +18,11 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.layout import EPOCHS, STEPS
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.multipart import NODE_LOCAL
-from candle_ckpt.storage.remote import EPOCHS, STEPS, PersistentTier, copy_from
+from candle_ckpt.storage.remote import PersistentTier, copy_from
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 

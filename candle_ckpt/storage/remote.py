@@ -47,13 +47,13 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import crc32, crc32_file, format_crc
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.layout import EPOCHS, STEPS
 from candle_ckpt.core.sidecar import FileEntry, Sidecar
 from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.reader import parse_sidecar
 from candle_ckpt.storage.sharded import MANIFEST
 
 ARCHIVE = "ckpt.tar"
-EPOCHS, STEPS = "epochs", "steps"
 
 
 def remote_path(*parts: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.storage.commit import discard_work, write_work
+from candle_ckpt.storage.commit import SharedCommit, discard_work, write_work
 
 logger = logging.getLogger("candle_ckpt.storage.steps")
 
@@ -122,7 +122,7 @@ class StepCheckpoints:
             return side, contents
         return None
 
-    def commit(self, files: Iterable[Any], sidecar: Sidecar, *, shared: Any = None) -> Sidecar:
+    def commit(self, files: Iterable[Any], sidecar: Sidecar, *, shared: SharedCommit | None = None) -> Sidecar:
         """Write a step checkpoint atomically, then remove the older ones.
 
         Args:

@@ -20,7 +20,7 @@ import threading
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from candle_ckpt.core import layout as L
@@ -30,14 +30,15 @@ from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.commit import (
     FileSpec,
+    SharedCommit,
     publish,
     raw_link,
     remove_trash,
     unpublish,
     write_work,
 )
+from candle_ckpt.storage.lineage import LineageBest, abandoned_epochs, lineage_best, readable_sidecars
 from candle_ckpt.storage.lock import WriterLock
-from candle_ckpt.storage.multipart import SharedSave
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.steps import StepCheckpoints, list_steps
 
@@ -208,7 +209,7 @@ class CheckpointStore(CheckpointReader):
         sidecar: Sidecar,
         *,
         best_epoch: int | None = None,
-        shared: SharedSave | None = None,
+        shared: SharedCommit | None = None,
     ) -> Sidecar:
         """Write a checkpoint for ``epoch`` atomically and move the links.
 
@@ -275,30 +276,93 @@ class CheckpointStore(CheckpointReader):
         self.fs.fsync_dir(lay.epochs)
         remove_trash(self.fs, trash)  # the epoch is already gone from epochs/
 
-    def prune(self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()) -> list[int]:
+    def prune(
+        self,
+        select: Callable[[list[int], set[int]], set[int]],
+        protected: Iterable[int] = (),
+        *,
+        lineage_first: bool = True,
+    ) -> list[int]:
         """Delete the checkpoints that ``select(epochs, protected)`` does not keep.
 
         ``best``, ``last`` and ``protected`` are always kept, whatever
         ``select`` returns. Covers every checkpoint in the directory, including
-        those of earlier runs of the same job.
+        those of earlier runs of the same job; after a rollback the current
+        lineage is retained first (:meth:`prune_plan`).
 
         Returns:
             The epochs deleted.
         """
-        _, doomed = self.prune_plan(select, protected)
+        _, doomed = self.prune_plan(select, protected, lineage_first=lineage_first)
         for epoch in doomed:
             self.delete(epoch)
         return doomed
 
     def prune_plan(
-        self, select: Callable[[list[int], set[int]], set[int]], protected: Iterable[int] = ()
+        self,
+        select: Callable[[list[int], set[int]], set[int]],
+        protected: Iterable[int] = (),
+        *,
+        lineage_first: bool = True,
     ) -> tuple[list[int], list[int]]:
         """Return ``(keep, delete)``, both ascending: what :meth:`prune` would do, without doing it.
 
         ``best``, ``last`` and ``protected`` are always in ``keep``.
+
+        The current lineage is retained first: the checkpoints a rollback abandoned rank as older than
+        every one of it (:func:`~candle_ckpt.core.retention.prune_plan`). The sidecars that tell them apart are
+        read only when something is to go. ``lineage_first=False``: ``select`` sees the epochs as they are (a rule
+        that is about the lineage itself, as ``prune --abandoned``).
         """
         links = (self.link_epoch("best"), self.link_epoch("last"))
-        return prune_plan(self.epochs(), select, [e for e in (*links, *protected) if e is not None])
+        epochs, kept = self.epochs(), [e for e in (*links, *protected) if e is not None]
+        keep, doomed = prune_plan(epochs, select, kept)
+        if not doomed or not lineage_first:
+            return keep, doomed
+        return prune_plan(epochs, select, kept, abandoned_epochs(self, links[1]))
+
+    def rollback(self, epoch: int) -> Rollback:
+        """Make ``epoch`` the one the next restart resumes from; the store must be open for writing.
+
+        ``epoch`` is verified first (a :class:`CheckpointError` leaves everything as it was). Then ``last``
+        points to it; ``best``, if there is one, moves to the best checkpoint of the lineage that now leads
+        to ``last`` (:func:`~candle_ckpt.storage.lineage.lineage_best`), or is removed if no checkpoint of it
+        records the monitored metric; and the step checkpoints, which continue the run rolled back from, are
+        removed. The later epochs stay on disk, as a lineage the rollback abandoned.
+        """
+        if not self.is_open:
+            raise CheckpointError(f"{self.layout.root}: open_for_write() must be called before rollback()")
+        self.verify(epoch)
+        before = self.link_epoch("last")
+        had_best = os.path.lexists(self.layout.link("best"))
+        best_before = self.link_epoch("best") if had_best else None
+        self.set_link("last", epoch)
+        best = lineage_best(readable_sidecars(self), epoch)
+        if had_best and best.epoch is None:
+            self.remove_link("best")
+        elif had_best and best.epoch != best_before:
+            self.set_link("best", best.epoch)
+        dropped = self.steps.remove_all()
+        return Rollback(epoch, before, had_best, best_before, best, dropped)
+
+    def remove_link(self, name: str) -> None:
+        """Remove the ``best``/``last`` link (or pointer file) durably; no-op if there is none."""
+        path = self.layout.link(name)
+        if os.path.lexists(path):
+            self.fs.unlink(path)
+            self.fs.fsync_dir(self.layout.ckpts)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """What :meth:`CheckpointStore.rollback` changed."""
+
+    epoch: int  # where last points now
+    last_before: int | None
+    had_best: bool  # there was a best link (moved, kept or removed); without one, best is left absent
+    best_before: int | None
+    best: LineageBest  # best.epoch: where best points now (None: removed, or never there)
+    dropped: list[int]  # the generations of the step checkpoints removed
 
 
 def _release_site() -> str:

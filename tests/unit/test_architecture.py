@@ -150,16 +150,8 @@ def _runtime_imports(tree: ast.Module) -> Iterator[ast.AST]:
     return (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped)
 
 
-def test_no_import_cycle_between_modules() -> None:
-    """The import graph of candle_ckpt has no cycle, counting the imports inside functions too (a lazy import
-    hides a cycle until the day both modules are loaded in the other order)."""
-    trees = {name: tree for name, _, tree in _modules()}
-    known = set(trees)
-    graph = {
-        name: {t for node in _runtime_imports(tree) for t in _candle_targets(_imported(node), known) if t != name}
-        for name, tree in trees.items()
-    }
-    # A package's __init__ may re-export its own modules; that edge runs downward, not round.
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (``{module: modules it imports}``) as the modules along it, or ``[]``."""
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -177,7 +169,63 @@ def test_no_import_cycle_between_modules() -> None:
     for start in sorted(graph):
         if start not in state and visit(start, []):
             break
+    return cycle
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """The import graph of candle_ckpt has no cycle, counting the imports inside functions too (a lazy import
+    hides a cycle until the day both modules are loaded in the other order)."""
+    trees = {name: tree for name, _, tree in _modules()}
+    known = set(trees)
+    graph = {
+        name: {t for node in _runtime_imports(tree) for t in _candle_targets(_imported(node), known) if t != name}
+        for name, tree in trees.items()
+    }
+    # A package's __init__ may re-export its own modules; that edge runs downward, not round.
+    cycle = _cycle(graph)
     assert not cycle, " -> ".join(cycle)
+
+
+# Layers whose modules form no circle even counting the imports made for annotations only (``if TYPE_CHECKING:``):
+# such a circle is a dependency in both directions that the types merely hide (issue 46: storage/commit.py called
+# three methods of multipart's shared save; commit.py now owns the small Protocol it calls).
+NO_TYPE_ONLY_CIRCLE = ("storage",)
+
+
+def _every_import_graph(layer: str) -> dict[str, set[str]]:
+    """``layer``'s modules and the modules of ``layer`` each imports in any way (type-only and lazy included)."""
+    trees = {name: tree for name, own, tree in _modules() if own == layer}
+    known = set(trees)
+    return {
+        name: {t for node in ast.walk(tree) for t in _candle_targets(_imported(node), known) if t != name}
+        for name, tree in trees.items()
+    }
+
+
+@pytest.mark.parametrize("layer", NO_TYPE_ONLY_CIRCLE)
+def test_no_import_circle_among_a_layers_modules_even_type_only(layer: str) -> None:
+    """The modules of storage/ import each other one way only, counting ``if TYPE_CHECKING:`` imports too."""
+    cycle = _cycle(_every_import_graph(layer))
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_the_type_only_circle_check_finds_a_type_only_circle(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check fails on storage modules that meet only through an annotation import (the old
+    commit -> multipart -> commit circle), which the runtime cycle check lets through (both can fail)."""
+    pkg = tmp_path / "candle_ckpt" / "storage"
+    pkg.mkdir(parents=True)
+    (tmp_path / "candle_ckpt" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "commit.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from candle_ckpt.storage.multipart import Shared\n"
+    )
+    (pkg / "multipart.py").write_text("from candle_ckpt.storage.commit import FileSpec\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "candle_ckpt")
+    test_no_import_cycle_between_modules()  # type-only: no runtime cycle
+    with pytest.raises(AssertionError, match="candle_ckpt.storage.commit -> candle_ckpt.storage.multipart"):
+        test_no_import_circle_among_a_layers_modules_even_type_only("storage")
 
 
 def test_the_cycle_check_finds_a_cycle(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,13 +281,14 @@ def test_exceptions_have_one_home() -> None:
 
 
 # The only modules that reach framework internals (docs/api.rst lists what each relies on).
-# The framework gateways, and the one to TensorFlow's coordination service (as jax_group.coordination_client is
-# JAX's: distributed/ may import neither keras/ nor tf_keras/, and its group needs that service).
+# The framework gateways, and TensorFlow's pieces outside them (as jax_group.coordination_client is JAX's:
+# distributed/ may import neither keras/ nor tf_keras/, and its group needs TensorFlow's coordination service).
 GATEWAYS = {
     "candle_ckpt.keras.internals",
     "candle_ckpt.tf_keras.internals",
-    "candle_ckpt.distributed.tf_group",
-    "candle_ckpt.distributed.tf_internals",  # TensorFlow's pieces both Keras adapters read (its global generator)
+    # TensorFlow's pieces both Keras adapters read (its global generator), and tf.distribute's coordination
+    # service and worker numbering (distributed/tf_group.py): every other tensorflow.python import is refused.
+    "candle_ckpt.distributed.tf_internals",
 }
 PRIVATE_PREFIXES = ("keras.src", "tensorflow.python", "tf_keras.src")
 PRIVATE_CALLS = ("_getframe",)
@@ -259,8 +308,8 @@ def _private_reaches(tree: ast.Module) -> list[str]:
 
 
 def test_only_the_gateways_reach_framework_internals() -> None:
-    """No module but keras/internals.py and tf_keras/internals.py reaches keras.src, tensorflow.python,
-    tf_keras.src or sys._getframe."""
+    """No module but keras/internals.py, tf_keras/internals.py and distributed/tf_internals.py reaches keras.src,
+    tensorflow.python, tf_keras.src or sys._getframe."""
     wrong = [
         f"{name}: {what}" for name, _, tree in _modules() if name not in GATEWAYS for what in _private_reaches(tree)
     ]
@@ -343,3 +392,84 @@ def test_every_gateway_accessor_names_what_it_relies_on_and_a_tripwire_that_exis
             if not found or (test and not any(f"def {test}(" in p.read_text() for p in found)):
                 wrong.append(f"{node.name}: tripwire {wire} does not exist")
     assert not wrong, wrong
+
+
+# The names of the checkpoint folders (epochs/NNN, steps/GGG) are spelled once, in core/layout.py (issue 46).
+LAYOUT_MODULE = "candle_ckpt.core.layout"
+_FOLDERS = r"(?:epochs|steps)"
+_PATH_PIECE = re.compile(rf"(?:^|[/{{}}]){_FOLDERS}/|/{_FOLDERS}$|\}}s/")
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _template(node: ast.AST) -> str | None:
+    """A string literal's text, an f-string's with ``{}`` for each value; None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def _folder_names(tree: ast.Module) -> list[str]:
+    """Where a module spells a checkpoint folder's name as a path piece, not in prose (text with spaces):
+    ``"epochs/..."``, ``f"{kind}s/{n:03d}"``, ``".../steps"``; or the bare word ``"epochs"``/``"steps"`` assigned to
+    a name, compared with, or joined into a path (``os.path.join(root, "epochs")``). A params key
+    (``params["epochs"]``, ``.get("epochs")``) or a keyword value is not a path."""
+    docs, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            inner = {id(v) for v in node.values}
+            docs |= inner
+        text = _template(node)
+        if text is not None and id(node) not in docs and not re.search(r"\s", text) and _PATH_PIECE.search(text):
+            found.append(text)
+        values: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            values = list(node.value.elts) if isinstance(node.value, ast.Tuple) else [node.value]
+        elif isinstance(node, ast.Compare):
+            values = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("join", "remote_path", "Path"):
+            values = list(node.args)
+        found += [v.value for v in values if isinstance(v, ast.Constant) and v.value in ("epochs", "steps")]
+    return found
+
+
+def test_only_the_layout_names_the_checkpoint_folders() -> None:
+    """No module but core/layout.py spells ``epochs/`` or ``steps/`` as a path piece (``L.link_target``,
+    ``L.step_name``, ``L.checkpoint_name``, ``L.EPOCHS``/``L.STEPS``, ``Layout.epochs``/``steps`` name them)."""
+    wrong = [
+        f"{name}: {what!r}" for name, _, tree in _modules() if name != LAYOUT_MODULE for what in _folder_names(tree)
+    ]
+    assert not wrong, wrong
+    assert _folder_names(next(t for n, _, t in _modules() if n == LAYOUT_MODULE)), "the layout moved"
+
+
+def test_the_folder_name_check_finds_each_spelling() -> None:
+    """The check flags what issue 46 found (``f"{kind}s/{number:03d}"``, ``EPOCHS, STEPS = "epochs", "steps"``) and
+    each other spelling of a folder as a path, and lets params keys, keyword values and prose through (it can fail)."""
+    source = (
+        '"""Docstring: epochs/NNN and steps/GGG."""\n'
+        "def f(kind, number, root, params, d):\n"
+        '    """A docstring naming ckpts/epochs/NNN."""\n'
+        '    a = f"{kind}s/{number:03d}"\n'
+        '    b = "epochs/001"\n'
+        '    c = f"{root}/steps/{number}"\n'
+        '    d = os.path.join(root, "epochs")\n'
+        '    e = os.path.basename(d) != "steps"\n'
+        '    g = params["epochs"] + params.get("steps") + h(key="epochs")\n'
+        '    raise ValueError(f"{root} is not <ckpt_directory>/ckpts/epochs/NNN")\n'
+        'EPOCHS, STEPS = "epochs", "steps"\n'
+    )
+    assert sorted(_folder_names(ast.parse(source))) == sorted(
+        ["{}s/{}", "epochs/001", "{}/steps/{}", "epochs", "steps", "epochs", "steps"]
+    )

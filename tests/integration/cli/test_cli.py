@@ -380,12 +380,13 @@ def test_rollback_then_restart_resumes_there(trained: Trained, tmp_path: Path) -
         np.testing.assert_array_equal(got, want)
 
 
-def test_after_a_rollback_list_marks_the_abandoned_lineage_verify_skips_it_and_prune_removes_it(
+def test_after_a_rollback_list_marks_the_abandoned_lineage_verify_names_it_and_prune_removes_it(
     trained: Trained, tmp_path: Path
 ) -> None:
     """Issue 40 item 7: `rollback DIR 3` and one more epoch of training (a new epoch 4) leave epochs 5-6 of the
-    abandoned run on disk. `list` marks them 'abandoned' (and --json says so), `verify` does not count them as the
-    job's history (a damaged one does not fail it), `prune --abandoned` removes exactly them and logs it."""
+    abandoned run on disk. `list` marks them 'abandoned' (and --json says so), `verify` checks them too and names
+    them (issue 47: a damaged one fails it, as every file on disk is checked), `prune --abandoned` removes exactly
+    them and logs it."""
     import keras
 
     from candle_ckpt import CandleCheckpointCallback, restart
@@ -418,9 +419,13 @@ def test_after_a_rollback_list_marks_the_abandoned_lineage_verify_skips_it_and_p
 
     flip_byte(d / "ckpts" / "epochs" / "006" / "model.keras")
     proc = cli("verify", d)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("not checked: 2 checkpoints (5-6) of a lineage a rollback abandoned")
-    assert "all 4 checkpoints verified" in proc.stdout and "epoch 006" not in proc.stdout
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "epoch 005: ok  " in proc.stdout and "epoch 006: FAILED  " in proc.stdout
+    assert [line for line in proc.stdout.splitlines() if line.endswith("(abandoned by a rollback)")][0].startswith(
+        "epoch 005: ok"
+    )
+    assert "2 checkpoints (5-6) of a lineage a rollback abandoned were checked too" in proc.stdout
+    assert "1 of 6 checkpoints FAILED verification" in proc.stdout
 
     proc = cli("prune", d, "--abandoned")
     assert proc.returncode == 0, proc.stderr

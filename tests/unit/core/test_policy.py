@@ -329,6 +329,32 @@ def test_prune_plan_partitions_input(mode: str, case: tuple[set[int], int, set[i
     assert set(keep) | set(delete) == epochs
 
 
+@pytest.mark.parametrize("mode", ["linear", "exponential"])
+@_property
+@given(case=_keep_case(), cut=st.integers(0, 5000))
+def test_prune_plan_retains_the_current_lineage_first(
+    mode: str, case: tuple[set[int], int, set[int]], cut: int
+) -> None:
+    """With the epochs above ``cut`` abandoned by a rollback, prune_plan keeps what the rule keeps of the current
+    lineage alone, protected epochs wherever they are, and an abandoned epoch only once the lineage is kept in
+    full (linear) or the rule left room (within its limit); pruning twice is pruning once."""
+    epochs, limit, protected = case
+    policy = _POLICIES[mode](limit)
+    abandoned = {e for e in epochs if e > cut}
+    ours = epochs - abandoned
+    keep, delete = prune_plan(list(epochs), policy.select, protected, abandoned)
+    assert set(keep) | set(delete) == epochs and set(keep).isdisjoint(delete)
+    assert protected & epochs <= set(keep)
+    assert policy.select(ours, protected & ours) <= set(keep)
+    extra = (set(keep) & abandoned) - protected
+    assert len(extra) + len(policy.select(ours, ())) <= limit
+    if mode == "linear" and extra:
+        assert ours <= set(keep)
+    if not abandoned:
+        assert (keep, delete) == prune_plan(list(epochs), policy.select, protected)
+    assert prune_plan(keep, policy.select, protected, abandoned) == (keep, [])
+
+
 def test_every_keep_mode_of_the_schema_has_a_rule() -> None:
     """The schema's ckpt_keep_mode choices (also the CLI's --keep-mode) and the keep rules name the same modes."""
     from candle_ckpt.config.schema import KEEP_MODES
