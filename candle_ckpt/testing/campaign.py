@@ -61,8 +61,8 @@ def sidecar(epoch: int, when: float, *, step: int | None = None, generation: int
 
 def put(run_dir: str, side: Sidecar, *, sidecar_too: bool = True) -> str:
     """Write ``side`` as a persistent checkpoint of ``run_dir`` (the archive, then the sidecar)."""
-    where = os.path.join(run_dir, "epochs" if side.step is None else "steps")
-    where = os.path.join(where, L.epoch_name(side.epoch if side.step is None else side.generation))
+    kind, number = ("epoch", side.epoch) if side.step is None else ("step", side.generation)
+    where = os.path.join(run_dir, *L.checkpoint_name(kind, number).split("/"))
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, "ckpt.tar"), "wb") as f:
         f.write(b"\0" * ARCHIVE_BYTES)
@@ -94,13 +94,13 @@ def write_run(root: str, run: str, state: str, now: float, *, keep: int = 2, epo
     hist = os.path.join(run_dir, H.HISTORY_FILE)
     record(hist, "restart", start - 1.0, "node-a", resumed=None, epoch=0, generation=0)
     if state in ("moved", "refused", "failed"):
-        record(hist, "restart", start + 2.5 * PER_EPOCH_S, "node-b", resumed="epochs/002", epoch=2, generation=2)
+        record(hist, "restart", start + 2.5 * PER_EPOCH_S, "node-b", resumed=L.link_target(2), epoch=2, generation=2)
     if state == "preempted":
         put(run_dir, sidecar(done, end + 3.0, step=7, generation=done + 1, reason="SIGTERM"))
     if state == "failed":
         record(hist, "failure", end + 1.0, "node-b", error="ValueError: loss is nan", phase="step")
     if state == "refused":
-        resumed = f"epochs/{L.epoch_name(done)}"
+        resumed = L.link_target(done)
         record(hist, "refused", end + 2.0, "node-b", resumed=resumed, count=3, last_failure="ValueError: nan")
     return run_dir
 
