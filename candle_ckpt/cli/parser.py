@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 from candle_ckpt import __version__
-from candle_ckpt.cli import commands, consolidate, prune
+from candle_ckpt.cli import campaign, commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.cli.console import DEMO_DIRECTORY
 from candle_ckpt.config.coerce import coerce
@@ -133,6 +133,7 @@ class Command(NamedTuple):
     example: str
     run: Callable[[argparse.Namespace], int] | None
     options: Callable[[argparse.ArgumentParser], None] | None
+    takes_dir: bool = True  # its first argument is DIR (campaign's options name their own)
 
 
 COMMANDS = (
@@ -207,6 +208,19 @@ COMMANDS = (
         _plot_options,
     ),
     Command(
+        "campaign",
+        "One row per run of a campaign: state, newest checkpoint, restarts, moves, best metric",
+        "ROOT is a campaign's persistent directory (one sub-directory per run, a path or an fsspec URL), a\n"
+        "run's directory, or a glob of ckpt_directory paths. Each run's state: done, training, moved,\n"
+        "preempted, failed, stale (no commit for K x its seconds per epoch) or refused (a crash loop or a\n"
+        "lineage refusal). Reads only the newest sidecars and the restart history, never an archive, so it\n"
+        "is safe while the campaign runs. --plot and --html need matplotlib.",
+        f"{PROG} campaign ./campaign --sort best --state stale --html campaign.html",
+        campaign.cmd_campaign,
+        campaign.add_options,
+        False,
+    ),
+    Command(
         "demo",
         f"Run the demo training job (checkpoints into {DEMO_DIRECTORY} by default)",
         "Trains a small Keras model on synthetic data with CandleCheckpointCallback and restart().\n"
@@ -251,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=fmt,
         )
         p.set_defaults(func=cmd.run)
-        if cmd.options is not None:
+        if cmd.options is not None and cmd.takes_dir:
             p.add_argument("dir", metavar="DIR", help="the checkpoint directory (the job's ckpt_directory)")
+        if cmd.options is not None:
             cmd.options(p)
     return parser

@@ -229,9 +229,15 @@ class CheckpointEngine:
             resumed_from=self.resumed.epoch if self.resumed else None,
             keras_version=cap.keras_version,
             backend=cap.backend,
-            extra={**cap.extra, **self._io_stats()},
+            extra={**cap.extra, **self._io_stats(), **self._limit()},
             lineage=self._lineage(),
         )
+
+    def _limit(self) -> dict[str, Any]:
+        """The job's epoch limit (``gParameters["epochs"]``), kept so that ``candle-ckpt campaign`` tells a run
+        that has reached it (done) from one still training, from its newest sidecar alone."""
+        epochs = self.cfg.epochs
+        return {"epochs": epochs} if isinstance(epochs, int) and not isinstance(epochs, bool) else {}
 
     def _lineage(self) -> str:
         if self.lineage is None:

@@ -210,18 +210,22 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
         if step is not None:
             internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
-        data = None
+        data, ended = None, None
         if self._train is not None:
             by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
+            ended = [by, self._epoch + 1] if by else None  # in the sidecar too, as tf_keras records it
         if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
             cfg = self.cfg if step is None else self._sync_cfg
-            return capture_sharded(self.model, cfg, self.run.fit_group, data, self._spare)
-        state = self._state or ModelState(self.model)
-        cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
-        if data is not None:
-            cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
-            cap.nbytes += len(data)
+            cap = capture_sharded(self.model, cfg, self.run.fit_group, data, self._spare)
+        else:
+            state = self._state or ModelState(self.model)
+            cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
+            if data is not None:
+                cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
+                cap.nbytes += len(data)
+        if ended:
+            cap.extra["finished"] = ended
         return cap
 
     def _save(self, epoch: int, logs: Mapping[str, Any]) -> None:

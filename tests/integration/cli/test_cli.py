@@ -632,6 +632,7 @@ HELP_MENTIONS = {
     "prune": ["DIR", "--keep-limit", "--keep-mode", "linear", "exponential", "--dry-run"],
     "plot": ["DIR", "-o", "--output", "--dpi"],
     "consolidate": ["DIR", "OUT.keras", "--epoch"],
+    "campaign": ["ROOT", "--sort", "--state", "--json", "--plot", "--html", "--stale-factor", "--stale-floor"],
 }
 
 

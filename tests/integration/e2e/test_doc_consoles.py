@@ -33,6 +33,7 @@ CHECKED = ("list", "verify", "info", "rollback", "prune", "plot")
 ELSEWHERE = {
     "consolidate": "tests/integration/cli/test_sharded_cli.py::test_cli_rst_consolidate_example_is_real_output",
     "demo": "shows no output (its run: tests/integration/e2e/test_readme.py)",
+    "campaign": "tests/integration/cli/test_campaign_cli.py::test_cli_rst_campaign_example_is_real_output",
 }
 CHANGES = ("rollback", "prune", "plot")  # run on a copy of the job: the page's later examples see its ./save
 
