@@ -26,6 +26,7 @@ from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
 from sphinx.util import logging
+from sphinx.util.nodes import make_refnode
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,23 @@ def _api_links(app: Sphinx, doctree: nodes.document, docname: str) -> None:
         link += literal
 
 
+def _missing_reference(app: Sphinx, env, node: nodes.Element, contnode: nodes.Element) -> nodes.Node | None:
+    """Resolve a docstring's cross-reference that Sphinx could not (``:class:`JobRunner``` in another module's
+    docstring, or an internal module's class that the package exports, ``candle_ckpt.distributed.worker_state.
+    WorkerTrainingState``) to the public name's entry, as :func:`_api_links` does for plain literals."""
+    if node.get("refdomain") != "py":
+        return None
+    objects = env.get_domain("py").objects
+    target = node.get("reftarget", "")
+    full = api_name(target, objects)
+    if full is None and target.startswith(f"{PACKAGE}."):
+        full = api_name(target.rsplit(".", 1)[-1], objects)
+    if full is None:
+        return None
+    entry = objects[full]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, full)
+
+
 def _check_members(app: Sphinx, doctree: nodes.document) -> None:
     """Stop the build when a member an ``autoclass`` lists under ``:members:`` has no entry on the page."""
     docname = app.env.docname
@@ -148,4 +166,5 @@ def setup(app: Sphinx) -> dict[str, object]:
     app.connect("doctree-read", _check_members)
     app.connect("doctree-resolved", _rst_links)
     app.connect("doctree-resolved", _api_links)
+    app.connect("missing-reference", _missing_reference)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
