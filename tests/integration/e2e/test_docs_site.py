@@ -123,6 +123,7 @@ def test_the_readme_and_ci_build_this_site() -> None:
     cfg.read(REPO / "setup.cfg")
     for extra in ("docs", "test"):  # the README's test command builds the site too (the test above)
         assert "sphinx" in cfg["options.extras_require"][extra], extra
+        assert "sphinx-book-theme" in cfg["options.extras_require"][extra], extra  # docs/conf.py's html_theme
 
 
 def toctrees() -> list[tuple[str, list[str]]]:
