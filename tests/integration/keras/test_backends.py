@@ -3,8 +3,8 @@
 Every job runs in a fresh process under the backend named in its environment
 (``tests/integration/jobs/backend_job.py``), so these tests do not depend on the
 backend of the pytest process. A backend that is not installed is skipped
-with its reason; ``pip install "jax[cpu]"`` and a CPU build of torch
-(``pip install torch --index-url https://download.pytorch.org/whl/cpu``) run them all.
+with its reason (the ``needs_package`` marker, tests/conftest.py); ``pip install "jax[cpu]" torch``
+(as .ci/run does) runs them all.
 """
 
 from __future__ import annotations
