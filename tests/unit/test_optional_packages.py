@@ -17,7 +17,7 @@ OPTIONAL = ("jax", "torch", "orbax")
 USES = {
     name: re.compile(
         rf"^\s*(?:import|from) {name}\b"  # an import, at any depth
-        rf"|KERAS_BACKEND\W{{1,6}}{name}\b"  # KERAS_BACKEND="jax", {"KERAS_BACKEND": "jax"}, KERAS_BACKEND=jax in a shell
+        rf"|KERAS_BACKEND\W{{1,6}}{name}\b"  # KERAS_BACKEND="jax", {"KERAS_BACKEND": "jax"}, in a shell
         rf"|pytest\.param\(\"{name}\"|parametrize\(\"backend\", \[[^]]*\"{name}\"",  # a backend parameter
         re.MULTILINE,
     )
@@ -33,8 +33,12 @@ EXEMPT = {
 
 def declares(text: str, name: str) -> bool:
     """Whether a test file skips without ``name``: importorskip of it, or the needs_package marker naming it."""
-    return f'importorskip("{name}' in text or re.search(rf"needs_package\([^)]*\"{name}\"", text) is not None or (
-        "on(" in text and "needs_package(*optional)" in text  # test_backends.py's helper marks each backend
+    return (
+        f'importorskip("{name}' in text
+        or re.search(rf"needs_package\([^)]*\"{name}\"", text) is not None
+        or (
+            "on(" in text and "needs_package(*optional)" in text  # test_backends.py's helper marks each backend
+        )
     )
 
 
