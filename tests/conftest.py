@@ -1,7 +1,9 @@
-"""Suite-wide settings: quiet TensorFlow before anything imports it; TF-only tests off other backends."""
+"""Suite-wide settings: quiet TensorFlow before anything imports it; TF-only tests off other backends; tests of an
+optional package skipped, naming it, where it is missing."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -50,15 +52,31 @@ def _no_fork():
         )
 
 
+# The optional packages tests may need (``needs_package``), and how a user installs each: the ``test`` extra of
+# setup.cfg brings none of them, so the README's test command skips these tests, saying what to install.
+OPTIONAL = {"jax": 'pip install "jax[cpu]"', "torch": "pip install torch", "orbax": "pip install orbax-checkpoint"}
+
+
+def missing_packages(item: pytest.Item) -> list[str]:
+    """The packages an item's ``needs_package`` markers name that are not installed (all must be in OPTIONAL)."""
+    names = [name for mark in item.iter_markers("needs_package") for name in mark.args]
+    unknown = set(names) - set(OPTIONAL)
+    assert not unknown, f"{item.nodeid}: needs_package names {sorted(unknown)}; known: {sorted(OPTIONAL)}"
+    return [name for name in dict.fromkeys(names) if importlib.util.find_spec(name) is None]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``tf_only`` tests when the Keras backend is not TensorFlow (``KERAS_BACKEND=jax`` or ``torch``)."""
+    """Skip ``tf_only`` tests when the Keras backend is not TensorFlow (``KERAS_BACKEND=jax`` or ``torch``), and a
+    ``needs_package`` test whose package is not installed, naming it and its install command."""
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    if backend == "tensorflow":
-        return
     skip = pytest.mark.skip(reason=f"tf_only: needs KERAS_BACKEND=tensorflow (this run: {backend})")
     for item in items:
-        if item.get_closest_marker("tf_only"):
+        if backend != "tensorflow" and item.get_closest_marker("tf_only"):
             item.add_marker(skip)
+        missing = missing_packages(item)
+        if missing:
+            how = "; ".join(OPTIONAL[name] for name in missing)
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}, not installed ({how})"))
 
 
 @pytest.fixture(autouse=True)

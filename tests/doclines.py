@@ -46,6 +46,27 @@ def doctree(path: Path) -> docutils.nodes.document:
     )
 
 
+# A mention of a page: ``docs/format.rst`` or ``format.rst`` (a page of docs/ when that file exists).
+PAGE_MENTION = re.compile(r"(?<![\w/.-])(?:docs/)?([\w-]+)\.rst\b")
+
+
+def unlinked_page_mentions(path: Path) -> list[str]:
+    """The mentions of another docs/ page in ``path``'s text that are not links (code blocks and comments aside):
+    every one should be a link (```format.rst <format.rst>`__``), which the site shows as the page's title."""
+    skip = (docutils.nodes.reference, docutils.nodes.literal_block, docutils.nodes.comment,
+            docutils.nodes.target, docutils.nodes.system_message)  # fmt: skip
+    found = []
+    for text in doctree(path).findall(docutils.nodes.Text):
+        node, inside = text.parent, False
+        while node is not None and not inside:
+            inside, node = isinstance(node, skip), node.parent
+        if not inside:
+            found += [
+                m.group(0) for m in PAGE_MENTION.finditer(text.astext()) if (DOCS / f"{m.group(1)}.rst").is_file()
+            ]
+    return found
+
+
 def blocks(path: Path, kind: str | None = None) -> list[docutils.nodes.literal_block]:
     """The literal blocks of ``path``; with ``kind``, only the code blocks of that language."""
     found = list(doctree(path).findall(docutils.nodes.literal_block))

@@ -24,6 +24,8 @@ from typing import Any
 import keras
 from keras.src.saving import saving_lib
 
+from candle_ckpt.core.stderr import tf_startup_lines_dropped
+
 KERAS_VERSION: str = keras.__version__
 
 # The Keras releases CI runs the suite on (see .ci/run); setup.cfg's range is the same.
@@ -115,8 +117,10 @@ def serialize_model_as_json(model: Any) -> tuple[str, str]:
 
     Relies on: ``saving_lib._serialize_model_as_json(model)``
     -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
+    On JAX or torch, Keras loads TensorFlow here when it is installed: its start-up lines are dropped.
     """
-    return saving_lib._serialize_model_as_json(model)
+    with tf_startup_lines_dropped():
+        return saving_lib._serialize_model_as_json(model)
 
 
 def h5_dataset(store: Any, key: str) -> Any:

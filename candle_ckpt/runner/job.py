@@ -155,10 +155,12 @@ class JobRunner:
     # -- capture and restore (the Adapter of candle_ckpt.engine.resume) --------------------
     @property
     def reads(self) -> list[str]:
+        """The files of a checkpoint that :meth:`restore` reads (each object's file, the loop state): verified first."""
         rank = self.group.rank
         return [f for o in self.objects for f in (o.file, o.extra_file)] + list(STATE_FILES) + list(group_reads(rank))
 
     def capture(self, cfg: CkptConfig) -> Capture:
+        """This process's state at the end of the current epoch (objects, RNG states, loop position), to save."""
         return self._capture(self.epoch)
 
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
@@ -168,6 +170,7 @@ class JobRunner:
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
+        """Load the verified checkpoint ``chosen`` into the objects and the loop state (all or nothing)."""
         rank = self.group.rank
         if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
             self._restored_at = restore_runner_sharded(

@@ -217,7 +217,7 @@ store.close()
 """
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.needs_package("jax"))])
 def test_consolidate_prints_no_tensorflow_startup_lines(tmp_path: Path, backend: str) -> None:
     """Issue 40 item 1: `candle-ckpt consolidate` run as a user runs it (TF_CPP_MIN_LOG_LEVEL unset) prints its one
     line and none of TensorFlow's start-up lines: on TensorFlow, Keras's import loads it; on JAX, Keras's

@@ -94,6 +94,7 @@ def test_the_keras_nightly_install_names_every_requirement_but_keras() -> None:
 
 
 @pytest.mark.needs_index
+@pytest.mark.needs_package("jax")  # the check imports keras-nightly on JAX, from this environment
 def test_the_keras_nightly_install_keeps_keras_nightly(tmp_path: Path) -> None:
     """In a virtual environment on this one with the keras-nightly CI tests installed, docs/api.rst's install
     (run as written, in a copy of the checkout) installs candle_ckpt and no released Keras: keras-nightly is

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 from candle_ckpt.keras import rng_state
 
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+needs_torch = pytest.mark.needs_package("torch")
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])

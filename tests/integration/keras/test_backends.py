@@ -3,13 +3,12 @@
 Every job runs in a fresh process under the backend named in its environment
 (``tests/integration/jobs/backend_job.py``), so these tests do not depend on the
 backend of the pytest process. A backend that is not installed is skipped
-with its reason; ``pip install "jax[cpu]"`` and a CPU build of torch
-(``pip install torch --index-url https://download.pytorch.org/whl/cpu``) run them all.
+with its reason (the ``needs_package`` marker, tests/conftest.py); ``pip install "jax[cpu]" torch``
+(as .ci/run does) runs them all.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -25,14 +24,16 @@ JOB = str(job_script("backend_job.py"))
 EPOCHS, KILL_IN = 5, 4
 
 
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _need(backend: str) -> None:
-    module = {"jax": "jax", "torch": "torch", "tensorflow": "tensorflow"}[backend]
-    if not _installed(module):
-        pytest.skip(f"{module} not installed")
+def on(*cases: str | tuple[str, ...]) -> list:
+    """Each case (a backend, or a tuple of backends) as a pytest param marked ``needs_package`` for the jax or torch
+    it runs on (tests/conftest.py skips it, naming the package, where it is missing; TensorFlow is in the test
+    extra)."""
+    params = []
+    for case in cases:
+        names = case if isinstance(case, tuple) else (case,)
+        optional = [n for n in names if n != "tensorflow"]
+        params.append(pytest.param(*names, marks=pytest.mark.needs_package(*optional)))
+    return params
 
 
 def run_job(backend: str, *args: str, expect: int = 0, block_tf: bool = False) -> str:
@@ -88,47 +89,42 @@ def kill_and_resume(backend: str, tmp_path: Path, *flags: str) -> Path:
     return out
 
 
+@pytest.mark.needs_package("jax")
 def test_public_api_works_under_jax_with_tensorflow_blocked(tmp_path: Path) -> None:
     """With ``import tensorflow`` failing, the callback, restart(), load_weights, JobRunner and the CLI work on JAX."""
-    _need("jax")
     out = run_job("jax", "no-tf", str(tmp_path), block_tf=True)
     assert "NO-TF OK backend=jax" in out
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", on("jax", "torch"))
 def test_kill9_resume_with_fit_defaults_is_bit_identical(backend: str, tmp_path: Path, reference) -> None:
     """SIGKILL mid-epoch, restart() in a new process: weights and optimizer equal an uninterrupted run's, bit for
     bit, with shuffle=True and an unseeded Dropout."""
-    _need(backend)
     assert differing(reference(backend), kill_and_resume(backend, tmp_path)) == []
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", on("jax", "torch"))
 def test_kill9_resume_unshuffled_is_bit_identical(backend: str, tmp_path: Path) -> None:
     """Without shuffling, the unseeded Dropout's SeedGenerator state in the checkpoint makes a resume exact."""
-    _need(backend)
     ref = tmp_path / "ref.npz"
     run_job(backend, "train", str(tmp_path / "ref"), str(EPOCHS), str(ref), "--no-shuffle")
     assert differing(ref, kill_and_resume(backend, tmp_path, "--no-shuffle")) == []
 
 
-@pytest.mark.parametrize(("saver", "loader"), [("jax", "tensorflow"), ("tensorflow", "jax"), ("torch", "jax")])
+@pytest.mark.parametrize(("saver", "loader"), on(("jax", "tensorflow"), ("tensorflow", "jax"), ("torch", "jax")))
 def test_checkpoint_restores_bit_identical_under_another_backend(saver: str, loader: str, tmp_path: Path) -> None:
     """A checkpoint written under one backend restores under another with every weight and optimizer
     variable bit-identical (the step counter keeps its value in the loading backend's integer width)."""
-    _need(saver)
-    _need(loader)
     saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"
     run_job(saver, "save", str(tmp_path / "job"), str(saved))
     assert "loaded epoch=2" in run_job(loader, "load", str(tmp_path / "job"), str(loaded))
     assert differing(saved, loaded, int_width=True) == []
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", on("jax", "torch"))
 def test_sync_snapshot_is_a_view_and_async_snapshot_owns_its_arrays(backend: str) -> None:
     """On JAX and torch CPU a sync snapshot aliases the variables (no copy); an async one is a copy that
     keeps its values while training goes on (JAX donates, torch updates in place)."""
-    _need(backend)
     assert "SNAPSHOT OK" in run_job(backend, "snapshot")
 
 
@@ -142,10 +138,13 @@ def _doc_examples() -> list[tuple[str, str]]:
     return [(re.search(r'KERAS_BACKEND"\] = "(\w+)"', s).group(1), s) for s in scripts]
 
 
-@pytest.mark.parametrize(("backend", "script"), _doc_examples(), ids=lambda v: v if len(v) < 20 else "")
+@pytest.mark.parametrize(
+    ("backend", "script"),
+    [pytest.param(b, s, marks=on(b)[0].marks) for b, s in _doc_examples()],
+    ids=lambda v: v if len(v) < 20 else "",
+)
 def test_docs_jobrunner_example_runs_and_resumes(backend: str, script: str, tmp_path: Path) -> None:
     """Each JobRunner example of docs/backends.rst runs as printed, and a second run resumes at epoch 3."""
-    _need(backend)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
