@@ -188,6 +188,7 @@ def contender_result(c: str, base: dict, run: dict, sched: dict, none_digests: d
         out.update(goodput=0.0, why=sched["why"], tail=sched.get("tail", ""))
         return out
     out.update(G.split(procs, base["wall_s"]))
+    out["goodput_vs_own_uninterrupted"] = run["wall_s"] / out["wall_s"]  # the failures' cost alone
     final = procs[-1]["digests"]
     out["exact"] = final == run["digests"]
     out["equal_to_no_checkpointing"] = final == none_digests
@@ -201,7 +202,7 @@ def bench(args: argparse.Namespace) -> dict:
     loads: list[float] = []
     load_start = [round(x, 2) for x in os.getloadavg()]
     steps, cal_step_s = (args.steps, None) if args.steps else calibrate(work, args.epoch_s, loads)
-    plan = G.schedule(args.schedule, args.seed)
+    plan = [(s * args.interval_x, kind) for s, kind in G.schedule(args.schedule, args.seed)]
     names = dict.fromkeys(["none", *args.contenders])  # the run without checkpointing first: the baseline
     runs = {c: uninterrupted(Runner(c, work, args.epochs, steps, loads, "whole")) for c in names}
     base = runs["none"]
@@ -209,6 +210,7 @@ def bench(args: argparse.Namespace) -> dict:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "schedule": args.schedule,
         "seed": args.seed,
+        "interval_x": args.interval_x,
         "spec": G.SCHEDULES[args.schedule],
         "epochs": args.epochs,
         "steps_per_epoch": steps,
@@ -222,7 +224,7 @@ def bench(args: argparse.Namespace) -> dict:
         "work_dir": str(work),
         "contenders": {},
     }
-    cap = args.max_wall_x * base["wall_s"]
+    cap = max(args.max_wall_x * base["wall_s"], 300.0)
     for c in args.contenders:
         if c == "none" and max(s for s, _ in plan) < base["wall_s"]:
             result["contenders"][c] = {
@@ -272,8 +274,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per epoch (instead of calibrating --epoch-s)")
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="6 epochs of ~1 s: a sanity run of a few minutes")
-    parser.add_argument("--max-wall-x", type=float, default=8.0, help="give up after this x the uninterrupted time")
+    parser.add_argument(
+        "--interval-x", type=float, default=1.0, help="stretch the intervals (a slow, shared machine's start-up)"
+    )
+    parser.add_argument("--quick", action="store_true", help="10 epochs of ~1.5 s: a sanity run of a few minutes")
+    parser.add_argument(
+        "--max-wall-x", type=float, default=8.0, help="give up after this x the uninterrupted time (300 s at least)"
+    )
     parser.add_argument("--out", default=None, help="the JSON (default: benchmarks/results/goodput-...json)")
     parser.add_argument("--work-dir", default=None, help="where the checkpoints and logs go (default: a temp dir)")
     parser.add_argument("--plot", nargs="?", const="", default=None, help="also draw the PNG (default: beside)")
@@ -286,8 +293,8 @@ def main() -> None:
         print(f"wrote {path}")
         return
     spec = G.SCHEDULES[args.schedule]
-    args.epochs = args.epochs or (6 if args.quick else spec["epochs"])
-    args.epoch_s = args.epoch_s or (1.0 if args.quick else spec["epoch_s"])
+    args.epochs = args.epochs or (10 if args.quick else spec["epochs"])
+    args.epoch_s = args.epoch_s or (1.5 if args.quick else spec["epoch_s"])
     result = bench(args)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d-%H%M")
     out = Path(args.out or HERE / "results" / f"goodput-{args.schedule}-{stamp}.json")

@@ -50,7 +50,8 @@ def table(result: dict[str, Any]) -> str:
     load = result["loadavg_1min_at_launches"]
     floor = result["floor_parts"]
     lines = [
-        f"schedule {result['schedule']} (seed {result['seed']}): {result['epochs']} epochs of "
+        f"schedule {result['schedule']} (seed {result['seed']}, intervals x{result.get('interval_x', 1.0)}): "
+        f"{result['epochs']} epochs of "
         f"{result['steps_per_epoch']} steps; uninterrupted, no checkpointing: {result['uninterrupted_s']:.1f} s",
         f"machine: {m.get('cpu', '?')}, {m['cpus']} CPUs; keras {m['keras']}, jax {m['jax']}, orbax-checkpoint "
         f"{m['orbax-checkpoint']}; 1-min load average at launches {load['min']:.1f} to {load['max']:.1f} "
