@@ -116,9 +116,12 @@ def read_events(path: Path) -> dict:
             out["epochs"].append([ev["t"], ev["epoch"]])
         elif kind == "resumed":
             out["resumed"] = ev["step"]
+        elif kind == "restored":  # a finished run's rerun trains no epoch: its restored step is where it "resumed"
+            out["restored"] = ev["t"]
+            out.setdefault("resumed", ev.get("optimizer_step", 0))
         elif kind == "done":
             out.update(done=ev["t"], digests=ev["digests"], state_bytes=ev["state_bytes"])
-        elif kind in ("t0", "built", "restored", "first"):
+        elif kind in ("t0", "built", "first"):
             out[kind] = ev["t"]
     return out
 
@@ -249,6 +252,23 @@ def bench(args: argparse.Namespace) -> dict:
     return result
 
 
+def resplit(result: dict) -> dict:
+    """The runs under the schedule split again from the events kept in the result's work directory (after a change
+    of the split; the launch, exit and signal times are the result's own)."""
+    work = Path(result["work_dir"])
+    for c, r in result["contenders"].items():
+        if not r.get("completed") or "launches" not in r:
+            continue
+        procs = []
+        for i, launch in enumerate(r["launches"], start=1):
+            p = read_events(work / f"{c}-sched{i}.jsonl")
+            p.update({k: launch[k] for k in ("launch", "exit", "signal_at", "signal", "rc")})
+            procs.append(p)
+        r.update(G.split(procs, result["uninterrupted_s"]))
+        r["goodput_vs_own_uninterrupted"] = r["uninterrupted"]["wall_s"] / r["wall_s"]
+    return result
+
+
 def machine() -> dict:
     """Python, CPUs, versions of keras, jax and orbax-checkpoint (read without importing them)."""
     info = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -285,7 +305,13 @@ def main() -> None:
     parser.add_argument("--work-dir", default=None, help="where the checkpoints and logs go (default: a temp dir)")
     parser.add_argument("--plot", nargs="?", const="", default=None, help="also draw the PNG (default: beside)")
     parser.add_argument("--plot-only", nargs="+", default=None, metavar="JSON", help="draw results already written")
+    parser.add_argument("--resplit", default=None, metavar="JSON", help="split a result again from its work dir")
     args = parser.parse_args()
+    if args.resplit:
+        result = resplit(json.loads(Path(args.resplit).read_text()))
+        Path(args.resplit).write_text(json.dumps(result, indent=1) + "\n")
+        print(R.table(result))
+        return
     if args.plot_only:
         results = [json.loads(Path(p).read_text()) for p in args.plot_only]
         path = args.plot or str(Path(args.plot_only[0]).with_suffix(".png"))

@@ -91,8 +91,8 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     styles = ["-", "--", ":"]
     for i, result in enumerate(results):
         for c, r in result["contenders"].items():
-            if not r.get("completed") or not r.get("interruptions"):
-                continue
+            if c == "none" or not r.get("completed") or not r.get("interruptions"):
+                continue  # without a save a failure loses all the work so far: no constant L
             lost, over = r["per_interruption"]["total"], max(0.0, r["overhead"])
             label = f"{r['name']}, schedule {result['schedule']} (L = {lost:.1f} s, overhead {100 * over:.1f}%)"
             ys = [G.modelled_goodput(m, lost, over) for m in mtbfs]
