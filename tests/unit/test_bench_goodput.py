@@ -96,3 +96,24 @@ def test_the_modelled_goodput_approaches_one_minus_the_overhead_at_a_long_mtbf()
     assert G.modelled_goodput(1e9, 10.0, 0.02) == pytest.approx(0.98)
     with pytest.raises(ValueError, match="mtbf_s must be > 0, not 0"):
         G.modelled_goodput(0.0, 1.0, 0.0)
+
+
+def test_the_events_of_a_finished_runs_rerun_resume_at_its_restored_step_and_a_cut_line_is_skipped(tmp_path) -> None:
+    """A launch that restored step 150 and trained no epoch resumed at 150 (not 0); a line cut by a SIGKILL is
+    skipped; batch ends gather into one list."""
+    import bench_goodput
+
+    lines = [
+        '{"ev": "t0", "t": 1.0, "pid": 7}',
+        '{"ev": "built", "t": 5.0}',
+        '{"ev": "restored", "t": 6.0, "optimizer_step": 150}',
+        '{"ev": "done", "t": 7.0, "digests": {"a": "0"}, "state_bytes": 4, "step": 150}',
+        '{"ev": "steps", "t": 8.0, "steps": [[7.5, 1',
+    ]
+    path = tmp_path / "e.jsonl"
+    path.write_text("\n".join(lines))
+    out = bench_goodput.read_events(path)
+    assert (out["t0"], out["built"], out["restored"], out["resumed"], out["done"]) == (1.0, 5.0, 6.0, 150, 7.0)
+    assert out["steps"] == [] and out["digests"] == {"a": "0"}
+    path.write_text("\n".join([*lines[:3], '{"ev": "resumed", "t": 6.1, "epoch": 3, "step": 45}']))
+    assert bench_goodput.read_events(path)["resumed"] == 45
