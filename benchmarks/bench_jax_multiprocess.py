@@ -16,6 +16,13 @@ reports, from process 0:
   ``async_writer`` (True: the writes ran on the background writer), ``snapshot_s`` (the copy taken
   on the training thread), ``writer_wait_s`` (the training thread waiting for the previous write:
   the writer cannot keep up when an epoch is shorter than a write) and ``save_s`` (one commit);
+- ``blocked_per_save_s``: the training thread's time inside the contender's hooks (every ``on_*`` it defines but
+  ``on_train_begin``, and candle_ckpt's ``_before_epoch`` / ``_after_epoch`` that run around every callback's epoch
+  hooks; ``on_train_end``, an async writer's final join, apart), divided by the saves of the run (Orbax: one an
+  epoch; candle_ckpt: its commits, from ``stats()``), the larger of the two processes' (``blocked``: each
+  process's, ``blocked_by_hook_s``: by hook). It is what PyTorch DCP reports as blocking time, and unlike the
+  stall it does not depend on how much the background writer slows the next epoch on a shared machine;
+  ``blocked_vs_orbax`` the ratio;
 - ``bytes_per_ckpt`` and ``bytes_ratio``: the bytes of the newest checkpoint's directory, against the
   state; ``checkpoints``, ``kept`` and ``bytes_on_disk``: the checkpoints the directory holds at the
   end, and all their bytes (candle_ckpt keeps ``best`` on top of ``ckpt_keep_limit`` when it is older
@@ -107,6 +114,45 @@ def _values(model) -> list:
     return out
 
 
+class HookTimer:
+    """Times, on the training thread, every hook a contender defines (``on_*`` that is not Keras's default no-op,
+    and candle_ckpt's ``_before_epoch`` / ``_after_epoch``, which its wrap of the callback list calls around every
+    callback's epoch hooks): what PyTorch DCP reports as blocking time. ``on_train_begin`` is not wrapped (candle_ckpt
+    finds ``fit`` from the frame above that hook), ``on_train_end`` (an async writer's last join) is kept apart.
+    Nested timed calls count once."""
+
+    def __init__(self, callback) -> None:
+        from keras.src.utils.python_utils import is_default
+
+        self.by_hook: dict[str, float] = {}
+        self.depth = 0
+        names = [n for n in dir(type(callback)) if n.startswith("on_") and n != "on_train_begin"]
+        names += [n for n in ("_before_epoch", "_after_epoch") if hasattr(callback, n)]
+        for name in names:
+            method = getattr(callback, name)
+            if callable(method) and not is_default(method):
+                setattr(callback, name, self._timed(name, method))
+
+    def _timed(self, name: str, method):
+        def timed(*args, **kwargs):
+            self.depth += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.by_hook[name] = self.by_hook.get(name, 0.0) + time.perf_counter() - start
+
+        return timed
+
+
+def blocked(by_hook: dict[str, float], saves: int) -> dict:
+    """A process's time in the hooks on the training thread: per save (``on_train_end`` apart), and in all."""
+    during = sum(v for k, v in by_hook.items() if k != "on_train_end")
+    return {"per_save_s": during / max(1, saves), "train_end_s": by_hook.get("on_train_end", 0.0)}
+
+
 def _model(mib: int):
     """A model whose weights are a third of ``mib`` MiB (Adam adds two slots of the same size)."""
     import keras
@@ -169,17 +215,22 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
 
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_keep_limit": 2}
     callbacks: list = [Clock()]
-    ours = None
+    ours = timer = None
     if contender.startswith("candle"):
         params["ckpt_async"] = contender == "candle_async"
         ours = candle_ckpt.CandleCheckpointCallback(params, verbose=False)
         callbacks.append(ours)
     elif contender == "orbax":
         callbacks.append(keras.callbacks.OrbaxCheckpoint(directory, save_freq="epoch", max_to_keep=2))
+    if len(callbacks) > 1:
+        timer = HookTimer(callbacks[1])
     model.fit(x, x, batch_size=BATCH, epochs=epochs, validation_data=(x, x), verbose=0, callbacks=callbacks)
     end = time.perf_counter()
     state = sum(int(np.prod(v.shape)) * 4 for v in list(model.weights) + list(model.optimizer.variables))
     result: dict = {"state_bytes": state, "restart_s": None, "restored_equal": None}
+    if timer is not None:
+        result["blocked_by_hook_s"] = dict(sorted(timer.by_hook.items()))
+        result["saves"] = epochs  # OrbaxCheckpoint(save_freq="epoch"): one a epoch; candle_ckpt's count is below
     if ours is not None:
         stats = ours.stats()
         saves = stats["saves"]  # the primary's commits (the other process writes its part, the primary commits)
@@ -187,6 +238,7 @@ def child(rank: int, port: int, contender: str, directory: str, mib: int, epochs
         result["writer_wait_s"] = sum(stats["writer_wait_s"]) / max(1, len(stats["writer_wait_s"]))
         result["snapshot_s"] = sum(r["snapshot_s"] for r in saves) / max(1, len(saves))
         result["save_s"] = sum(r["save_s"] for r in saves) / max(1, len(saves))
+        result["saves"] = len(saves)  # the primary's commits (epoch and step checkpoints)
     if contender != "none":
         trained = _values(model)
         times_s, differ = [], set()
@@ -251,6 +303,10 @@ def run(contender: str, mib: int, epochs: int, timeout_s: float) -> dict:
             with open(f"{out}.{rank}") as f:
                 ranks.append(json.load(f))
         result = ranks[0]
+        if "blocked_by_hook_s" in result:  # both processes' blocked time, per save of the run (process 0's count)
+            result["blocked"] = [blocked(r["blocked_by_hook_s"], result["saves"]) for r in ranks]
+            result["blocked_by_hook_s"] = [r["blocked_by_hook_s"] for r in ranks]
+            result["blocked_per_save_s"] = max(b["per_save_s"] for b in result["blocked"])
         if result["restored_equal"] is not None:
             result["restored_equal"] = all(r["restored_equal"] for r in ranks)
             result["restored_differ"] = sorted({name for r in ranks for name in r["restored_differ"]})
@@ -278,6 +334,7 @@ def bench(mib: int, epochs: int, timeout_s: float) -> dict:
     for name in ("candle_sync", "candle_async"):
         r = results[name]
         r["stall_vs_orbax"] = r["stall_s"] / orbax["stall_s"] if orbax["stall_s"] > 0 else None
+        r["blocked_vs_orbax"] = r["blocked_per_save_s"] / orbax["blocked_per_save_s"]
         both = isinstance(r["restart_s"], float) and isinstance(orbax["restart_s"], float) and orbax["restart_s"] > 0
         r["restart_vs_orbax"] = r["restart_s"] / orbax["restart_s"] if both else None
         if both:
@@ -298,6 +355,9 @@ def summary(report: dict) -> str:
         line = f"  {name:13s} stall {r['stall_s']:.3f} s"
         if "stall_vs_orbax" in r:
             line += f" ({r['stall_vs_orbax']:.2f}x Orbax's)" if r["stall_vs_orbax"] is not None else ""
+        line += f", blocked in the hooks {r['blocked_per_save_s']:.3f} s a save"
+        if "blocked_vs_orbax" in r:
+            line += f" ({r['blocked_vs_orbax']:.2f}x Orbax's)"
         line += f", bytes {r['bytes_ratio']:.4f}x the state, restart {restart}"
         line += f" (restored bit for bit: {r['restored_equal']})"
         if "async_writer" in r:
