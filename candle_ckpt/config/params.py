@@ -61,6 +61,8 @@ class CkptConfig:
         drain_timeout: Seconds a preemption save's drain may take before the process exits.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
+        compile_cache: ``"auto"``, ``"off"`` or a directory: JAX's persistent compilation cache
+            (see :mod:`candle_ckpt.keras.compile_cache`).
         save_steps: Also save every N steps of an epoch; 0: never.
         preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
         preempt_exit_code: After a preemption save: ``"signal"`` (exit with 128 + its number),
@@ -96,6 +98,7 @@ class CkptConfig:
     drain_timeout: float = 25.0
     best_metric_last: float | None = None
     layout: str = "nested"
+    compile_cache: str = "auto"
     save_steps: int = 0
     preempt_signals: tuple[str, ...] = ("SIGTERM",)
     preempt_exit_code: int | str = "signal"

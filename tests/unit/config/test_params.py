@@ -45,6 +45,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "drain_timeout": 25.0,
     "best_metric_last": None,
     "layout": "nested",
+    "compile_cache": "auto",
     "save_steps": 0,
     "preempt_signals": ("SIGTERM",),
     "preempt_exit_code": "signal",
@@ -80,6 +81,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_drain_timeout": "drain_timeout",
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
+    "ckpt_compile_cache": "compile_cache",
     "ckpt_save_steps": "save_steps",
     "ckpt_preempt_signals": "preempt_signals",
     "ckpt_preempt_exit_code": "preempt_exit_code",
@@ -228,6 +230,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_drain_timeout",
         "ckpt_best_metric_last",
         "ckpt_layout",
+        "ckpt_compile_cache",
         "ckpt_save_steps",
         "ckpt_preempt_signals",
         "ckpt_preempt_exit_code",
@@ -512,6 +515,8 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_best_metric_last", [0.1], TypeError),
     ("ckpt_layout", "ckpts", ValueError),
     ("ckpt_layout", 1, TypeError),
+    ("ckpt_compile_cache", 3, TypeError),
+    ("ckpt_compile_cache", "a\x00b", ValueError),
     # preemption
     ("ckpt_preempt_exit_code", 256, ValueError),
     ("ckpt_preempt_signals", "SIGFOO", ValueError),
@@ -548,6 +553,25 @@ def test_invalid_values_raise_naming_key(key: str, value: object, error: type[Ex
 def test_every_key_has_an_invalid_case() -> None:
     """The invalid-value table covers every key in CKPT_KEYS."""
     assert {key for key, _, _ in INVALID_CASES} == set(CKPT_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "auto"),
+        ("AUTO", "auto"),
+        ("on", "auto"),
+        (True, "auto"),
+        ("off", "off"),
+        ("False", "off"),
+        ("none", "auto"),  # as for every key: none means the default
+        (False, "off"),
+        (" /scratch/jax-cache ", "/scratch/jax-cache"),
+    ],
+)
+def test_compile_cache_reads_auto_off_or_a_directory(value: object, expected: str) -> None:
+    """ckpt_compile_cache is auto (also a true word or none), off (also a false word) or a directory."""
+    assert CkptConfig.from_params({"ckpt_compile_cache": value}).compile_cache == expected
 
 
 def test_bool_for_int_rejected() -> None:
