@@ -5,9 +5,9 @@ Usage::
     KERAS_BACKEND=jax python compile_cache_job.py DIR EPOCHS [ckpt_KEY=VALUE ...] [--own-cache PATH]
 
 Trains a small Dense model with Adam to EPOCHS (resuming from DIR), then prints one line ``RESULT {json}``:
-JAX's cache directory, the modules JAX found in its persistent cache (its own log line for each hit) and the
-count of its ``cache_hits`` events. ``--own-cache PATH`` sets ``jax_compilation_cache_dir`` before anything
-of ours runs, as a job with its own cache would.
+JAX's cache directory, the modules JAX found in its persistent cache (its own log line for each hit), the
+count of its ``cache_hits`` events, and whether TensorFlow was imported. ``--own-cache PATH`` sets
+``jax_compilation_cache_dir`` before anything of ours runs, as a job with its own cache would.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def main(argv: list[str]) -> None:
         "min_compile_secs": jax.config.jax_persistent_cache_min_compile_time_secs,
         "hits": HITS,
         "hit_events": EVENTS.get("/jax/compilation_cache/cache_hits", 0),
+        "tensorflow_loaded": "tensorflow" in sys.modules,
     }
     print("RESULT " + json.dumps(result), flush=True)
 
