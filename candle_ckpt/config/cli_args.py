@@ -63,6 +63,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "text": str,
     "url": str,
     "location": str,
+    "cache": str,
     "json": str,
     "signals": str,
     "exit": str,

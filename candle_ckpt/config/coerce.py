@@ -17,7 +17,7 @@ from typing import Any
 
 from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_auto_word, is_none_like, plain_text
-from candle_ckpt.config.schema import BOOL_ALLOWED, Spec
+from candle_ckpt.config.schema import BOOL_ALLOWED, FALSE_STRINGS, TRUE_STRINGS, Spec
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
 
@@ -205,6 +205,19 @@ def _to_location(spec: Spec, key: str, value: object) -> str:
     return str.strip(_to_path(spec, key, value))
 
 
+def _to_cache(spec: Spec, key: str, value: object) -> str:
+    """Coerce ``ckpt_compile_cache``: ``auto`` (also a true word), ``off`` (also a false word), or a path."""
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    if isinstance(value, str):
+        word = str.lower(str.strip(plain_text(value)))
+        if word == "auto" or word in TRUE_STRINGS:
+            return "auto"
+        if word in FALSE_STRINGS:
+            return "off"
+    return str.strip(_to_path(spec, key, value))
+
+
 def _to_json(spec: Spec, key: str, value: object) -> str:
     """Coerce a JSON object given as a string or a mapping to canonical JSON text.
 
@@ -260,6 +273,7 @@ _COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "text": _to_text,
     "url": _to_url,
     "location": _to_location,
+    "cache": _to_cache,
     "json": _to_json,
     "steps": _auto_or(_to_int),
     "mtbf": _auto_or(_to_float),

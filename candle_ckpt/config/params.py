@@ -61,6 +61,8 @@ class CkptConfig:
         drain_timeout: Seconds a preemption save's drain may take before the process exits.
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
+        compile_cache: ``"auto"``, ``"off"`` or a directory: JAX's persistent compilation cache
+            (see :mod:`candle_ckpt.keras.compile_cache`).
         save_steps: Also save every N steps of an epoch; 0: never; ``"auto"``: chosen as the run goes
             (:mod:`candle_ckpt.engine.interval`).
         mtbf: Mean seconds between failures for ``save_steps="auto"``, or ``"auto"`` (learned).
@@ -98,6 +100,7 @@ class CkptConfig:
     drain_timeout: float = 25.0
     best_metric_last: float | None = None
     layout: str = "nested"
+    compile_cache: str = "auto"
     save_steps: int | str = "auto"
     mtbf: float | str = "auto"
     preempt_signals: tuple[str, ...] = ("SIGTERM",)

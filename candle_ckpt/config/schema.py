@@ -336,6 +336,18 @@ SPECS: tuple[Spec, ...] = (
         choices=("nested", "flat"),
     ),
     Spec(
+        key="ckpt_compile_cache",
+        field="compile_cache",
+        kind="cache",
+        default="auto",
+        help=(
+            "JAX's persistent compilation cache, so that a restart loads the compiled steps instead of compiling "
+            "them again (docs/performance.rst). auto: on the JAX backend, in <ckpts>/compile-cache beside the "
+            "checkpoints, unless the job set its own jax_compilation_cache_dir; off; or a directory."
+        ),
+        allowed="auto, off, or a directory",
+    ),
+    Spec(
         key="ckpt_save_steps",
         field="save_steps",
         kind="steps",

@@ -8,6 +8,7 @@
             lock                  held (flock) by the one writer
             work/                 the checkpoint being written
             restarts.jsonl        the restart history (core/history.py)
+            compile-cache/        JAX's persistent compilation cache (ckpt_compile_cache; not a checkpoint)
             epochs/NNN/           committed checkpoints (NNN = completed epochs)
             steps/GGG/            the newest mid-epoch (step) checkpoint (GGG = its commit generation)
             best -> epochs/NNN    relative symlink (or a pointer file)
@@ -186,6 +187,14 @@ class Layout:
     def history(self) -> str:
         """The restart history (:mod:`candle_ckpt.core.history`): ``<ckpts>/restarts.jsonl``."""
         return os.path.join(self.ckpts, "restarts.jsonl")
+
+    @property
+    def compile_cache(self) -> str:
+        """JAX's persistent compilation cache (``ckpt_compile_cache=auto``): ``<ckpts>/compile-cache``.
+
+        Not a checkpoint: nothing lists, verifies, prunes or drains it.
+        """
+        return os.path.join(self.ckpts, "compile-cache")
 
     @property
     def epochs(self) -> str:

@@ -22,6 +22,7 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras import finished, fit_hooks, internals
 from candle_ckpt.keras.adapter import capture_model
+from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state
@@ -84,6 +85,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = keras_group()  # SOLO in one process
         self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
+        use_compile_cache(self.cfg)  # before fit compiles: a restart reads its steps back (JAX only)
         primary = is_primary(self.group)
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))
         internals.warm_skipsets()  # the save plan then creates no Keras variable (a collective under a distribution)

@@ -23,6 +23,7 @@ from typing import Any
 
 import keras
 from keras.src.saving import saving_lib
+from keras.src.utils import module_utils
 
 from candle_ckpt.core.stderr import tf_startup_lines_dropped
 
@@ -113,14 +114,28 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
 
 
 def serialize_model_as_json(model: Any) -> tuple[str, str]:
-    """Return (config.json, metadata.json) of the model's ``.keras`` archive.
+    """Return (config.json, metadata.json) of the model's ``.keras`` archive, without importing TensorFlow.
 
-    Relies on: ``saving_lib._serialize_model_as_json(model)``
+    Keras's serializer asks ``tf.available`` of each value (``isinstance(obj, tf.TensorShape)``), and that
+    imports TensorFlow: seconds, at the first save of every process of a JAX or torch job with TensorFlow
+    installed. No object of TensorFlow's can exist before TensorFlow is imported, so while it is not,
+    "unavailable" is the exact answer: it is given for the call, and Keras asks again afterwards.
+
+    Relies on: ``saving_lib._serialize_model_as_json(model)`` and Keras's lazy TensorFlow module
+    (``keras.src.utils.module_utils.tensorflow._available``: None until asked)
     -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
-    On JAX or torch, Keras loads TensorFlow here when it is installed: its start-up lines are dropped.
+    Where TensorFlow is imported here all the same, its start-up lines are dropped.
     """
-    with tf_startup_lines_dropped():
+    lazy = module_utils.tensorflow
+    if "tensorflow" in sys.modules or getattr(lazy, "_available", False) is not None:
+        with tf_startup_lines_dropped():
+            return saving_lib._serialize_model_as_json(model)
+    lazy._available = False
+    try:
         return saving_lib._serialize_model_as_json(model)
+    finally:
+        if "tensorflow" not in sys.modules:
+            lazy._available = None  # not asked for real: the next question imports it, as before
 
 
 def h5_dataset(store: Any, key: str) -> Any:

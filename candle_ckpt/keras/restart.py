@@ -26,6 +26,7 @@ from candle_ckpt.distributed.worker_state import WorkerTrainingState, multi_work
 from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.engine.run import hold_signals
 from candle_ckpt.keras.adapter import KerasModelAdapter
+from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.sharded import keras_group
 
 
@@ -47,6 +48,7 @@ def restart(
     """
     cfg = CkptConfig.from_params(gParameters)
     hold_signals(cfg)  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
+    use_compile_cache(cfg)  # on JAX, fit's compiles after a restart are read back (keras/compile_cache.py)
     if not cfg.restores():
         return None
     if adapter is None and is_tf_keras(model):

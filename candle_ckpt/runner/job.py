@@ -34,6 +34,7 @@ from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
 from candle_ckpt.engine.run import TrainingRun
+from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.sharded import kept_parts, keras_group
 from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.runner.sharded import reads as group_reads
@@ -112,6 +113,7 @@ class JobRunner:
     ) -> None:
         self.params = dict(gParameters)
         self.cfg = CkptConfig.from_params(gParameters)
+        use_compile_cache(self.cfg)  # on JAX, a restart reads back what the loop compiled
         if not callable(epoch_fn):
             raise TypeError(f"epoch_fn must be callable; got {type(epoch_fn).__name__}")
         if not isinstance(objects, Mapping) or not objects:

@@ -54,11 +54,12 @@ def make_params(tmp_path: str | os.PathLike[str], **overrides: Any) -> dict[str,
 
 
 def checkpoint_files(directory: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under ``directory`` but ckpt.log and the writer's lock file, with its bytes and mtime."""
+    """Every file under ``directory`` but ckpt.log, the writer's lock file and JAX's compilation cache (not a
+    checkpoint: a rerun may add to it), with its bytes and mtime."""
     return {
         str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name not in ("ckpt.log", "lock")
+        if p.is_file() and p.name not in ("ckpt.log", "lock") and "compile-cache" not in p.relative_to(directory).parts
     }
 
 

@@ -22,6 +22,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from keras.src.saving import saving_lib  # noqa: E402
+from keras.src.utils import module_utils  # noqa: E402
 
 from candle_ckpt.core.checksum import CrcFile  # noqa: E402
 from candle_ckpt.keras.archive import weights_member_range, write_keras_archive  # noqa: E402
@@ -311,6 +312,8 @@ def test_saving_lib_still_has_what_we_call():
         assert _parameters(saving_lib.H5IOStore._verify_dataset) == ["self", "dataset"]
     config_json, metadata_json = saving_lib._serialize_model_as_json(_rich_model())
     assert isinstance(config_json, str) and isinstance(metadata_json, str)
+    lazy_tf = module_utils.tensorflow  # serialize_model_as_json answers its `available` while TF is not loaded
+    assert isinstance(lazy_tf, module_utils.LazyModule) and hasattr(lazy_tf, "_available")
 
 
 # -- the one-write model.keras archive (candle_ckpt.keras.archive) ----------------------------------------------

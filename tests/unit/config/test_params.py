@@ -45,6 +45,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "drain_timeout": 25.0,
     "best_metric_last": None,
     "layout": "nested",
+    "compile_cache": "auto",
     "save_steps": "auto",
     "mtbf": "auto",
     "preempt_signals": ("SIGTERM",),
@@ -81,6 +82,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_drain_timeout": "drain_timeout",
     "ckpt_best_metric_last": "best_metric_last",
     "ckpt_layout": "layout",
+    "ckpt_compile_cache": "compile_cache",
     "ckpt_save_steps": "save_steps",
     "ckpt_mtbf": "mtbf",
     "ckpt_preempt_signals": "preempt_signals",
@@ -230,6 +232,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_drain_timeout",
         "ckpt_best_metric_last",
         "ckpt_layout",
+        "ckpt_compile_cache",
         "ckpt_save_steps",
         "ckpt_mtbf",
         "ckpt_preempt_signals",
@@ -521,6 +524,8 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_best_metric_last", [0.1], TypeError),
     ("ckpt_layout", "ckpts", ValueError),
     ("ckpt_layout", 1, TypeError),
+    ("ckpt_compile_cache", 3, TypeError),
+    ("ckpt_compile_cache", "a\x00b", ValueError),
     # preemption
     ("ckpt_preempt_exit_code", 256, ValueError),
     ("ckpt_preempt_signals", "SIGFOO", ValueError),
@@ -557,6 +562,25 @@ def test_invalid_values_raise_naming_key(key: str, value: object, error: type[Ex
 def test_every_key_has_an_invalid_case() -> None:
     """The invalid-value table covers every key in CKPT_KEYS."""
     assert {key for key, _, _ in INVALID_CASES} == set(CKPT_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "auto"),
+        ("AUTO", "auto"),
+        ("on", "auto"),
+        (True, "auto"),
+        ("off", "off"),
+        ("False", "off"),
+        ("none", "auto"),  # as for every key: none means the default
+        (False, "off"),
+        (" /scratch/jax-cache ", "/scratch/jax-cache"),
+    ],
+)
+def test_compile_cache_reads_auto_off_or_a_directory(value: object, expected: str) -> None:
+    """ckpt_compile_cache is auto (also a true word or none), off (also a false word) or a directory."""
+    assert CkptConfig.from_params({"ckpt_compile_cache": value}).compile_cache == expected
 
 
 def test_bool_for_int_rejected() -> None:
