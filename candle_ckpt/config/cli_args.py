@@ -67,6 +67,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "signals": str,
     "exit": str,
     "deadline": str,
+    "timeout": str,
 }
 
 
