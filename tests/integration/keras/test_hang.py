@@ -59,12 +59,12 @@ def _snapshot(ckpts: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _hang(tmp_path: Path, block: str, timeout_s: float) -> tuple[Path, str, float]:
+def _hang(tmp_path: Path, block: str, timeout: float | str) -> tuple[Path, str, float]:
     """Run the job with ``--block block``; return its directory, its ckpt.log and seconds from 'blocking' to exit."""
     directory = tmp_path / "ck"
     proc = subprocess.Popen(
         [sys.executable, str(JOB), str(directory), str(tmp_path / "x.npz"), "--block", block, "--at", "3",
-         "--timeout", f"{timeout_s:g}"],
+         "--timeout", str(timeout)],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -74,7 +74,7 @@ def _hang(tmp_path: Path, block: str, timeout_s: float) -> tuple[Path, str, floa
                 blocked = time.monotonic()
                 break
         assert blocked is not None, proc.stderr.read()[-3000:]
-        code = proc.wait(timeout=timeout_s + wait_s(30))
+        code = proc.wait(timeout=(120.0 if timeout == "auto" else float(timeout)) + wait_s(30))
         took = time.monotonic() - blocked
     finally:
         proc.kill()
@@ -121,3 +121,11 @@ def test_a_save_whose_file_system_stops_answering_is_ended_and_the_rerun_is_exac
     """The file system stops answering in epoch 3's save: exit 124 within the bound, phase save, nothing of epoch 3
     committed; the rerun (file system answering) ends bit-identical."""
     _check(tmp_path, reference, "save", "save")
+
+
+def test_auto_ends_a_hang_at_the_defaults_within_two_minutes(tmp_path):
+    """ckpt_hang_timeout=auto (the default) with 6 short steps per epoch: the blocked input pipeline of epoch 3 is
+    ended with 124 within 2 minutes (the 60 s floor plus the watchdog's wake-up), not before the floor."""
+    directory, log, took = _hang(tmp_path, "input", "auto")
+    assert 60.0 <= took < 120.0, took
+    assert "in phase input" in log and " s, auto)" in log, log[-3000:]
