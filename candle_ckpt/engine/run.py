@@ -14,7 +14,7 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   preemption agreement meet in;
 - **the one preemption controller**, built from that group
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
-  :class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`), asked after
+  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after
   every step and every epoch end;
 - **every signal handler**: from ``restart()`` to ``begin`` the preemption
   signals are held (:func:`hold_signals`); from ``begin`` to the end the
@@ -60,9 +60,10 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
+from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.pending import ParkedOptimizer
 from candle_ckpt.engine.preempt import PreemptExit, catch_early
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
+from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
 from candle_ckpt.engine.watchdog import Watchdog, WatchedGroup
 from candle_ckpt.engine.writer import SigtermExit

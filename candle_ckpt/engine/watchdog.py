@@ -253,6 +253,12 @@ class WatchedGroup:
     def meeting(self, kind: str) -> str:
         return self.group.meeting(kind)
 
+    def notice(self, name: str, value: str) -> bool:
+        return self.group.notice(name, value)
+
+    def heard(self, name: str, timeout_s: float) -> str | None:
+        return self.group.heard(name, timeout_s)
+
     def lane(self, name: str) -> Any:
         return self.group.lane(name)
 
