@@ -136,6 +136,7 @@ class TrainingRun:
             layout.history,
             who=f"{name} of {group.size}" if group.size > 1 else "",
             where=where,
+            saves=self._longest_save,
         )
 
     # -- what the front ends read --------------------------------------------------------------------------
@@ -325,6 +326,10 @@ class TrainingRun:
     def _preempted(self, record: dict[str, Any]) -> None:
         """The preemption save's record, kept for ``stats()["preempt"]``."""
         self.engine.preempt = record
+
+    def _longest_save(self) -> float:
+        """The longest of the engine's last saves (snapshot and write), in seconds: auto's measure of a save."""
+        return max((r["snapshot_s"] + r["save_s"] for r in self.engine.records[-3:]), default=0.0)
 
     def _settle(self) -> None:
         """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit:

@@ -92,6 +92,8 @@ class Watchdog:
         who: How this process is named in the block (``"process 1 of 2"``), or "".
         where: The front end's probe, called once on a hang in ``step``: ``"input"`` when the training
             thread waits in its framework's data pipeline, else None.
+        saves: The longest save the engine measured so far, in seconds (an asynchronous one's write, which the
+            training thread waits for only at the next save or the end), for auto's ``save`` kind.
         exit: What ends the process (``os._exit``; a test passes its own).
     """
 
@@ -103,10 +105,11 @@ class Watchdog:
         *,
         who: str = "",
         where: Callable[[], str | None] | None = None,
+        saves: Callable[[], float] | None = None,
         exit: Callable[[int], Any] = os._exit,
     ) -> None:
         self.timeout, self.log_path, self.history_path = timeout, log_path, history_path
-        self.who, self.where, self._exit = who, where, exit
+        self.who, self.where, self.saves, self._exit = who, where, saves, exit
         self.on = timeout is not None
         self.last = 0.0  # monotonic time of the last progress: the one store per step (beat)
         self.phase = "step"  # where the training thread is: step (or input), save or meeting; see now()
@@ -146,7 +149,11 @@ class Watchdog:
         """The limit of the phase the run is in now."""
         if isinstance(self.timeout, int | float):
             return float(self.timeout)
-        return auto_limit(self.phase, self.first_s, self.longest)
+        longest = dict(self.longest)
+        if self.saves is not None:
+            with contextlib.suppress(Exception):  # read from this thread: a list the training thread appends to
+                longest["save"] = max(longest.get("save", 0.0), float(self.saves()))
+        return auto_limit(self.phase, self.first_s, longest)
 
     def arm(self) -> None:
         """The run begins: start watching (no thread when off)."""
@@ -154,8 +161,10 @@ class Watchdog:
             return
         self._began = self.last = time.monotonic()
         self.phase, self.first_s, self.longest = "step", None, {}
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="candle_ckpt-watchdog", daemon=True)
+        self._stop = threading.Event()  # this run's: a thread of an earlier run still asleep ends at its wake-up
+        self._thread = threading.Thread(
+            target=self._watch, args=(self._stop,), name="candle_ckpt-watchdog", daemon=True
+        )
         self._thread.start()
 
     def disarm(self) -> None:
@@ -163,11 +172,11 @@ class Watchdog:
         self._stop.set()
         self._thread = None
 
-    def _watch(self) -> None:
+    def _watch(self, stop: threading.Event) -> None:
         seen = self.last
         while True:
             limit = self.limit()
-            if self._stop.wait(min(5.0, max(0.2, limit / 10.0))):
+            if stop.wait(min(5.0, max(0.2, limit / 10.0))):
                 return
             last, now = self.last, time.monotonic()
             if last != seen:  # progress since the last wake-up: learn the interval (at most the time between)
@@ -177,7 +186,7 @@ class Watchdog:
                     self.longest["step"] = max(self.longest.get("step", 0.0), last - seen)
                 seen = last
             idle = now - last
-            if idle > self.limit() and not self._stop.is_set():
+            if idle > self.limit() and not stop.is_set():
                 self.fire(idle, self.limit())
                 return
 

@@ -109,11 +109,12 @@ def test_restart_from_a_step_checkpoint_in_process_is_exact(tmp_path):
 
 
 def test_without_preemption_the_batch_hook_is_keras_default(tmp_path):
-    """With signals, deadline and step saves all off, the callback keeps Keras's default batch hook (so fit may
-    dispatch batch hooks asynchronously); with the defaults it has its own."""
+    """With signals, deadline, step saves and the hang watchdog all off, the callback keeps Keras's default batch
+    hook (so fit may dispatch batch hooks asynchronously); with the defaults it has its own."""
     from keras.src.utils.python_utils import is_default
 
     off = {"ckpt_directory": str(tmp_path), "epochs": 1, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"}
+    off["ckpt_hang_timeout"] = "none"
     assert is_default(CandleCheckpointCallback(off, logger=None).on_train_batch_end)
     on = CandleCheckpointCallback({"ckpt_directory": str(tmp_path / "on"), "epochs": 1}, logger=None)
     assert not is_default(on.on_train_batch_end)

@@ -106,3 +106,14 @@ def test_off_means_no_thread(tmp_path):
     before = threading.active_count()
     dog.arm()
     assert threading.active_count() == before and not dog.on
+
+
+def test_the_engine_s_measured_writes_count_as_saves(tmp_path):
+    """An asynchronous write the engine measured (30 s) sets auto's save limit (5 x 30 s), though the training
+    thread's save call itself was short."""
+    dog = Watchdog("auto", saves=lambda: 30.0, exit=lambda code: None)
+    dog.first_s, dog.longest = 2.0, {"step": 0.1, "save": 0.01}
+    with dog.phase_of("save"):
+        pass
+    dog.phase = "save"
+    assert dog.limit() == 150.0
