@@ -70,6 +70,7 @@ _DEF_TYPES: dict[str, Callable[[str], Any]] = {
     "deadline": str,
     "steps": str,
     "mtbf": str,
+    "timeout": str,
 }
 
 

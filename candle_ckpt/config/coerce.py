@@ -17,7 +17,7 @@ from typing import Any
 
 from candle_ckpt.config.deadline import parse_deadline
 from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_auto_word, is_none_like, plain_text
-from candle_ckpt.config.schema import BOOL_ALLOWED, FALSE_STRINGS, TRUE_STRINGS, Spec
+from candle_ckpt.config.schema import BOOL_ALLOWED, FALSE_STRINGS, NONE_STRINGS, TRUE_STRINGS, Spec
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
 
 
@@ -262,6 +262,25 @@ def _auto_or(inner: Callable[[Spec, str, object], Any]) -> Callable[[Spec, str, 
     return coerce_auto
 
 
+def _to_timeout(spec: Spec, key: str, value: object) -> float | str | None:
+    """Coerce ``auto``, ``none`` or a number of seconds > 0 (``ckpt_hang_timeout``)."""
+    if isinstance(value, str):
+        word = str.lower(str.strip(plain_text(value)))
+        if word == "auto":
+            return "auto"
+        if word in NONE_STRINGS:
+            return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TypeError(f"{key} must be {spec.allowed}; got {describe_typed(value)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{key} must be {spec.allowed}; got {describe(value)}") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{key} must be {spec.allowed}; got {describe(value)}")
+    return number
+
+
 _COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "bool": _to_bool,
     "int": _to_int,
@@ -280,6 +299,7 @@ _COERCERS: dict[str, Callable[[Spec, str, object], Any]] = {
     "signals": lambda spec, key, value: parse_signals(value, key),
     "exit": lambda spec, key, value: parse_exit_code(value, key),
     "deadline": lambda spec, key, value: parse_deadline(value, key),
+    "timeout": _to_timeout,
 }
 
 

@@ -420,6 +420,20 @@ SPECS: tuple[Spec, ...] = (
         minimum=0.0,
     ),
     Spec(
+        key="ckpt_hang_timeout",
+        field="hang_timeout",
+        kind="timeout",
+        default="auto",
+        help=(
+            "End a run that makes no progress (no step, save or meeting finished) for this long: every thread's "
+            "stack to ckpt.log, then exit 124 to be requeued. auto: from the measured step, save and start-up "
+            "times (docs/preemption.rst); seconds; or none."
+        ),
+        allowed="auto, none, or seconds > 0",
+        optional=True,
+        none_is_value=True,
+    ),
+    Spec(
         key="ckpt_preempt_check",
         field="preempt_check",
         kind="int",

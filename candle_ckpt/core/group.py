@@ -16,6 +16,10 @@ device collective (so a writer thread may use them):
   what it decided with a :meth:`Group.broadcast` of the same name (what each
   process of a node-local job holds, at a restore).
 
+Besides the meetings, one word any rank may say to all, with no meeting:
+:meth:`Group.notice` (the first rank to say it wins) and :meth:`Group.heard`
+(wait for it): the preemption notice (:mod:`candle_ckpt.engine.notice`).
+
 Each meeting point has a ``name`` unique in the group's life (e.g.
 ``"save/3/parts-written"``; :meth:`Group.meeting` hands out the next one of a
 kind) and a timeout; a rank that does not come in time raises
@@ -78,6 +82,12 @@ class Group(Protocol):
         """Every rank's ``value``, in rank order, on the primary; None on the others (no outcome: the primary
         decides and says its word with :meth:`broadcast` under the same ``name``)."""
 
+    def notice(self, name: str, value: str) -> bool:
+        """Say ``value`` under ``name`` to every rank, once for the group: False if a rank said it first."""
+
+    def heard(self, name: str, timeout_s: float) -> str | None:
+        """What was said under ``name`` (:meth:`notice`), waiting up to ``timeout_s``; None if nothing yet."""
+
     def meeting(self, kind: str) -> str:
         """The next meeting point prefix of ``kind`` in this group (``save/0``, ``save/1``...): same on every rank."""
 
@@ -113,6 +123,12 @@ class _Solo:
 
     def meeting(self, kind: str) -> str:
         return f"{kind}/0"  # nothing is stored: names need not differ
+
+    def notice(self, name: str, value: str) -> bool:
+        return True  # no one else to tell
+
+    def heard(self, name: str, timeout_s: float) -> str | None:
+        return None  # nothing is kept: a group of one hears only itself, at once
 
     def lane(self, name: str) -> Group:
         return self
@@ -303,6 +319,12 @@ class StoreGroup:
 
     def meeting(self, kind: str) -> str:
         return f"{kind}/{_next(self._seq, kind)}"
+
+    def notice(self, name: str, value: str) -> bool:
+        return self.store.set(f"{self.prefix}/{name}", value)
+
+    def heard(self, name: str, timeout_s: float) -> str | None:
+        return self.store.get(f"{self.prefix}/{name}", timeout_s)
 
     def lane(self, name: str) -> StoreGroup:
         return StoreGroup(self.store, self.rank, self.size, f"{self.prefix}/{name}")

@@ -14,7 +14,7 @@ runs its all-reduces).
 The rank is TensorFlow's ``multi_worker_util.id_in_cluster`` (the chief is 0), through the same gateway.
 
 A worker's preemption agreement is the one every group has
-(:class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`, built by
+(:class:`~candle_ckpt.engine.notice.NoticeAgreement`, built by
 :class:`~candle_ckpt.engine.run.TrainingRun` over this group): nothing is said
 on a step unless a worker asked (a watcher thread per worker blocks on one key,
 as in TensorFlow's own ``PreemptionCheckpointHandler``); then the workers agree

@@ -14,7 +14,7 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   preemption agreement meet in;
 - **the one preemption controller**, built from that group
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
-  :class:`~candle_ckpt.engine.preempt_control.NoticeAgreement`), asked after
+  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after
   every step and every epoch end;
 - **every signal handler**: from ``restart()`` to ``begin`` the preemption
   signals are held (:func:`hold_signals`); from ``begin`` to the end the
@@ -23,6 +23,10 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   the exit hook commits the write in flight (:class:`~candle_ckpt.engine.writer.SigtermExit`);
   at the end every handler from before comes back. Nothing else in the package
   installs a handler for a training run (``tests/unit/engine/test_run.py``);
+- **the hang watchdog** (:class:`~candle_ckpt.engine.watchdog.Watchdog`, ``ckpt_hang_timeout``): armed from
+  ``begin`` to the end, told of every step's end, and of the saves and meetings of the training thread (the
+  run's group is a :class:`~candle_ckpt.engine.watchdog.WatchedGroup`); a run with no progress for too long
+  is ended with :data:`~candle_ckpt.engine.watchdog.HANG_EXIT` (124) to be requeued;
 - **the Ctrl-C line** at exit (:class:`~candle_ckpt.engine.interrupt.InterruptNotice`);
 - **resume adoption and the parked state**: what ``restart()`` attached to the
   model (:class:`~candle_ckpt.engine.resume.Resumed`) is adopted by the engine
@@ -39,6 +43,7 @@ or an error in a save ends the run on the spot, before it propagates.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
@@ -46,6 +51,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.capture import Capture
@@ -54,10 +60,12 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
+from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.pending import ParkedOptimizer
 from candle_ckpt.engine.preempt import PreemptExit, catch_early
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
+from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
+from candle_ckpt.engine.watchdog import Watchdog, WatchedGroup
 from candle_ckpt.engine.writer import SigtermExit
 
 Capturer = Callable[[], Capture]
@@ -90,6 +98,8 @@ class TrainingRun:
         dispatch_files: The framework's callback dispatcher files (for the fit guard); empty: no guard,
             the front end calls :meth:`end` from its own ``finally``.
         on_release: The front end's own release (its hooks, stdout), run with the lock's.
+        where: The front end's probe for the watchdog: ``"input"`` while the training thread waits in its
+            framework's input pipeline, else None.
     """
 
     def __init__(
@@ -104,6 +114,7 @@ class TrainingRun:
         step_saves: bool = False,
         dispatch_files: tuple[str, ...] = (),
         on_release: Callable[[], None] | None = None,
+        where: Callable[[], str | None] | None = None,
     ) -> None:
         self.cfg, self.engine, self.log = cfg, engine, log
         self.group, self._scope = group, scope
@@ -118,12 +129,21 @@ class TrainingRun:
         self._interrupt = InterruptNotice(log, engine.store, self._settle)
         self._on_release = on_release
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
+        layout = Layout.of(cfg)
+        self.watchdog = Watchdog(
+            None if checkpointing_off(cfg) else cfg.hang_timeout,
+            layout.log,
+            layout.history,
+            who=f"{name} of {group.size}" if group.size > 1 else "",
+            where=where,
+            saves=self._longest_save,
+        )
 
     # -- what the front ends read --------------------------------------------------------------------------
     @property
     def enabled(self) -> bool:
-        """Whether anything happens per step (preemption watched, or periodic step checkpoints)."""
-        return self.controller.enabled
+        """Whether anything happens per step (preemption or hangs watched, or periodic step checkpoints)."""
+        return self.controller.enabled or self.watchdog.on
 
     @property
     def stopped(self) -> bool:
@@ -172,6 +192,8 @@ class TrainingRun:
         self.engine.open()
         if self.group.size > 1:
             self.fit_group = scoped(self.group, self._scope) if self._scope else self.group
+            if self.watchdog.on:  # the training thread's meetings are the watchdog's phase "meeting"
+                self.fit_group = WatchedGroup(self.fit_group, self.watchdog)
             if self._meets:
                 self.engine.group = self.fit_group
         agreement = None
@@ -183,6 +205,7 @@ class TrainingRun:
         if not self.controller.watcher.catches("SIGTERM"):
             self.sigterm.arm(self.engine.writer)
         self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
+        self.watchdog.arm()  # last: from here on, a run with no progress for too long is ended (exit 124)
 
     def step_end(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False
@@ -196,8 +219,11 @@ class TrainingRun:
             PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
         """
 
+        self.watchdog.last = time.monotonic()  # progress: the watchdog's one cost per step
+
         def save(reason: str) -> Sidecar | None:
-            return self.engine.save_step(epoch, step, logs, capture, reason)
+            with self.watchdog.phase_of("save"):
+                return self.engine.save_step(epoch, step, logs, capture, reason)
 
         with self._ended_by_errors():
             return self.controller.step_end(epoch, step, save, last=last)
@@ -214,10 +240,12 @@ class TrainingRun:
         if self.controller.stopped:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
         with self._ended_by_errors():
-            saved = self.engine.save(done, logs, capture)
+            with self.watchdog.phase_of("save"):
+                saved = self.engine.save(done, logs, capture)
 
             def force(reason: str) -> bool:
-                return self.engine.save(done, logs, capture, reason=reason)
+                with self.watchdog.phase_of("save"):
+                    return self.engine.save(done, logs, capture, reason=reason)
 
             return self.controller.epoch_end(done, saved, force, last_epoch=last_epoch)
 
@@ -232,10 +260,12 @@ class TrainingRun:
         ended = False
         try:
             if ok:
-                self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
+                with self.watchdog.phase_of("save"):
+                    self.engine.finish()  # joins the writer; raises its error with ckpt_on_error=raise
             else:
                 try:
-                    self.engine.finish()
+                    with self.watchdog.phase_of("save"):
+                        self.engine.finish()
                 except Exception as err:
                     self.log.warning(f"while stopping after an error: {err}")
             # Every rank ended alike (or all were preempted at one step): they meet once more.
@@ -282,6 +312,7 @@ class TrainingRun:
         must unwind, so that a SIGTERM's exit hook can commit that write)."""
         self.sigterm.disarm()
         self.controller.close(ended=False)
+        self.watchdog.disarm()
         if not self.engine.writer.in_flight():
             self.close()
 
@@ -296,6 +327,10 @@ class TrainingRun:
         """The preemption save's record, kept for ``stats()["preempt"]``."""
         self.engine.preempt = record
 
+    def _longest_save(self) -> float:
+        """The longest of the engine's last saves (snapshot and write), in seconds: auto's measure of a save."""
+        return max((r["snapshot_s"] + r["save_s"] for r in self.engine.records[-3:]), default=0.0)
+
     def _settle(self) -> None:
         """Before the Ctrl-C line: the write in flight ends as the writer's own exit hook ends it (its 'exit:
         waiting up to' line, the bounded join, its error handled), so that the line names what is committed."""
@@ -307,7 +342,8 @@ class TrainingRun:
 
     def _release(self) -> None:
         """Let go of what the run held: the signals (from any thread: the main thread puts them back), the front
-        end's hooks, and the writer lock (after the last write)."""
+        end's hooks, and the writer lock (after the last write); the watchdog stops watching."""
+        self.watchdog.disarm()
         self.controller.watcher.release()
         if self._on_release is not None:
             self._on_release()

@@ -102,6 +102,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             step_saves=True,
             dispatch_files=internals.CALLBACK_DISPATCH_FILES,
             on_release=self._untrack,
+            where=internals.waiting_for_input,
         )
         self._state: ModelState | None = None
         self._spare = SpareChunks()  # an async multi-process save's buffers, reused once written
@@ -119,6 +120,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             # Nothing to do per batch: Keras's default hook lets fit dispatch batch hooks asynchronously and
             # skip converting each step's logs (a callback with its own batch hook turns both off).
             self.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(self)
+            self.on_test_batch_end = keras.callbacks.Callback.on_test_batch_end.__get__(self)
 
     def set_model(self, model) -> None:
         if is_tf_keras(model):
@@ -198,6 +200,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         last = isinstance(steps, int) and step >= steps
         if self.run.step_end(self._epoch, step, logs or {}, lambda: self._capture(step), last=last):
             self.model.stop_training = True
+
+    def on_test_batch_end(self, batch: int, logs=None) -> None:
+        self.run.watchdog.beat()  # a validation batch is progress too (fit's evaluation between epochs)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._hooked:  # saved by _after_epoch, once every callback's on_epoch_end has run

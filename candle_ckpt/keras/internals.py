@@ -15,7 +15,9 @@ both. docs/api.rst lists the same dependencies.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -308,6 +310,23 @@ def find_callback_list(callback: Any) -> Any:
         members = getattr(owner, "callbacks", None)
         if isinstance(members, list) and any(c is callback for c in members) and hasattr(owner, "on_epoch_end"):
             return owner
+    return None
+
+
+_INPUT_FILES = (f"{os.sep}trainers{os.sep}data_adapters{os.sep}", f"{os.sep}trainers{os.sep}epoch_iterator.py")
+
+
+def waiting_for_input() -> str | None:
+    """``"input"`` while the main thread waits in Keras's input pipeline (the watchdog's probe on a hang), else None.
+
+    Relies on: the data adapters and the epoch iterator living under ``keras/src/trainers/``
+    -- tripwire ``test_hang.py::test_an_input_pipeline_that_blocks_is_ended_and_the_rerun_is_exact``.
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _INPUT_FILES):
+            return "input"
+        frame = frame.f_back
     return None
 
 

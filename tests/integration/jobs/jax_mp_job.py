@@ -6,6 +6,7 @@ Usage::
 
     python jax_mp_job.py DIST DIR EPOCHS OUT.npz PORT RANK NPROC [--async | --sync] [--pause-at=E:B[:S]]
         [--second-model] [--pause-epoch-end=E] [--heartbeat=S] [--rows=R] [--mesh=B,M] [--keys-out=PATH]
+        [--hang-timeout=S]
 
 DIST: ``dp`` (DataParallel over every device), ``mp`` (ModelParallel, a 1 x D mesh whose
 ``model`` axis shards the first Dense kernel over every process), ``none`` (no distribution:
@@ -191,6 +192,8 @@ def main() -> None:
         "ckpt_save_interval": 1,
         "ckpt_keep_limit": 3,
     }
+    if flag(flags, "hang-timeout"):  # ckpt_hang_timeout (the default: auto)
+        params["ckpt_hang_timeout"] = flag(flags, "hang-timeout")
     if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous in a multi-process job)
         params["ckpt_async"] = "--async" in flags
     if flag(flags, "mtbf"):

@@ -109,12 +109,13 @@ def test_restart_from_a_step_checkpoint_in_process_is_exact(tmp_path):
 
 
 def test_without_preemption_the_batch_hook_is_keras_default(tmp_path):
-    """With signals, deadline and step saves all off, the callback keeps Keras's default batch hook (so fit may
-    dispatch batch hooks asynchronously); with the defaults it has its own."""
+    """With signals, deadline, step saves and the hang watchdog all off, the callback keeps Keras's default batch
+    hook (so fit may dispatch batch hooks asynchronously); with the defaults it has its own."""
     from keras.src.utils.python_utils import is_default
 
     off = {"ckpt_directory": str(tmp_path), "epochs": 1, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"}
     off["ckpt_save_steps"] = 0  # auto (the default) needs the hook too
+    off["ckpt_hang_timeout"] = "none"  # the watchdog (the default) too
     auto = CandleCheckpointCallback({**off, "ckpt_save_steps": "auto", "ckpt_directory": str(tmp_path / "a")}, None)
     assert not is_default(auto.on_train_batch_end)
     assert is_default(CandleCheckpointCallback(off, logger=None).on_train_batch_end)

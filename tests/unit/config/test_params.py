@@ -52,6 +52,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "preempt_exit_code": "signal",
     "deadline": "auto",
     "deadline_margin": 60.0,
+    "hang_timeout": "auto",
     "preempt_check": 1,
     "epochs": None,
 }
@@ -89,6 +90,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "ckpt_preempt_exit_code": "preempt_exit_code",
     "ckpt_deadline": "deadline",
     "ckpt_deadline_margin": "deadline_margin",
+    "ckpt_hang_timeout": "hang_timeout",
     "ckpt_preempt_check": "preempt_check",
     "epochs": "epochs",
 }
@@ -239,6 +241,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_preempt_exit_code",
         "ckpt_deadline",
         "ckpt_deadline_margin",
+        "ckpt_hang_timeout",
         "ckpt_preempt_check",
     }
     assert isinstance(CKPT_KEYS, tuple)
@@ -542,6 +545,10 @@ INVALID_CASES: list[tuple[str, object, type[Exception]]] = [
     ("ckpt_deadline_margin", "soon", ValueError),
     ("ckpt_deadline_margin", math.nan, ValueError),
     ("ckpt_deadline_margin", True, TypeError),
+    ("ckpt_hang_timeout", 0, ValueError),
+    ("ckpt_hang_timeout", "soon", ValueError),
+    ("ckpt_hang_timeout", math.inf, ValueError),
+    ("ckpt_hang_timeout", True, TypeError),
     ("ckpt_preempt_check", 0, ValueError),
     ("ckpt_preempt_check", "often", ValueError),
     ("ckpt_preempt_check", 1.5, ValueError),

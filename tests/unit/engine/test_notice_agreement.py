@@ -24,7 +24,8 @@ from candle_ckpt.core.errors import GroupTimeout
 from candle_ckpt.core.group import ROOT, ThreadGroup, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController
+from candle_ckpt.engine.notice import NoticeAgreement
+from candle_ckpt.engine.preempt_control import PreemptionController
 
 
 class Store:

@@ -10,7 +10,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.group import SOLO
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.preempt_control import NoticeAgreement, PreemptionController, exit_status
+from candle_ckpt.engine.notice import NoticeAgreement
+from candle_ckpt.engine.preempt_control import PreemptionController, exit_status
 
 
 class ScriptedAgreement:

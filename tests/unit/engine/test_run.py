@@ -20,8 +20,8 @@ from candle_ckpt.core.group import ROOT, SOLO, ThreadGroup
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.preempt import PreemptExit, end_early_catch
-from candle_ckpt.engine.preempt_control import NoticeAgreement
 from candle_ckpt.engine.run import TrainingRun, hold_signals
 from candle_ckpt.storage.store import FileSpec
 
@@ -177,7 +177,15 @@ def test_each_run_of_a_group_meets_in_its_own_scope_and_leaves_no_key(tmp_path: 
 
 
 # The classes that install a handler, take the lock's release or watch a fit, and who may make them.
-OWNED = {"SigtermExit", "FitGuard", "InterruptNotice", "PreemptionController", "PreemptionWatcher", "catch_early"}
+OWNED = {
+    "SigtermExit",
+    "FitGuard",
+    "InterruptNotice",
+    "PreemptionController",
+    "PreemptionWatcher",
+    "catch_early",
+    "Watchdog",
+}
 ALLOWED = {
     "candle_ckpt/engine/run.py",  # the owner
     "candle_ckpt/engine/preempt_control.py",  # the controller makes its watcher

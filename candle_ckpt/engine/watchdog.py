@@ -1,0 +1,303 @@
+"""The hang watchdog: a run that makes no progress for too long is ended, so that the scheduler requeues it.
+
+*Progress* is a step that ended (a training or a validation batch), a save that finished, or a meeting of the
+processes that finished. :class:`Watchdog` is armed by :class:`~candle_ckpt.engine.run.TrainingRun` for the
+length of one run; its daemon thread wakes every few seconds (a bounded wait on a monotonic clock) and
+compares the time since the last progress with the limit of the *phase* the run is in:
+
+- ``start``: before the first step ended (start-up, the first batch, the compile);
+- ``input``: the training thread waits for its next batch (the input pipeline);
+- ``step``: inside a step, a validation pass or a callback between steps;
+- ``save``: inside a checkpoint save or the wait for one;
+- ``meeting``: inside a meeting of the processes of a multi-process job.
+
+The training thread's cost per step is one timestamp stored. ``input`` and ``step`` are told apart only once a
+hang is seen, from where the training thread stands (the front end's ``where`` probe: its framework's data
+pipeline or not).
+
+``ckpt_hang_timeout`` sets the limit: seconds, none (no watchdog), or ``auto`` (:func:`auto_limit`): before
+the first step ends :data:`START_S`; after it, the largest of :data:`FLOOR_S`, twice the first step (start-up
+and compile: a later compile, the validation's, takes no longer) and :data:`SAFETY` times the longest interval
+seen so far for the phase's kind (steps, saves or meetings; a kind not seen yet takes the longest interval of
+any kind). With steps under 12 s and a first step under a minute, a hang is ended within 2 minutes.
+
+On a hang (:meth:`Watchdog.fire`): one block in ``ckpt.log`` naming the phase, the time without progress and
+the limit, followed by every thread's stack (:func:`faulthandler.dump_traceback`); the same on stderr; a
+``failure`` record (``error="hang"``, ``phase``) in the restart history; then the process exits with
+:data:`HANG_EXIT` (124, the status of ``timeout(1)``), which the documented Slurm script requeues. Nothing is
+saved: the committed checkpoints stay as they are, and the rerun resumes from the newest. Those writes run on a
+thread of their own, waited for at most :data:`REPORT_S`: a file system that stopped answering cannot keep
+the process from exiting.
+
+In a multi-process JAX job each process runs its own watchdog: the stuck one, and the ones waiting for it in
+a step's collective or a meeting. A peer that *died* is the JAX coordination service's to notice (its
+heartbeat, ``heartbeat_timeout_seconds``, 100 s by default): it ends the others with its own fatal error, and
+the watchdog does not stand in its way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from candle_ckpt.core import history
+
+#: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
+HANG_EXIT = 124
+START_S = 600.0  # auto: the limit before the first step ended (start-up, restore, compile)
+FLOOR_S = 60.0  # auto: never less, once a step ended
+SAFETY = 5.0  # auto: times the longest interval seen (NVIDIA's resiliency extension uses 5)
+REPORT_S = 10.0  # the most the hang's report (log, stderr, history) may take before the process exits
+PHASES = ("start", "input", "step", "save", "meeting")
+_KIND = {"input": "step", "step": "step", "save": "save", "meeting": "meeting"}
+_SAID = {
+    "start": "before the first step ended",
+    "input": "waiting for the next batch of the input pipeline",
+    "step": "inside a training step",
+    "save": "inside a checkpoint save",
+    "meeting": "waiting for the other processes at a meeting",
+}
+
+
+def auto_limit(phase: str, first_s: float | None, longest: Mapping[str, float]) -> float:
+    """``ckpt_hang_timeout=auto``'s limit in ``phase`` (see the module docstring).
+
+    Args:
+        phase: One of :data:`PHASES`.
+        first_s: Seconds from the run's start to its first step's end; None before it.
+        longest: The longest interval seen so far per kind (``"step"``, ``"save"``, ``"meeting"``).
+    """
+    if first_s is None:
+        return START_S
+    seen = longest.get(_KIND.get(phase, "step"))
+    if seen is None:
+        seen = max([first_s, *longest.values()])
+    return max(FLOOR_S, 2.0 * first_s, SAFETY * seen)
+
+
+class Watchdog:
+    """Ends a run that makes no progress for longer than its limit (see the module docstring).
+
+    Args:
+        timeout: ``ckpt_hang_timeout``: ``"auto"``, seconds, or None (off: nothing is watched).
+        log_path: ``ckpt.log``'s path (the hang's block is appended there), or None.
+        history_path: The restart history's path (a ``failure`` record), or None.
+        who: How this process is named in the block (``"process 1 of 2"``), or "".
+        where: The front end's probe, called once on a hang in ``step``: ``"input"`` when the training
+            thread waits in its framework's data pipeline, else None.
+        saves: The longest save the engine measured so far, in seconds (an asynchronous one's write, which the
+            training thread waits for only at the next save or the end), for auto's ``save`` kind.
+        exit: What ends the process (``os._exit``; a test passes its own).
+    """
+
+    def __init__(
+        self,
+        timeout: float | str | None,
+        log_path: str | None = None,
+        history_path: str | None = None,
+        *,
+        who: str = "",
+        where: Callable[[], str | None] | None = None,
+        saves: Callable[[], float] | None = None,
+        exit: Callable[[int], Any] = os._exit,
+    ) -> None:
+        self.timeout, self.log_path, self.history_path = timeout, log_path, history_path
+        self.who, self.where, self.saves, self._exit = who, where, saves, exit
+        self.on = timeout is not None
+        self.last = 0.0  # monotonic time of the last progress: the one store per step (beat)
+        self.phase = "step"  # where the training thread is: step (or input), save or meeting; see now()
+        self.first_s: float | None = None
+        self.longest: dict[str, float] = {}
+        self._began = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the training thread's side ------------------------------------------------------------------------
+    def beat(self) -> None:
+        """A step ended (the training thread's only per-step cost)."""
+        self.last = time.monotonic()
+
+    @contextlib.contextmanager
+    def phase_of(self, phase: str) -> Iterator[None]:
+        """Mark the training thread as in ``phase`` (``"save"``, ``"meeting"``) while inside; its end is progress."""
+        if not self.on or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before, self.phase = self.phase, phase
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            now = time.monotonic()
+            kind = _KIND[phase]
+            self.longest[kind] = max(self.longest.get(kind, 0.0), now - began)
+            self.phase, self.last = before, now
+
+    # -- the watchdog's side -------------------------------------------------------------------------------
+    def now(self) -> str:
+        """The phase the run is in now (``start`` until the first step ended)."""
+        return "start" if self.first_s is None and self.phase == "step" else self.phase
+
+    def limit(self) -> float:
+        """The limit of the phase the run is in now."""
+        if isinstance(self.timeout, int | float):
+            return float(self.timeout)
+        longest = dict(self.longest)
+        if self.saves is not None:
+            with contextlib.suppress(Exception):  # read from this thread: a list the training thread appends to
+                longest["save"] = max(longest.get("save", 0.0), float(self.saves()))
+        return auto_limit(self.phase, self.first_s, longest)
+
+    def arm(self) -> None:
+        """The run begins: start watching (no thread when off)."""
+        if not self.on or self._thread is not None:
+            return
+        self._began = self.last = time.monotonic()
+        self.phase, self.first_s, self.longest = "step", None, {}
+        self._stop = threading.Event()  # this run's: a thread of an earlier run still asleep ends at its wake-up
+        self._thread = threading.Thread(
+            target=self._watch, args=(self._stop,), name="candle_ckpt-watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def disarm(self) -> None:
+        """The run ended: stop watching (the thread ends at its next wake-up)."""
+        self._stop.set()
+        self._thread = None
+
+    def _watch(self, stop: threading.Event) -> None:
+        seen = self.last
+        while True:
+            limit = self.limit()
+            if stop.wait(min(5.0, max(0.2, limit / 10.0))):
+                return
+            last, now = self.last, time.monotonic()
+            if last != seen:  # progress since the last wake-up: learn the interval (at most the time between)
+                if self.first_s is None:
+                    self.first_s = last - self._began
+                elif self.phase in ("step", "input"):
+                    self.longest["step"] = max(self.longest.get("step", 0.0), last - seen)
+                seen = last
+            idle = now - last
+            if idle > self.limit() and not stop.is_set():
+                self.fire(idle, self.limit())
+                return
+
+    def fire(self, idle: float, limit: float) -> None:
+        """Report the hang (bounded by :data:`REPORT_S`), then end the process with :data:`HANG_EXIT`."""
+        phase = self.now()
+        if phase == "step" and self.where is not None:
+            with contextlib.suppress(Exception):
+                phase = self.where() or phase
+        how = "auto" if self.timeout == "auto" else "ckpt_hang_timeout"
+        line = (
+            f"hang: {self.who + ' ' if self.who else ''}made no progress for {idle:.0f} s (limit {limit:.0f} s, "
+            f"{how}) in phase {phase} ({_SAID.get(phase, phase)}); every thread's stack follows; the committed "
+            f"checkpoints are left as they are; exiting with status {HANG_EXIT} to be requeued"
+        )
+        reporter = threading.Thread(target=self._report, args=(line, phase), name="candle_ckpt-hang", daemon=True)
+        reporter.start()
+        reporter.join(REPORT_S)
+        self._exit(HANG_EXIT)
+
+    def _report(self, line: str, phase: str) -> None:
+        """The hang's block to ckpt.log and stderr (one write each), then its record in the restart history."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        block = f"{stamp} ERROR {line}\n{stacks()}".encode("utf-8", "replace")
+        with contextlib.suppress(OSError):
+            os.write(sys.stderr.fileno(), block)
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                _append(self.log_path, block)
+        if self.history_path is not None:
+            with contextlib.suppress(Exception):
+                restart = _restart_id(self.history_path)
+                record = history.new_record("failure", error="hang", phase=phase, restart=restart)
+                history.append_local(self.history_path, record)
+
+
+class WatchedGroup:
+    """A run's :class:`~candle_ckpt.core.group.Group` whose meetings on the training thread are phase ``meeting``.
+
+    Lanes (meetings on other threads: the preemption agreement's) are the group's own, unwatched.
+    """
+
+    def __init__(self, group: Any, watchdog: Watchdog) -> None:
+        self.group, self.watchdog = group, watchdog
+        self.rank, self.size = group.rank, group.size
+
+    def __repr__(self) -> str:
+        return f"WatchedGroup({self.group!r})"
+
+    def __getattr__(self, name: str) -> Any:  # the group's own (a StoreGroup's store and prefix)
+        return getattr(self.__dict__["group"], name)
+
+    def barrier(self, name: str, timeout_s: float) -> None:
+        with self.watchdog.phase_of("meeting"):
+            self.group.barrier(name, timeout_s)
+
+    def broadcast(self, name: str, value: str | None, timeout_s: float) -> str:
+        with self.watchdog.phase_of("meeting"):
+            return self.group.broadcast(name, value, timeout_s)
+
+    def all_agree(self, name: str, ok: bool, timeout_s: float) -> bool:
+        with self.watchdog.phase_of("meeting"):
+            return self.group.all_agree(name, ok, timeout_s)
+
+    def exchange(self, name: str, value: str, timeout_s: float) -> list[str]:
+        with self.watchdog.phase_of("meeting"):
+            return self.group.exchange(name, value, timeout_s)
+
+    def collect(self, name: str, value: str, timeout_s: float) -> list[str] | None:
+        with self.watchdog.phase_of("meeting"):
+            return self.group.collect(name, value, timeout_s)
+
+    def meeting(self, kind: str) -> str:
+        return self.group.meeting(kind)
+
+    def notice(self, name: str, value: str) -> bool:
+        return self.group.notice(name, value)
+
+    def heard(self, name: str, timeout_s: float) -> str | None:
+        return self.group.heard(name, timeout_s)
+
+    def lane(self, name: str) -> Any:
+        return self.group.lane(name)
+
+    def close(self, timeout_s: float) -> bool:
+        with self.watchdog.phase_of("meeting"):
+            return self.group.close(timeout_s)
+
+
+def stacks() -> str:
+    """Every thread's stack now, as :func:`faulthandler.dump_traceback` writes it."""
+    with tempfile.TemporaryFile() as tmp:
+        faulthandler.dump_traceback(tmp, all_threads=True)
+        tmp.seek(0)
+        return tmp.read().decode("utf-8", "replace")
+
+
+def _append(path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` in one write (a block from another process never lands inside it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _restart_id(path: str) -> str | None:
+    """The id of this process's ``restart`` record in the history at ``path``, if it wrote one."""
+    mine = [r for r in history.restarts(history.read_local(path)) if r.get("pid") == os.getpid()]
+    return str(mine[-1]["id"]) if mine else None
+
+
+__all__ = ["FLOOR_S", "HANG_EXIT", "PHASES", "SAFETY", "START_S", "WatchedGroup", "Watchdog", "auto_limit"]

@@ -1,0 +1,94 @@
+"""A small Keras 3 job (JAX) that hangs on demand, run by ``test_hang.py`` in fresh processes.
+
+``python hang_job.py DIR OUT [--block input|save] [--at EPOCH] [--timeout S]``: ``restart()``, then ``fit`` of
+``EPOCHS`` epochs over a ``PyDataset`` of ``BATCHES`` batches, a checkpoint every epoch, ``ckpt_hang_timeout=S``
+(default: auto). ``--block input``: the dataset's third batch of epoch ``EPOCH`` (1-based) never comes (a
+read that blocks for good); ``--block save``: the file system stops answering in the save of epoch ``EPOCH``
+(``LocalFS.hook`` blocks at the first file created). Before it blocks the job prints ``blocking``. At the end
+it writes the final weights and optimizer variables to ``OUT`` (``.npz``) and prints ``done``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+EPOCHS, BATCHES, BATCH = 5, 6, 16
+FOREVER = threading.Event()  # never set: what a stuck read waits on
+
+
+def say(message: str) -> None:
+    """One progress line straight to fd 1 (no buffer to lose at os._exit)."""
+    os.write(1, (message + "\n").encode())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("out")
+    parser.add_argument("--block", choices=("input", "save"))
+    parser.add_argument("--at", type=int, default=3)
+    parser.add_argument("--timeout", default="auto")
+    args = parser.parse_args()
+
+    import keras
+    import numpy as np
+
+    import candle_ckpt
+    from candle_ckpt.core.fs import LocalFS
+
+    state = {"epoch": 0}
+
+    class Data(keras.utils.PyDataset):
+        def __init__(self) -> None:
+            super().__init__()
+            rng = np.random.RandomState(0)
+            self.x = rng.rand(BATCHES * BATCH, 8).astype("float32")
+            self.y = rng.rand(BATCHES * BATCH, 1).astype("float32")
+
+        def __len__(self) -> int:
+            return BATCHES
+
+        def __getitem__(self, i: int):
+            if args.block == "input" and state["epoch"] == args.at and i == 2:
+                say("blocking")
+                FOREVER.wait()
+            return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
+
+    class StuckFS(LocalFS):
+        def hook(self, op: str, path: str) -> None:
+            if args.block == "save" and state["epoch"] == args.at and op == "create":
+                say("blocking")
+                FOREVER.wait()
+
+    class Epochs(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            state["epoch"] = epoch + 1
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    params = {
+        "epochs": EPOCHS,
+        "ckpt_directory": args.directory,
+        "ckpt_save_interval": 1,
+        "ckpt_save_best_metric": "loss",
+    }
+    params["ckpt_hang_timeout"] = args.timeout
+    found = candle_ckpt.restart(params, model, logger=None)
+    start = found["epoch"] if found else 0
+    ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None, fs=StuckFS())
+    say(f"start {start}")
+    model.fit(Data(), epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=[Epochs(), ckpt])
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    arrays.update({f"opt{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(args.out, **arrays)
+    say("done")
+
+
+if __name__ == "__main__":
+    main()

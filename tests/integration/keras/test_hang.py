@@ -1,0 +1,131 @@
+"""Hangs become requeues: a run that makes no progress exits 124 with every stack in ckpt.log, and the rerun is exact.
+
+Real processes (``jobs/hang_job.py``, Keras 3 on JAX): an input pipeline that blocks for good, and a save whose
+file system stops answering (``LocalFS.hook``). Each blocked run must exit with ``HANG_EXIT`` within its
+``ckpt_hang_timeout`` plus the watchdog's wake-up and a margin scaled to this machine's speed, name the phase,
+leave the committed checkpoints as they were, and the rerun must end bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+from pace import wait_s  # noqa: E402
+
+from candle_ckpt.engine.watchdog import HANG_EXIT  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "hang_job.py"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _run(directory: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(JOB), str(directory), str(out), *extra],
+        env=_env(), capture_output=True, text=True, timeout=wait_s(120),
+    )  # fmt: skip
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, np.ndarray]:
+    """The uninterrupted run's final weights and optimizer variables."""
+    folder = tmp_path_factory.mktemp("reference")
+    done = _run(folder / "ck", folder / "out.npz")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _arrays(folder / "out.npz")
+
+
+def _snapshot(ckpts: Path) -> dict[str, bytes]:
+    """Every committed checkpoint's files, by path (the history and the log excluded)."""
+    root = ckpts / "ckpts" / "epochs"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _hang(tmp_path: Path, block: str, timeout: float | str) -> tuple[Path, str, float]:
+    """Run the job with ``--block block``; return its directory, its ckpt.log and seconds from 'blocking' to exit."""
+    directory = tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), str(directory), str(tmp_path / "x.npz"), "--block", block, "--at", "3",
+         "--timeout", str(timeout)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        blocked = None
+        for line in proc.stdout:
+            if line.strip() == "blocking":
+                blocked = time.monotonic()
+                break
+        assert blocked is not None, proc.stderr.read()[-3000:]
+        code = proc.wait(timeout=(120.0 if timeout == "auto" else float(timeout)) + wait_s(30))
+        took = time.monotonic() - blocked
+    finally:
+        proc.kill()
+        proc.wait()
+    err = proc.stderr.read()
+    assert code == HANG_EXIT, err[-3000:]
+    return directory, (directory / "ckpt.log").read_text(), took
+
+
+def _timeout() -> float:
+    """A short ckpt_hang_timeout that the first step's compile on this machine stays well under."""
+    return wait_s(6.0)
+
+
+def _check(tmp_path: Path, reference, block: str, phase: str) -> None:
+    timeout = _timeout()
+    directory, log, took = _hang(tmp_path, block, timeout)
+    assert took < timeout + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
+    assert took >= timeout * 0.9, (took, timeout)
+    assert f"in phase {phase}" in log and "exiting with status 124" in log, log[-3000:]
+    assert "Thread 0x" in log and "most recent call first" in log, log[-3000:]  # every thread's stack
+    records = [json.loads(line) for line in (directory / "ckpts" / "restarts.jsonl").read_text().splitlines()]
+    assert any(r["event"] == "failure" and r["error"] == "hang" and r["phase"] == phase for r in records), records
+    before = _snapshot(directory)
+    assert sorted({name.split(os.sep)[0] for name in before}) == ["001", "002"]  # epoch 3 never committed
+    rerun = _run(directory, tmp_path / "out.npz")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "start 2" in rerun.stdout
+    after = _snapshot(directory)
+    assert {k: v for k, v in after.items() if k in before} == before  # the committed checkpoints were left alone
+    got = _arrays(tmp_path / "out.npz")
+    assert got.keys() == reference.keys()
+    for key, value in reference.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_an_input_pipeline_that_blocks_is_ended_and_the_rerun_is_exact(tmp_path, reference):
+    """The PyDataset's batch 3 of epoch 3 never comes: exit 124 within the bound, phase input with every stack in
+    ckpt.log, a hang failure in the restart history, epochs 1-2 untouched; the rerun ends bit-identical."""
+    _check(tmp_path, reference, "input", "input")
+
+
+def test_a_save_whose_file_system_stops_answering_is_ended_and_the_rerun_is_exact(tmp_path, reference):
+    """The file system stops answering in epoch 3's save: exit 124 within the bound, phase save, nothing of epoch 3
+    committed; the rerun (file system answering) ends bit-identical."""
+    _check(tmp_path, reference, "save", "save")
+
+
+def test_auto_ends_a_hang_at_the_defaults_within_two_minutes(tmp_path):
+    """ckpt_hang_timeout=auto (the default) with 6 short steps per epoch: the blocked input pipeline of epoch 3 is
+    ended with 124 within 2 minutes (the 60 s floor plus the watchdog's wake-up), not before the floor."""
+    directory, log, took = _hang(tmp_path, "input", "auto")
+    assert 60.0 <= took < 120.0, took
+    assert "in phase input" in log and " s, auto)" in log, log[-3000:]

@@ -1,0 +1,119 @@
+"""The hang watchdog's rule and its report, with a fake exit (no process ends here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from candle_ckpt.core import history
+from candle_ckpt.core.errors import GroupTimeout
+from candle_ckpt.core.group import ThreadGroup
+from candle_ckpt.engine.watchdog import FLOOR_S, HANG_EXIT, START_S, Watchdog, WatchedGroup, auto_limit
+
+
+def test_auto_judges_nothing_before_the_first_step_but_by_the_start_floor():
+    """Before the first step ended, auto's limit is START_S whatever the phase."""
+    assert auto_limit("step", None, {}) == START_S
+    assert auto_limit("input", None, {"step": 30.0}) == START_S
+
+
+def test_auto_at_the_defaults_ends_a_hang_within_two_minutes():
+    """With a 20 s first step (the compile) and 1 s steps, auto's limit is the 60 s floor, under 2 minutes."""
+    limit = auto_limit("input", 20.0, {"step": 1.0})
+    assert limit == FLOOR_S and limit + 5.0 < 120.0
+
+
+def test_auto_scales_with_the_observed_intervals():
+    """5 x the longest interval of the phase's kind; twice the first step; an unseen kind takes the longest seen."""
+    assert auto_limit("step", 10.0, {"step": 30.0}) == 150.0
+    assert auto_limit("step", 50.0, {"step": 1.0}) == 100.0
+    assert auto_limit("save", 5.0, {"step": 20.0}) == 100.0  # no save seen yet: the longest of any kind
+    assert auto_limit("save", 5.0, {"step": 20.0, "save": 2.0}) == FLOOR_S
+
+
+def _dog(tmp_path, timeout, where=None):
+    ended: list[int] = []
+    dog = Watchdog(
+        timeout, str(tmp_path / "ckpt.log"), str(tmp_path / "restarts.jsonl"), who="process 1 of 2", where=where,
+        exit=ended.append,
+    )  # fmt: skip
+    return dog, ended
+
+
+def _wait(ended: list[int], bound: float) -> None:
+    deadline = time.monotonic() + bound
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_run_without_progress_is_reported_and_ended_with_124(tmp_path):
+    """No beat for longer than the limit: ckpt.log names the phase and holds every thread's stack, the history
+    gets a failure record with the phase, and the exit is HANG_EXIT."""
+    dog, ended = _dog(tmp_path, 0.5, where=lambda: "input")
+    dog.arm()
+    dog.beat()
+    _wait(ended, 10.0)
+    assert ended == [HANG_EXIT]
+    log = (tmp_path / "ckpt.log").read_text()
+    assert "hang: process 1 of 2 made no progress" in log and "in phase input" in log, log
+    assert "exiting with status 124" in log and 'File "' in log and "Thread 0x" in log, log
+    (record,) = history.read_local(str(tmp_path / "restarts.jsonl"))
+    assert record["event"] == "failure" and record["error"] == "hang" and record["phase"] == "input"
+
+
+def test_steady_progress_is_never_a_hang(tmp_path):
+    """Beats more often than the limit keep the run alive; disarm stops the watching."""
+    dog, ended = _dog(tmp_path, 0.6)
+    dog.arm()
+    for _ in range(30):
+        time.sleep(0.05)
+        dog.beat()
+    dog.disarm()
+    time.sleep(1.0)
+    assert ended == []
+    assert not (tmp_path / "ckpt.log").exists()
+
+
+def test_a_save_that_hangs_is_named_save(tmp_path):
+    """Inside phase_of("save") (on the training thread) the hang's phase is save, not the probe's answer."""
+    dog, ended = _dog(tmp_path, 0.5, where=lambda: "input")
+    dog.arm()
+    dog.beat()
+    with dog.phase_of("save"):
+        _wait(ended, 10.0)
+    assert ended == [HANG_EXIT]
+    assert "in phase save" in (tmp_path / "ckpt.log").read_text()
+
+
+def test_meetings_of_the_watched_group_are_phase_meeting(tmp_path):
+    """A rank that waits at a meeting of the watched group is in phase meeting; a finished meeting is progress."""
+    dog, ended = _dog(tmp_path, 0.5)
+    group = WatchedGroup(ThreadGroup(2).members[0], dog)
+    dog.arm()
+    dog.beat()
+    with pytest.raises(GroupTimeout, match="rank"):
+        group.barrier("b", 1.5)  # rank 1 never comes
+    _wait(ended, 10.0)
+    assert ended == [HANG_EXIT]
+    assert "in phase meeting" in (tmp_path / "ckpt.log").read_text()
+
+
+def test_off_means_no_thread(tmp_path):
+    """ckpt_hang_timeout=none: nothing is watched."""
+    dog, _ = _dog(tmp_path, None)
+    before = threading.active_count()
+    dog.arm()
+    assert threading.active_count() == before and not dog.on
+
+
+def test_the_engine_s_measured_writes_count_as_saves(tmp_path):
+    """An asynchronous write the engine measured (30 s) sets auto's save limit (5 x 30 s), though the training
+    thread's save call itself was short."""
+    dog = Watchdog("auto", saves=lambda: 30.0, exit=lambda code: None)
+    dog.first_s, dog.longest = 2.0, {"step": 0.1, "save": 0.01}
+    with dog.phase_of("save"):
+        pass
+    dog.phase = "save"
+    assert dog.limit() == 150.0
