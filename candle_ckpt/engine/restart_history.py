@@ -36,8 +36,13 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 
-#: This process's token in the records it writes (module docstring).
-PROCESS = uuid.uuid4().hex
+# This process's token in the records it writes (module docstring); a forked child gets its own (below).
+_TOKEN = [uuid.uuid4().hex]
+
+
+def process_token() -> str:
+    """This process's token (a new one in every forked child)."""
+    return _TOKEN[0]
 
 
 def process_start_time() -> float | None:
@@ -155,19 +160,22 @@ def refuse_crash_loop(
         SystemExit: the refusal (a ``refused`` record and one line in ``ckpt.log`` first).
     """
     limit = cfg.max_no_progress_restarts
-    if not limit or finished(cfg, side) or any(r.get("process") == PROCESS for r in records):
+    if not limit or finished(cfg, side) or any(r.get("process") == process_token() for r in records):
         return
     count = H.no_progress_restarts(_one_per_process(records), name) + 1
     if count < limit:
         return
     last = H.last_failure(records)
-    history.append(H.new_record("refused", resumed=name, count=count, last_failure=last, process=PROCESS))
-    history.log.error(
-        f"restart: refused: {name} would be resumed for the {count}th time in a row with no checkpoint committed "
-        f"after it (ckpt_max_no_progress_restarts={limit}); last failure: {last or 'none recorded'}; exit status "
-        f"{H.CRASH_LOOP_EXIT}: fix the cause and start again (this refusal ends the count), or set "
+    history.append(H.new_record("refused", resumed=name, count=count, last_failure=last, process=process_token()))
+    line = (
+        f"restart: refused: {name} has been resumed {count} times in a row, this time included, with no checkpoint "
+        f"committed after it (ckpt_max_no_progress_restarts={limit}); last failure: {last or 'none recorded'}; "
+        f"exit status {H.CRASH_LOOP_EXIT}: fix the cause and start again (this refusal ends the count), or set "
         "ckpt_max_no_progress_restarts=0"
     )
+    history.log.error(line)
+    if history.log.logger is None:  # the process's last word reaches the console whatever the logger
+        print(f"ERROR {line}", file=sys.stderr)
     raise SystemExit(H.CRASH_LOOP_EXIT)
 
 
@@ -199,6 +207,15 @@ class Start:
 
 # The process's start: one per process by nature (the failure hook reads it at exit); set by the first restart().
 _START: list[Start] = []
+
+
+def _forked() -> None:
+    """A forked child (a job server's) is a process, and a start, of its own."""
+    _TOKEN[0] = uuid.uuid4().hex
+    _START.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def current_start() -> dict[str, Any] | None:
@@ -285,4 +302,5 @@ def _record_failure(kind: type, value: BaseException) -> None:
         start.written = True
         start.history.append({**start.record, "start": dict(start.breakdown)})
     phase = "step" if start.stepped else "start"
-    start.history.append(H.new_record("failure", restart=start.record["id"], error=error, phase=phase, process=PROCESS))
+    record = H.new_record("failure", restart=start.record["id"], error=error, phase=phase, process=process_token())
+    start.history.append(record)

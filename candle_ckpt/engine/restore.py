@@ -189,7 +189,7 @@ def _recorded(
         source=resumed.source if resumed is not None else None,
         lineage=side.lineage if side is not None else None,
         start=dict(breakdown),
-        process=restart_history.PROCESS,
+        process=restart_history.process_token(),
     )
     # Written now where a history exists. Else (a job that never failed) only once the run gets somewhere: at its
     # first step (a resume), or with its failure, so that a run that trains nothing (a finished run's rerun, a
