@@ -44,11 +44,11 @@ def test_a_job_crashing_at_a_fixed_batch_is_refused_on_its_fourth_start(tmp_path
     codes = [start(d, "4", "--crash", "2:1") for _ in range(4)]
     assert [c.returncode for c in codes] == [1, 1, 1, CRASH_LOOP_EXIT], [c.stderr[-1500:] for c in codes]
     assert "RuntimeError: bad batch 2:1" in codes[2].stderr
-    refused = [line for line in codes[3].stderr.splitlines() if "refused" in line]
+    refused = [line for line in codes[3].stderr.splitlines() if "restart: refused" in line]
     assert len(refused) == 1 and REFUSED in refused[0], codes[3].stderr[-2000:]
     assert "last failure: RuntimeError: bad batch 2:1" in refused[0] and "exit status 65" in refused[0]
     log = (d / "ckpt.log").read_text()
-    assert REFUSED in log and log.count("refused") == 1
+    assert REFUSED in log and log.count("restart: refused") == 1
     (line,) = [line for line in log.splitlines() if REFUSED in line]
     assert_log_example("preemption.rst", line, "ERROR restart: refused:")
     history = d / "ckpts" / "restarts.jsonl"
@@ -78,7 +78,7 @@ def test_a_refused_loop_starts_counting_again(tmp_path: Path) -> None:
     d = tmp_path / "job"
     codes = [start(d, "4", "--crash", "2:1", "--k", "0").returncode for _ in range(4)]
     assert codes == [1, 1, 1, 1]
-    assert "refused" not in (d / "ckpt.log").read_text()
+    assert "restart: refused" not in (d / "ckpt.log").read_text()
     codes = [start(d, "4", "--crash", "2:1", "--k", "2").returncode for _ in range(3)]
     assert codes == [CRASH_LOOP_EXIT, 1, CRASH_LOOP_EXIT]
     assert [e for e, _ in events(d / "ckpts" / "restarts.jsonl")].count("refused") == 2
@@ -102,7 +102,7 @@ def test_a_job_killed_while_making_progress_is_never_refused(tmp_path: Path) -> 
         proc.wait(timeout=wait_s(30))
     last = start(d, str(epochs), "--k", "2")
     assert last.returncode == 0 and "done" in last.stdout, last.stderr[-2000:]
-    assert "refused" not in (d / "ckpt.log").read_text()
+    assert "restart: refused" not in (d / "ckpt.log").read_text()
     breakdown = json.loads(last.stdout.split("start=", 1)[1].splitlines()[0])
     assert breakdown["first_step_s"] >= 0 and breakdown["restore_s"] >= breakdown["read_s"] >= 0, breakdown
     lines = [line for line in (d / "ckpt.log").read_text().splitlines() if " start: " in line]
