@@ -123,3 +123,22 @@ def test_a_moved_run_still_counts_its_loop(tmp_path: Path) -> None:
     assert REFUSED in codes[3].stderr
     assert [e for e, _ in events(persistent / "restarts.jsonl")][-1] == "refused"
     assert (tmp_path / "node2" / "ckpts" / "restarts.jsonl").is_file()  # each node's fast tier has its copy
+
+
+def test_the_readme_sbatch_script_does_not_requeue_a_refused_crash_loop(tmp_path: Path) -> None:
+    """The README's sbatch script, srun stubbed to end as a refused restart() does (status 65): no requeue, one
+    line saying why, and the job ends with 65."""
+    from doclines import blocks
+
+    (script,) = [b.astext() for b in blocks(REPO / "README.rst", "bash")]
+    (tmp_path / "job.sh").write_text(script)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in (("srun", f"exit {CRASH_LOOP_EXIT}"), ("scontrol", f'echo "$@" >> {tmp_path / "called.txt"}')):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {**ENV, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+    done = subprocess.run(["bash", "job.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == CRASH_LOOP_EXIT, done.stderr
+    assert "crash loop (status 65): not requeueing job 7" in done.stdout
+    assert not (tmp_path / "called.txt").exists()
