@@ -219,7 +219,7 @@ def test_ckpt_keys_lists_every_key_read() -> None:
         "ckpt_metadata",
         "ckpt_save_weights_only",
         "ckpt_restart_epoch",
-            "ckpt_max_no_progress_restarts",
+        "ckpt_max_no_progress_restarts",
         "ckpt_on_error",
         "ckpt_async",
         "ckpt_async_timeout",
