@@ -29,6 +29,8 @@ LOG_EXAMPLES = {
     ("exactness.rst", "WARNING the run is finished"): "tests/integration/keras/test_exact_resume.py",
     ("performance.rst", "WARNING epoch 2: training waited"): "tests/integration/engine/test_async.py",
     ("campaigns.rst", "INFO restart: tier: persistent:"): "tests/integration/storage/test_tiers_keras.py",
+    ("preemption.rst", "ERROR restart: refused:"): "tests/integration/keras/test_crash_loop.py",
+    ("preemption.rst", "INFO start:"): "tests/integration/keras/test_crash_loop.py",
 }
 
 
@@ -123,10 +125,11 @@ def _units(line: str) -> str:
     return re.sub(r"<n> [kMG]?B\b", "<n> <bytes>", shape(line))
 
 
-def assert_log_example(page: str, real: str) -> None:
-    """docs/``page``'s log-line example (listed in :data:`LOG_EXAMPLES`) has the shape of ``real``, a line a real
-    run wrote into ckpt.log (what comes before its level, the time, is dropped)."""
-    (key,) = [k for k in LOG_EXAMPLES if k[0] == page]
+def assert_log_example(page: str, real: str, starts: str | None = None) -> None:
+    """docs/``page``'s log-line example (listed in :data:`LOG_EXAMPLES`; ``starts``: the one of several on that
+    page that starts so) has the shape of ``real``, a line a real run wrote into ckpt.log (what comes before its
+    level, the time, is dropped)."""
+    (key,) = [k for k in LOG_EXAMPLES if k[0] == page and starts in (None, k[1])]
     example = log_examples()[key]
     level = min(real.index(w) for w in LEVELS if w in real)
     pattern = ".*".join(re.escape(part) for part in _units(example).split("..."))

@@ -88,10 +88,10 @@ class CandleCkptKeras(CandleCheckpointCallback):
         )
         if found is None:
             return None
-        # This object is the callback: continue from the restored checkpoint (best tracking,
-        # resumed_from, no prune of it) explicitly, whatever the order of the calls. An optimizer
-        # state that waits for compile() travels with the model (engine.pending), as for restart().
-        self.engine.adopt_resumed(self.engine.store.read_sidecar(found["epoch"]))
+        # This object is the callback: its run adopts what restart() resumed (the step checkpoint of a mid-epoch
+        # save, not its epoch's), now, whatever the order of the calls; fit's start finds it adopted. An
+        # optimizer state that waits for compile() travels with the model, as for restart().
+        self.run.adopt(model)
         return found
 
     def _model_to_restore(self, given: Any) -> Any:

@@ -188,6 +188,18 @@ SPECS: tuple[Spec, ...] = (
         minimum=0,
     ),
     Spec(
+        key="ckpt_max_no_progress_restarts",
+        field="max_no_progress_restarts",
+        kind="int",
+        default=3,
+        help=(
+            "restart() refuses (exit status 65) when the same checkpoint would be resumed this many times in a "
+            "row with no checkpoint committed after it (a crash loop); 0 never refuses."
+        ),
+        allowed="integer >= 0",
+        minimum=0,
+    ),
+    Spec(
         key="ckpt_on_error",
         field="on_error",
         kind="choice",

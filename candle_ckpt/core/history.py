@@ -15,7 +15,12 @@ Records (``v`` 1), every one with ``v``, ``id``, ``event``, ``time`` (Unix secon
 - ``{"event": "failure", "restart": "<id of the restart>", "error": "ValueError: ...", "phase": "step"}``: the
   process ended by an uncaught error, or by the watchdog (``"error": "hang"``, ``phase`` the one that hung);
 - ``{"event": "refused", "resumed": "epochs/005", "count": 3, "last_failure": "..."}``: ``restart()`` refused
-  to resume a crash loop once more.
+  to resume a crash loop once more, and the process exits with :data:`CRASH_LOOP_EXIT`.
+
+Extensions (readers of ``v`` 1 ignore them): every record may carry ``process``, a token of the process that
+wrote it (one per process, so that several ``restart()`` calls of one process count as one start); a later
+line with the ``id`` of an earlier record *completes* it (its fields, ``time`` aside, are added to the earlier
+record's: the start's first step, known only after ``restart()``, is written so).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ HISTORY_FILE = "restarts.jsonl"
 VERSION = 1
 EVENTS = ("restart", "failure", "refused")
 MAX_LINE = 64 * 1024  # a record longer than this is cut to its essentials by the writer
+#: The exit status of a process whose ``restart()`` refused a crash loop (docs/preemption.rst, "Crash loops").
+#: Distinct from the watchdog's 124 (a hang, requeued); a scheduler script must not requeue this one.
+CRASH_LOOP_EXIT = 65
 
 
 def new_record(event: str, **fields: Any) -> dict[str, Any]:
@@ -74,6 +82,7 @@ def parse(data: bytes | str) -> list[dict[str, Any]]:
     """The records of a history file's bytes, in file order; lines that are not a record are skipped."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     out: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line:
@@ -83,8 +92,25 @@ def parse(data: bytes | str) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(record, dict) and record.get("event") in EVENTS and isinstance(record.get("time"), int | float):
+            earlier = by_id.get(str(record.get("id")))
+            if earlier is not None:  # a completion of an earlier record (module docstring)
+                _complete(earlier, record)
+                continue
+            if record.get("id") is not None:
+                by_id[str(record["id"])] = record
             out.append(record)
     return out
+
+
+def _complete(earlier: dict[str, Any], later: Mapping[str, Any]) -> None:
+    """Add ``later``'s fields (``time`` aside; mappings merged one level deep) to the record it completes."""
+    for key, value in later.items():
+        if key == "time":
+            continue
+        if isinstance(value, Mapping) and isinstance(earlier.get(key), Mapping):
+            earlier[key] = {**earlier[key], **value}
+        else:
+            earlier[key] = value
 
 
 def read_local(path: str) -> list[dict[str, Any]]:
@@ -102,7 +128,10 @@ def merge(*histories: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for history in histories:
         for record in history:
             key = str(record.get("id") or encode(record))
-            seen.setdefault(key, dict(record))
+            if key in seen:
+                _complete(seen[key], record)  # one copy may be completed where the other is not
+            else:
+                seen[key] = dict(record)
     return sorted(seen.values(), key=lambda r: (r["time"], str(r.get("id"))))
 
 
@@ -153,6 +182,7 @@ def failure_rate(records: Iterable[Mapping[str, Any]], now: float | None = None)
 
 
 __all__ = [
+    "CRASH_LOOP_EXIT",
     "EVENTS",
     "HISTORY_FILE",
     "append_local",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,9 +40,9 @@ from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, worker_info
 from candle_ckpt.distributed.tf_group import tf_group
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.group_restore import agree_on_checkpoint
-from candle_ckpt.engine.pending import Pending
-from candle_ckpt.engine.resume import Chosen, Resumed, load_chosen, select_checkpoint
+from candle_ckpt.engine.restore import restore
+from candle_ckpt.engine.resume import Resumed
+from candle_ckpt.engine.run import adopt
 from candle_ckpt.storage.store import CheckpointStore
 
 __all__ = ["WorkerInfo", "WorkerTrainingState", "multi_worker_strategy", "worker_info"]
@@ -225,24 +224,27 @@ class WorkerTrainingState:
             GroupTimeout: a worker did not reach a meeting point of the restore
                 within ``collective_timeout_s`` (naming the point and the missing ranks).
         """
-        cfg = self.cfg
-        if not cfg.restores(epoch):
+        found = self.restore_resumed(epoch)
+        if self.resumed is not None and self.engine is not None:
+            adopt(self.engine, self.resumed)  # no run here: the one adoption, as a run's (engine/run.py)
+        return found
+
+    def restore_resumed(self, epoch: int | None = None) -> dict[str, Any] | None:
+        """:meth:`restore` without adopting what it loaded: for a front end whose run adopts it
+        (:attr:`resumed`, by :class:`~candle_ckpt.engine.run.TrainingRun`)."""
+        if not self.cfg.restores(epoch):
             return None
-        reads = tuple(self.adapter.reads)
-        start = time.perf_counter()
         own = self.engine.store if self.engine is not None and self.engine.store.is_open else None
         group = self.group
         if group.size == 1:
             try:  # one worker: the one-process path (a step checkpoint newer than last first, as a restart does)
-                chosen = select_checkpoint(cfg, self.log, reads=reads, epoch=epoch, fs=self.fs, store=own, steps=True)
+                resumed = restore(self.cfg, self.log, self.adapter, epoch=epoch, fs=self.fs, store=own)
             finally:
                 self._resync()
-            return self._loaded(chosen, start, "")
-        return self._restore_together(group, epoch, reads, own, start)
+            return self._loaded(resumed)
+        return self._restore_together(group, epoch, own)
 
-    def _restore_together(
-        self, group: Group, epoch: int | None, reads: tuple[str, ...], own: CheckpointStore | None, start: float
-    ) -> dict[str, Any] | None:
+    def _restore_together(self, group: Group, epoch: int | None, own: CheckpointStore | None) -> dict[str, Any] | None:
         """:meth:`restore` of several workers: the one protocol over ``group``'s scope for this restore."""
         # The chief is rank 0 of the group, the primary that chooses: TensorFlow numbers the chief task, or worker 0
         # when the cluster has none, 0 (multi_worker_util.id_in_cluster), as worker_info names the chief.
@@ -254,14 +256,14 @@ class WorkerTrainingState:
         scope = scoped(group, "restore")  # this restore's own keys, all deleted by its last meeting
         try:
             try:
-                chosen = agree_on_checkpoint(
-                    self.cfg, self.log, scope, scope.meeting("restore"), reads, None, epoch,
-                    store=own, fs=self.fs, mapped=False, timeout_s=self.timeout_s, node_local=False,
+                resumed = restore(
+                    self.cfg, self.log, self.adapter, group=scope, name=scope.meeting("restore"), epoch=epoch,
+                    fs=self.fs, store=own, who=self.info.name, timeout_s=self.timeout_s, node_local=False,
                 )  # fmt: skip
             finally:
                 if self.info.is_chief:
                     self._resync()
-            found = self._loaded(chosen, start, self.info.name)
+            found = self._loaded(resumed)
         except GroupTimeout:
             raise  # a worker is gone: no last meeting to hold (the keys go with the job)
         except Exception:
@@ -275,19 +277,14 @@ class WorkerTrainingState:
         if self.engine is not None and self.cfg.persistent:
             self.engine.store.resync_generation()
 
-    def _loaded(self, chosen: Chosen | None, start: float, who: str) -> dict[str, Any] | None:
-        """Load ``chosen`` (verified on every worker) through the adapter; None: start from scratch."""
-        if chosen is None:
-            self.resumed = None
+    def _loaded(self, resumed: Resumed | None) -> dict[str, Any] | None:
+        """Keep what the driver loaded (None: start from scratch)."""
+        self.resumed = resumed
+        if resumed is None:
             return None
-        self.load = load_chosen(self.cfg, self.log, self.adapter, chosen, time.perf_counter() - start, who)
-        pending = getattr(self.adapter, "pending", None) or Pending()  # state the adapter applies later
-        side = chosen.sidecar
-        self.resumed = Resumed(os.path.realpath(self.cfg.directory), side, self.load, pending)
-        if self.engine is not None:
-            self.engine.adopt_resumed(side, self.load)
-        self.restored_epoch = side.epoch
-        return side.to_dict()
+        self.load = resumed.load
+        self.restored_epoch = resumed.sidecar.epoch
+        return resumed.sidecar.to_dict()
 
     def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: str = "epoch") -> int:
         """The epoch to start at: the restored checkpoint's (completed epochs) if

@@ -40,6 +40,7 @@ from candle_ckpt.engine.aftercommit import (
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
 from candle_ckpt.engine.group_commit import commit_epoch, commit_step, failed_capture, group_timeout
+from candle_ckpt.engine.restart_history import current_start
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
 from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.store import CheckpointStore
@@ -454,6 +455,7 @@ class CheckpointEngine:
             "async": self.writer.is_async,
             "preempt": self.preempt,
             "steps": self.step_interval,
+            "start": current_start(),  # this process's start: imports, restore (choose, verify, read), first step
         }
 
     def report(self) -> None:

@@ -41,13 +41,12 @@ class Chosen(NamedTuple):
 
 @dataclass
 class Resumed:
-    """What one restore loaded, handed to the job's writer through an object.
+    """What one restore loaded (:func:`candle_ckpt.engine.restore.restore`), handed to the run through an object.
 
     ``restart()`` attaches it to the model (:func:`attach_resumed`); the
-    callback reads it from the model when ``fit`` starts and passes it to its
-    engine (``CheckpointEngine.adopt_resumed``), so the call order of
-    ``restart()`` and the callback's creation does not matter, and nothing
-    is kept in process-global state.
+    run adopts it once when ``fit`` starts (:meth:`~candle_ckpt.engine.run.TrainingRun.adopt`),
+    so the call order of ``restart()`` and the callback's creation does not
+    matter, and nothing is kept in process-global state.
 
     Attributes:
         directory: The real path of the ``ckpt_directory`` it came from; a
@@ -57,12 +56,16 @@ class Resumed:
         pending: What the restore could not apply yet (an optimizer that does
             not exist yet, callback and RNG states): the callback applies it
             when training starts.
+        start: This start's breakdown (:mod:`candle_ckpt.engine.restart_history`).
+        source: The tier the checkpoint came from: ``"fast"``, or ``"persistent"`` (pulled from it).
     """
 
     directory: str
     sidecar: Sidecar
     load: dict[str, Any] | None = None
     pending: Pending = field(default_factory=Pending)
+    start: dict[str, Any] | None = None
+    source: str | None = None
 
     def serves(self, directory: str) -> bool:
         """True if this record was restored from ``directory``."""

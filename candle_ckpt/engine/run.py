@@ -28,10 +28,16 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   run's group is a :class:`~candle_ckpt.engine.watchdog.WatchedGroup`); a run with no progress for too long
   is ended with :data:`~candle_ckpt.engine.watchdog.HANG_EXIT` (124) to be requeued;
 - **the Ctrl-C line** at exit (:class:`~candle_ckpt.engine.interrupt.InterruptNotice`);
-- **resume adoption and the parked state**: what ``restart()`` attached to the
-  model (:class:`~candle_ckpt.engine.resume.Resumed`) is adopted by the engine
-  once, and the state it could not apply yet (the optimizer's, restored before
-  ``compile()``; the training state, for the first epoch) is handed out once.
+- **resume adoption and the parked state**: what the restore driver
+  (:func:`~candle_ckpt.engine.restore.restore`) resumed, attached to the model by
+  ``restart()`` or handed over by ``JobRunner``
+  (:class:`~candle_ckpt.engine.resume.Resumed`), is adopted by the engine here
+  and only here (:func:`adopt`), once, and the state it could not apply yet (the
+  optimizer's, restored before ``compile()``; the training state, for the first
+  epoch) is handed out once;
+- **the first step's time**: the first step of the process (or the first epoch
+  end of a loop that reports no step) completes the start's breakdown
+  (:func:`~candle_ckpt.engine.restart_history.first_step`).
 
 The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step
 :meth:`~TrainingRun.step_end` and per epoch :meth:`~TrainingRun.epoch_end`, then
@@ -50,10 +56,11 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
-from candle_ckpt.core.group import SOLO, Group, scoped
+from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine import restart_history
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -80,6 +87,13 @@ def hold_signals(cfg: CkptConfig) -> list[str]:
     if checkpointing_off(cfg):
         return []
     return catch_early(signal_numbers(cfg.preempt_signals))
+
+
+def adopt(engine: CheckpointEngine, resumed: Resumed) -> None:
+    """The one adoption of a resumed checkpoint: the engine continues from it (best tracking, lineage, elapsed
+    time, no prune of it). :class:`TrainingRun` calls it once per resume; ``WorkerTrainingState``, Keras 2's
+    run-less API, when its own ``restore()`` loads one."""
+    engine.adopt_resumed(resumed.sidecar, resumed.load)
 
 
 class TrainingRun:
@@ -138,6 +152,7 @@ class TrainingRun:
             where=where,
             saves=self._longest_save,
         )
+        self._logs_start = is_primary(group) and engine.scratch_dir is None  # this process logs the start's line
 
     # -- what the front ends read --------------------------------------------------------------------------
     @property
@@ -157,12 +172,14 @@ class TrainingRun:
 
     # -- resume --------------------------------------------------------------------------------------------
     def adopt(self, model: Any) -> Resumed | None:
-        """What ``restart()`` attached to ``model`` for this directory: adopted by the engine once (best
-        tracking, lineage, no prune of it), and returned."""
-        resumed = resumed_of(model, self.cfg.directory)
+        """What ``restart()`` attached to ``model`` for this directory, adopted (:meth:`adopt_resumed`); returned."""
+        return self.adopt_resumed(resumed_of(model, self.cfg.directory))
+
+    def adopt_resumed(self, resumed: Resumed | None) -> Resumed | None:
+        """Adopt ``resumed`` (None: nothing new) once: a second call with the same one changes nothing."""
         if resumed is not None and resumed is not self.resumed:
             self.resumed = resumed
-            self.engine.adopt_resumed(resumed.sidecar, resumed.load)
+            adopt(self.engine, resumed)
         return self.resumed
 
     @property
@@ -189,6 +206,7 @@ class TrainingRun:
         run's scope of the group, then every signal handler (the preemption watcher first, then SIGTERM's)."""
         if self._guard is not None and hook_frame is not None:
             self._guard.arm(hook_frame)  # first: an earlier fit's release (if under way) ends here
+        restart_history.run_began()  # with no restart() before it, this process's start is timed from here
         self.engine.open()
         if self.group.size > 1:
             self.fit_group = scoped(self.group, self._scope) if self._scope else self.group
@@ -225,6 +243,8 @@ class TrainingRun:
             with self.watchdog.phase_of("save"):
                 return self.engine.save_step(epoch, step, logs, capture, reason)
 
+        restart_history.first_step(self.log, self._logs_start)
+
         with self._ended_by_errors():
             return self.controller.step_end(epoch, step, save, last=last)
 
@@ -239,6 +259,7 @@ class TrainingRun:
         """
         if self.controller.stopped:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
+        restart_history.first_step(self.log, self._logs_start)  # a loop that reports no step: its first epoch
         with self._ended_by_errors():
             with self.watchdog.phase_of("save"):
                 saved = self.engine.save(done, logs, capture)

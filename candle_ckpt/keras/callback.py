@@ -129,14 +129,13 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
                 "candle_ckpt.tf_keras.adapter.CandleCheckpointCallback (or set TF_USE_LEGACY_KERAS=1 before importing)"
             )
         super().set_model(model)
-        self.run.adopt(model)  # continue from what restart() attached: best tracking, resumed_from, no prune of it
 
     def on_train_begin(self, logs=None) -> None:
         # Held only here, in this call: the list's death tells the run's fit guard that fit ended (see fit_guard).
         callback_list = fit_hooks.find_callback_list(self)
         self.run.begin(internals.hook_frame())  # the guard, the writer lock, the group's scope, the signals
         self._stdout = track_stdout()  # log records never continue the progress bar's line
-        resumed = self.run.adopt(self.model)
+        resumed = self.run.adopt(self.model)  # what restart() attached: best tracking, resumed_from, no prune of it
         where = self.run.where
         restore = self.run.take_parked(lambda parked, at: apply_optimizer_state(self.model, parked.values, at))
         self._state = ModelState(self.model)

@@ -2,7 +2,8 @@
 
 Call it on every process (the same script everywhere). The order:
 
-1. and 2. the choice and its verification: the one protocol of every multi-process job,
+1. and 2. the choice and its verification, by the one restore driver (:func:`candle_ckpt.engine.restore.restore`)
+   through the one protocol of every multi-process job,
    :func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint` (the primary chooses, every process
    verifies the files it will read, a failure anywhere makes the primary fall back, all agree or nothing);
 3. each process reads its slices (a sharded checkpoint) or the whole file (a
@@ -16,8 +17,6 @@ including this process's training state (``train.state.pRRRRR.npz``).
 from __future__ import annotations
 
 import logging
-import os
-import time
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -25,9 +24,9 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.group_commit import group_timeout
-from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
-from candle_ckpt.engine.resume import Chosen, Resumed, attach_resumed, checkpoint_dir, load_chosen
+from candle_ckpt.engine.restore import restore
+from candle_ckpt.engine.resume import Chosen, attach_resumed, checkpoint_dir
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.preflight import build_optimizer
@@ -75,18 +74,15 @@ def restart_group(
         build_optimizer(model)
     name = group.meeting("restore")
     adapter = GroupModelAdapter(model, group, name)
-    reads = adapter.reads
-    start = time.perf_counter()
     attach_resumed(model, None)
     needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
     keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
-    chosen = agree_on_checkpoint(cfg, log, group, name, reads, needed, keep=keep)
-    if chosen is None:
-        group.close(group_timeout())
-        return None
-    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start, f"process {group.rank}")
+    resumed = restore(
+        cfg, log, adapter, group=group, name=name, mapped=True, who=f"process {group.rank}", needed=needed, keep=keep
+    )
     group.close(group_timeout())  # the last meeting: every key of this restore is deleted
-    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
+    if resumed is None:
+        return None
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, log, checkpoint_dir(layout, chosen.sidecar))
-    return chosen.sidecar.to_dict()
+    resumed.pending.guard(model, log, checkpoint_dir(layout, resumed.sidecar))
+    return resumed.sidecar.to_dict()

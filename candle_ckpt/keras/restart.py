@@ -1,9 +1,9 @@
 """``restart()``: resume a job from its newest valid checkpoint.
 
-The shared half (remote pull, choice of the checkpoint, CRC verification,
-load statistics) is :mod:`candle_ckpt.engine.resume`, also used by the epoch runner
-and :class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`; this module loads
-one Keras 3 model, and hands models of a multi-worker strategy to
+The choice, verification, load and restart history are the one restore driver's
+(:func:`candle_ckpt.engine.restore.restore`), also called by the epoch runner and
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState`; this module gives it
+one Keras 3 model's adapter, and hands models of a multi-worker strategy to
 ``WorkerTrainingState`` (the chief chooses for every worker). A tf_keras model
 comes through :func:`candle_ckpt.adapters.restart` (the public ``candle_ckpt.restart``),
 which gives it its adapter: this layer imports no other adapter.
@@ -12,8 +12,6 @@ which gives it its adapter: this layer imports no other adapter.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +21,8 @@ from candle_ckpt.core.group import scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.distributed.worker_state import WorkerTrainingState, multi_worker_strategy
-from candle_ckpt.engine.resume import Resumed, attach_resumed, checkpoint_dir, load_chosen, select_checkpoint
+from candle_ckpt.engine.restore import restore
+from candle_ckpt.engine.resume import attach_resumed, checkpoint_dir
 from candle_ckpt.engine.run import hold_signals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.compile_cache import use_compile_cache
@@ -79,17 +78,14 @@ def _restart_through_worker(
 
 
 def _restart_keras(cfg: CkptConfig, model, logger: str | logging.Logger | None, verbose: bool) -> dict[str, Any] | None:
-    """A Keras 3 model in this process: choose, verify and load through :class:`KerasModelAdapter`."""
+    """A Keras 3 model in this process: the restore driver, through :class:`KerasModelAdapter`."""
     log = OpsLog(L.Layout.of(cfg).log, get_logger(logger, verbose))
-    adapter = KerasModelAdapter(model)
-    start = time.perf_counter()
+    adapter = KerasModelAdapter(model)  # first: a model that is none is a TypeError naming it
     attach_resumed(model, None)
-    chosen = select_checkpoint(cfg, log, reads=adapter.reads, mapped=True, steps=True)
-    if chosen is None:
+    resumed = restore(cfg, log, adapter, mapped=True)
+    if resumed is None:
         return None
-    record = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - start)
-    # What was restored travels with the model: the callback reads it when fit starts.
-    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, record, adapter.pending)
+    # What was restored travels with the model: the run adopts it when fit starts.
     attach_resumed(model, resumed)
-    resumed.pending.guard(model, log, checkpoint_dir(L.Layout.of(cfg), chosen.sidecar))
-    return chosen.sidecar.to_dict()
+    resumed.pending.guard(model, log, checkpoint_dir(L.Layout.of(cfg), resumed.sidecar))
+    return resumed.sidecar.to_dict()

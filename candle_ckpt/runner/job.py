@@ -18,7 +18,6 @@ What a checkpoint holds, and optimizers: :mod:`candle_ckpt.runner.state`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -30,9 +29,9 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.group_commit import group_timeout
-from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.engine.preempt_control import plain_logs
-from candle_ckpt.engine.resume import Chosen, checkpoint_dir, load_chosen, select_checkpoint
+from candle_ckpt.engine.restore import restore
+from candle_ckpt.engine.resume import Chosen, Resumed, checkpoint_dir
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.sharded import kept_parts, keras_group
@@ -147,7 +146,7 @@ class JobRunner:
         self.run: TrainingRun | None = None  # train()'s lifecycle (engine/run.py)
         self._restored_at: tuple[int, int] | None = None  # (epoch, step) of a restored mid-epoch checkpoint
         self.load: dict[str, Any] | None = None
-        self._chosen_sidecar = None  # what _resume loaded, for the engine made after it
+        self.resumed: Resumed | None = None  # what _resume loaded, adopted by the run
 
     def _should_stop(self, epoch: int, logs: Mapping[str, Any] | None) -> bool:
         if any(epoch >= limit for limit in self.limits):
@@ -195,39 +194,29 @@ class JobRunner:
 
     # -- the loop -----------------------------------------------------------------
     def _resume(self) -> Mapping[str, Any] | None:
-        if self.group.size > 1:
-            return self._resume_group()
+        """The restore driver over this job's processes (or its workers'); what it resumed is kept for the run."""
         if self.workers is not None:
-            found = self.workers.restore(epoch=self.resume_from_epoch)
-            self.load = self.workers.load
+            found = self.workers.restore_resumed(epoch=self.resume_from_epoch)  # the run adopts it
+            self.load, self.resumed = self.workers.load, self.workers.resumed
             return self._resumed_at(found["epoch"], found.get("logs")) if found else None
-        start = time.perf_counter()
-        # A step checkpoint (a preemption save) newer than last is preferred: the epoch continues there.
-        chosen = select_checkpoint(
-            self.cfg, self.log, reads=self.reads, epoch=self.resume_from_epoch, fs=self.fs, steps=True
-        )
-        if chosen is None:
+        if not self.cfg.restores(self.resume_from_epoch):
             return None
-        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start)
-        self._chosen_sidecar = chosen.sidecar
-        return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
-
-    def _resume_group(self) -> Mapping[str, Any] | None:
-        """Every process restores the checkpoint the primary chose, verified on every process (all or none)."""
-        group, start = self.group, time.perf_counter()
-        self._meeting = name = group.meeting("restore")
-        needed = files_for(self.objects, self.state, self.kinds, group.rank)
-        keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
-        chosen = agree_on_checkpoint(
-            self.cfg, self.log, group, name, tuple(self.reads), needed, epoch=self.resume_from_epoch, keep=keep
-        )
-        if chosen is None:
+        group = self.group
+        if group.size > 1:  # every process restores the checkpoint the primary chose, verified everywhere
+            self._meeting = name = group.meeting("restore")
+            self._agree = lambda ok: group.all_agree(f"{name}/read", ok, group_timeout())
+            needed = files_for(self.objects, self.state, self.kinds, group.rank)
+            keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
+            resumed = restore(
+                self.cfg, self.log, self, group=group, name=name, epoch=self.resume_from_epoch, mapped=True,
+                who=f"process {group.rank}", needed=needed, keep=keep,
+            )  # fmt: skip
+        else:  # a step checkpoint (a preemption save) newer than last is preferred: the epoch continues there
+            resumed = restore(self.cfg, self.log, self, epoch=self.resume_from_epoch, fs=self.fs)
+        if resumed is None:
             return None
-        self._agree = lambda ok: group.all_agree(f"{name}/read", ok, group_timeout())
-        who = f"process {group.rank}"
-        self.load = load_chosen(self.cfg, self.log, self, chosen, time.perf_counter() - start, who)
-        self._chosen_sidecar = chosen.sidecar
-        return self._resumed_at(chosen.epoch, chosen.sidecar.logs)
+        self.load, self.resumed = resumed.load, resumed
+        return self._resumed_at(resumed.sidecar.epoch, resumed.sidecar.logs)
 
     def _resumed_at(self, epoch: int, logs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         at = self._restored_at
@@ -284,15 +273,13 @@ class JobRunner:
             )
             self.log, self.engine = self.workers.log, self.workers.engine  # a non-chief logs to the logger only
             self.cfg = self.workers.cfg  # ckpt_async=auto decided for the cluster's size
-            logs = self._resume()  # every worker loads the chief's choice; the engine adopts it
+            logs = self._resume()  # every worker loads the chief's choice
         else:
             logs = self._resume()
-            # The engine is made after the resume: it continues best-tracking from the
-            # restored sidecar and protects that checkpoint from pruning.
             self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, group=self.group)
-            if self._chosen_sidecar is not None:
-                self.engine.adopt_resumed(self._chosen_sidecar, self.load)
         self.run = run = self._training_run()
+        # The run adopts what was resumed: best tracking continues from it, and it is protected from pruning.
+        run.adopt_resumed(self.resumed)
         done = False
         try:
             run.begin()
@@ -330,9 +317,7 @@ class JobRunner:
         A stop condition that holds on the restored logs ended the run, unless the epoch was asked
         for explicitly (``resume_from_epoch``, ``ckpt_restart_epoch``): that request trains on.
         """
-        side = self._chosen_sidecar
-        if side is None and self.workers is not None and self.workers.resumed is not None:
-            side = self.workers.resumed.sidecar
+        side = self.resumed.sidecar if self.resumed is not None else None
         if side is None or self.resumed_step is not None:
             return False  # nothing restored, or a mid-epoch checkpoint: its epoch is not over
         held = not self._explicit and logs is not None and any(bool(cond(self.epoch, logs)) for cond in self.conditions)

@@ -66,6 +66,22 @@ class Progress(keras.callbacks.Callback):
         time.sleep(0.3)
 
 
+class StepProgress(Progress):
+    """Uno's with ``CANDLE_JOB_STEP_SLEEP=S`` in the environment: also report each batch (``batch E:B``) and sleep
+    S seconds after it, so that a signal can land in the middle of an epoch."""
+
+    def __init__(self, sleep: float) -> None:
+        super().__init__()
+        self.sleep, self.epoch = sleep, 0
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        say(f"batch {self.epoch}:{batch}")
+        time.sleep(self.sleep)
+
+
 def build_model():
     keras.utils.set_random_seed(1)
     return keras.Sequential(
@@ -170,6 +186,7 @@ def run_uno(params: dict, workdir: str):
     ckpt = candle.CandleCkptKeras(params, verbose=True)
     ckpt.set_model(template_model)
     J = ckpt.restart(params)
+    resumed = ckpt.engine.resumed  # what this callback adopted (the tests read it)
     if J is not None:
         initial_epoch = J["epoch"]
         best_metric_last = J["best_metric_last"]
@@ -190,11 +207,15 @@ def run_uno(params: dict, workdir: str):
     reduce_lr = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=5, min_lr=0.00001)
     warmup_lr = keras.callbacks.LearningRateScheduler(warmup_scheduler)
     checkpointer = candle.MultiGPUCheckpoint(os.path.join(workdir, "model.h5"), save_best_only=True)
-    callbacks = [TerminateOnTimeOut(3600), ckpt, es_monitor, reduce_lr, warmup_lr, checkpointer, Progress()]
+    step_sleep = float(os.environ.get("CANDLE_JOB_STEP_SLEEP", "0"))
+    progress = StepProgress(step_sleep) if step_sleep else Progress()
+    callbacks = [TerminateOnTimeOut(3600), ckpt, es_monitor, reduce_lr, warmup_lr, checkpointer, progress]
     x, y = data()
     train_gen = Feeder(x[:48], y[:48], 16, shuffle=True)
     val_gen = Feeder(x[48:], y[48:], 16, shuffle=False)
     say(f"ready {initial_epoch}")
+    if resumed is not None:
+        say(f"adopted epoch={resumed.epoch} step={resumed.step} generation={resumed.generation} J.step={J['step']}")
     model.fit(
         train_gen,
         epochs=params["epochs"],

@@ -110,3 +110,43 @@ def test_uno_shaped_script_killed_and_rerun_unchanged_is_bit_identical(tmp_path:
     assert sorted(expected.files) == sorted(resumed.files)
     for name in expected.files:
         np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
+
+
+def test_uno_sigterm_mid_epoch_adopts_the_step_checkpoint_and_ends_bit_identical(tmp_path: Path) -> None:
+    """Uno's calls unchanged, SIGTERM in the middle of epoch 3: the preemption saves a step checkpoint and exits;
+    rerun, ckpt.restart(params) resumes that step checkpoint, the callback adopts that very record (not its
+    epoch's), and the final weights and optimizer state equal an uninterrupted run's bit for bit."""
+    env = {**ENV, "CANDLE_JOB_STEP_SLEEP": "0.3"}
+
+    def job(workdir: Path, out: Path, sigterm_at: str | None = None) -> tuple[int, list[str], str]:
+        workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(job_script("candle_job.py")), "uno", str(workdir), str(EPOCHS), str(out)]
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            lines = []
+            for line in child.stdout:
+                lines.append(line.strip())
+                if line.strip() == sigterm_at:
+                    os.kill(child.pid, signal.SIGTERM)
+            _, stderr = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        return child.returncode, lines, stderr
+
+    code, lines, stderr = job(tmp_path / "reference", tmp_path / "reference.npz")
+    assert code == 0 and lines[-1] == "done", stderr[-3000:]
+    code, lines, stderr = job(tmp_path / "job", tmp_path / "unused.npz", sigterm_at="batch 2:0")
+    assert code == 128 + signal.SIGTERM, stderr[-3000:]
+    steps = CheckpointStore(tmp_path / "job" / "ckpts", flat=True).steps
+    (generation,) = steps.generations()
+    saved = steps.read_sidecar(generation)
+    assert (saved.epoch, saved.step) == (2, 2)
+    code, lines, stderr = job(tmp_path / "job", tmp_path / "resumed.npz")
+    assert code == 0 and lines[-1] == "done", stderr[-3000:]
+    assert lines[:2] == ["ready 2", f"adopted epoch=2 step=2 generation={generation} J.step=2"], lines[:3]
+    expected, resumed = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
+    assert sorted(expected.files) == sorted(resumed.files)
+    for name in expected.files:
+        np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)

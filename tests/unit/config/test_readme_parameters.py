@@ -13,7 +13,7 @@ README = REPO / "README.rst"
 
 def _table_rows() -> dict[str, str]:
     text = README.read_text()
-    table = text[text.index("key                        values") :]
+    table = text[re.search(r"^key +values", text, re.M).start() :]  # the key column is as wide as the longest key
     table = table[: table.index("\n\n")]
     rows = {}
     for line in table.splitlines():

@@ -1,0 +1,213 @@
+"""The one restore driver: choose, verify and load the checkpoint a job resumes from, for every front end.
+
+``restart()`` (one Keras 3 model, or a JAX process group), :class:`~candle_ckpt.runner.job.JobRunner` and
+:class:`~candle_ckpt.distributed.worker_state.WorkerTrainingState` call :func:`restore` with their config, their
+:class:`~candle_ckpt.core.group.Group` (``SOLO`` for one process) and the adapter that loads; it returns what
+was resumed (:class:`~candle_ckpt.engine.resume.Resumed`), or None. Adopting it (best tracking, lineage, no
+prune of it) is :class:`~candle_ckpt.engine.run.TrainingRun`'s, once.
+
+The order:
+
+1. the restart history is read (:mod:`candle_ckpt.engine.restart_history`), by every process before the
+   first meeting, so that all of a group decide alike and none reads what the primary appends after;
+2. the choice and its verification: one process, :func:`~candle_ckpt.engine.resume.select_checkpoint`; a
+   group, :func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint` (the primary chooses, all verify);
+3. a crash loop is refused (:func:`~candle_ckpt.engine.restart_history.refuse_crash_loop`, exit status 65);
+4. the load through the adapter (:func:`~candle_ckpt.engine.resume.load_chosen`);
+5. the primary appends the ``restart`` record, with the start's breakdown: ``import_s`` (process start to
+   here), ``choose_s``, ``verify_s`` (this process's CRC reads through its store), ``read_s`` (the load),
+   ``restore_s`` (their sum); the first step adds ``first_step_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.core import history as H
+from candle_ckpt.core import layout as L
+from candle_ckpt.core.group import SOLO, Group, is_primary
+from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine import restart_history
+from candle_ckpt.engine.group_restore import Keep, Needed, agree_on_checkpoint
+from candle_ckpt.engine.pending import Pending
+from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, load_chosen, select_checkpoint
+from candle_ckpt.storage.store import CheckpointStore
+
+
+class _VerifyClock:
+    """Times a store's ``verify_files`` (the CRC reads) while a restore chooses through it."""
+
+    def __init__(self, store: CheckpointStore | None) -> None:
+        self.store, self.spent = store, 0.0
+        if store is None:
+            return
+        inner = store.verify_files
+
+        def verify_files(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.spent += time.perf_counter() - began
+
+        store.verify_files = verify_files  # type: ignore[method-assign]
+
+    def stop(self) -> None:
+        if self.store is not None:
+            del self.store.verify_files  # the store's own method again
+
+
+def restore(
+    cfg: CkptConfig,
+    log: OpsLog,
+    adapter: Adapter,
+    *,
+    group: Group = SOLO,
+    name: str | None = None,
+    epoch: int | None = None,
+    fs: Any = None,
+    store: CheckpointStore | None = None,
+    mapped: bool = False,
+    who: str = "",
+    needed: Needed = None,
+    keep: Keep = None,
+    timeout_s: float | None = None,
+    node_local: bool = True,
+) -> Resumed | None:
+    """Choose, verify and load the checkpoint to resume from (the module docstring's order).
+
+    Args:
+        cfg: The job's configuration (``ckpt_restart_mode``, ``ckpt_restart_epoch``, the tiers, and
+            ``ckpt_max_no_progress_restarts``).
+        log: The job's log.
+        adapter: What loads (``reads``, ``restore(chosen, log, where)``; its ``pending`` and ``read_stats``
+            when it has them).
+        group: The job's processes (``SOLO``: one); call it on every one.
+        name: The group's meeting point prefix for this restore (default ``group.meeting("restore")``).
+        epoch: Exactly this epoch (over ``ckpt_restart_epoch``).
+        fs: The file-system seam of a store made here.
+        store: The writer's own store, when it holds the lock (a pull then commits through it).
+        mapped: The files read as read-only mmaps.
+        who: How this process is named in the log line of a group's load.
+        needed, keep, timeout_s, node_local: A group's (:func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint`).
+
+    Returns:
+        What was resumed, or None (nothing to resume from; the mode allows it).
+
+    Raises:
+        NoValidCheckpoint: ``required`` mode or an exact epoch, and none valid.
+        SystemExit: a crash loop refused (status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`).
+    """
+    began = time.perf_counter()
+    import_s = _since_process_start()
+    history = restart_history.History(cfg, log, writes=is_primary(group))
+    records = history.records()
+    if group.size == 1 or is_primary(group):
+        store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
+    clock = _VerifyClock(store)
+    try:
+        chosen = _choose(cfg, log, adapter, group, name, epoch, store, mapped, needed, keep, timeout_s, node_local)
+    finally:
+        clock.stop()
+    chose = time.perf_counter() - began
+    breakdown = {"import_s": import_s, "choose_s": round(max(0.0, chose - clock.spent), 3)}
+    breakdown["verify_s"] = round(clock.spent, 3)
+    if chosen is None:
+        breakdown.update(read_s=0.0, restore_s=round(chose, 3))
+        _recorded(history, None, breakdown)
+        return None
+    return _load(cfg, log, adapter, chosen, history, records, breakdown, began, who)
+
+
+def _load(
+    cfg: CkptConfig,
+    log: OpsLog,
+    adapter: Adapter,
+    chosen: Chosen,
+    history: restart_history.History,
+    records: list[dict[str, Any]],
+    breakdown: dict[str, Any],
+    began: float,
+    who: str,
+) -> Resumed:
+    """Steps 3 to 5: a crash loop refused, else the load, then the record."""
+    name = restart_history.resumed_name(L.Layout.of(cfg), chosen.sidecar)
+    try:
+        restart_history.refuse_crash_loop(cfg, history, records, name, chosen.sidecar)
+    except SystemExit:
+        _close(chosen)
+        raise
+    load = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - began, who)
+    breakdown.update(read_s=round(load["load_s"], 3), restore_s=round(time.perf_counter() - began, 3))
+    pending = getattr(adapter, "pending", None) or Pending()  # what the adapter applies when training starts
+    resumed = Resumed(os.path.realpath(cfg.directory), chosen.sidecar, load, pending)
+    resumed.start = breakdown
+    resumed.source = "persistent" if chosen.sidecar.extra.get("pulled_from") else "fast"
+    _recorded(history, resumed, breakdown, name)
+    return resumed
+
+
+def _choose(
+    cfg: CkptConfig,
+    log: OpsLog,
+    adapter: Adapter,
+    group: Group,
+    name: str | None,
+    epoch: int | None,
+    store: CheckpointStore | None,
+    mapped: bool,
+    needed: Needed,
+    keep: Keep,
+    timeout_s: float | None,
+    node_local: bool,
+) -> Chosen | None:
+    """Step 2: one process chooses alone (a step checkpoint newer than ``last`` first); a group agrees."""
+    reads = tuple(adapter.reads)
+    if group.size == 1:
+        return select_checkpoint(cfg, log, reads=reads, epoch=epoch, mapped=mapped, store=store, steps=True)
+    name = name if name is not None else group.meeting("restore")
+    return agree_on_checkpoint(
+        cfg, log, group, name, reads, needed, epoch,
+        store=store, mapped=mapped, timeout_s=timeout_s, node_local=node_local, keep=keep,
+    )  # fmt: skip
+
+
+def _recorded(
+    history: restart_history.History, resumed: Resumed | None, breakdown: dict[str, Any], name: str | None = None
+) -> None:
+    """Step 5: the ``restart`` record (the primary writes it), and this process's start."""
+    side = resumed.sidecar if resumed is not None else None
+    record = H.new_record(
+        "restart",
+        resumed=name,
+        epoch=side.epoch if side is not None else None,
+        step=side.step if side is not None else None,
+        generation=side.generation if side is not None else None,
+        source=resumed.source if resumed is not None else None,
+        lineage=side.lineage if side is not None else None,
+        start=dict(breakdown),
+        process=restart_history.process_token(),
+    )
+    # Written now where a history exists. Else (a job that never failed) only once the run gets somewhere: at its
+    # first step (a resume), or with its failure, so that a run that trains nothing (a finished run's rerun, a
+    # stop condition already met) and a first fresh start leave no file beside the checkpoints.
+    if side is not None and restart_history.finished(history.cfg, side):
+        return
+    written = os.path.exists(history.path)
+    if written:
+        history.append(record)
+    restart_history.began(record, breakdown, history, written=written)
+
+
+def _since_process_start() -> float | None:
+    started = restart_history.process_start_time()
+    return round(max(0.0, time.time() - started), 3) if started is not None else None
+
+
+def _close(chosen: Chosen) -> None:
+    for data in chosen.contents.values():
+        if hasattr(data, "close"):
+            data.close()
