@@ -74,22 +74,11 @@ def native_stderr_hidden() -> Iterator[None]:
     if level in ("0", "1", "2") or "tensorflow" in sys.modules:  # asked for, or already loaded (said its lines)
         yield
         return
-    import tempfile
+    from candle_ckpt.core.stderr import descriptor_2_captured
 
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as hidden:
-        os.dup2(hidden.fileno(), 2)
-        try:
-            yield
-        except Exception:  # show why it failed (Ctrl-C during it needs no TF noise)
-            os.dup2(saved, 2)
-            hidden.seek(0)
-            sys.stderr.write(hidden.read().decode("utf-8", "replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    # Shown only when the body failed with an error (Ctrl-C during it needs no TF noise).
+    with descriptor_2_captured(lambda text, error: text if isinstance(error, Exception) else ""):
+        yield
 
 
 def saved_so_far(directory: str) -> str:

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # A line absl writes before its logging is initialised: the notice itself, and "I0000 00:00:<seconds>  <tid>
 # file.cc:N] ..." (month and day 0000: the date is not known yet), with the CPU-instructions line's second line.
@@ -33,6 +33,30 @@ def without_startup_lines(text: str) -> str:
 
 
 @contextlib.contextmanager
+def descriptor_2_captured(write_back: Callable[[str, BaseException | None], str]) -> Iterator[None]:
+    """Run the body with file descriptor 2 pointed at a temporary file; then write ``write_back(text, error)``
+    to it, ``error`` being what the body raised (or None). What other threads wrote meanwhile is delayed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    error: BaseException | None = None
+    with tempfile.TemporaryFile() as hidden:
+        os.dup2(hidden.fileno(), 2)
+        try:
+            yield
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            hidden.seek(0)
+            text = write_back(hidden.read().decode("utf-8", "replace"), error)
+            if text:
+                os.write(2, text.encode())
+
+
+@contextlib.contextmanager
 def tf_startup_lines_dropped() -> Iterator[None]:
     """Run the body with TensorFlow's start-up lines dropped from file descriptor 2, the rest written back.
 
@@ -42,21 +66,5 @@ def tf_startup_lines_dropped() -> Iterator[None]:
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         yield
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as hidden:
-        os.dup2(hidden.fileno(), 2)
-        failed = False
-        try:
-            yield
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            hidden.seek(0)
-            text = hidden.read().decode("utf-8", "replace")
-            if text:
-                os.write(2, (text if failed else without_startup_lines(text)).encode())
+    with descriptor_2_captured(lambda text, error: text if error is not None else without_startup_lines(text)):
+        yield
