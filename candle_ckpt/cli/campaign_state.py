@@ -85,10 +85,16 @@ def parse_timestamp(stamp: str | None) -> float | None:
 
 
 def restarts_and_moves(history: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """Restarts (the ``restart`` records after the first) and moves (those on another host than the one before)."""
-    hosts = [r.get("host") for r in history if r.get("event") == "restart"]
-    moves = sum(1 for before, after in zip(hosts, hosts[1:], strict=False) if after != before)
-    return max(len(hosts) - 1, 0), moves
+    """Restarts (the ``restart`` records that resumed a checkpoint) and moves (those on another host than the start
+    before them). A fresh start is recorded on the persistent tier only (``engine/restart_history.py``), and a job
+    started afresh again after a refusal or by hand is a start, not a restart."""
+    starts = [r for r in history if r.get("event") == "restart"]
+    restarts = sum(1 for r in starts if r.get("resumed") is not None)
+    moves = sum(
+        1 for before, after in zip(starts, starts[1:], strict=False)
+        if after.get("resumed") is not None and after.get("host") != before.get("host")
+    )  # fmt: skip
+    return restarts, moves
 
 
 def epoch_time(newest: Commit | None) -> float | None:

@@ -262,14 +262,14 @@ def _auto_or(inner: Callable[[Spec, str, object], Any]) -> Callable[[Spec, str, 
     return coerce_auto
 
 
-def _to_timeout(spec: Spec, key: str, value: object) -> float | str | None:
+def _to_timeout(spec: Spec, key: str, value: object) -> float | str:
     """Coerce ``auto``, ``none`` or a number of seconds > 0 (``ckpt_hang_timeout``)."""
     if isinstance(value, str):
         word = str.lower(str.strip(plain_text(value)))
         if word == "auto":
             return "auto"
         if word in NONE_STRINGS:
-            return None
+            return "none"  # a word, not None: None in a parameter dict means "the default" (auto)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise TypeError(f"{key} must be {spec.allowed}; got {describe_typed(value)}")
     try:

@@ -73,7 +73,7 @@ class CkptConfig:
             ``"return"`` (stop training, ``fit`` returns) or an exit status.
         deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
         deadline_margin: Seconds kept in reserve before the deadline.
-        hang_timeout: ``ckpt_hang_timeout``: ``"auto"``, seconds, or None (no hang watchdog).
+        hang_timeout: ``ckpt_hang_timeout``: ``"auto"``, seconds, or ``"none"`` (no hang watchdog).
         preempt_check: Deprecated, no effect (a warning says so; the value is still checked).
         epochs: Total number of training epochs, or None if unknown.
     """
@@ -111,7 +111,7 @@ class CkptConfig:
     preempt_exit_code: int | str = "signal"
     deadline: str = "auto"
     deadline_margin: float = 60.0
-    hang_timeout: float | str | None = "auto"
+    hang_timeout: float | str = "auto"
     preempt_check: int = 1
     epochs: int | None = None
 

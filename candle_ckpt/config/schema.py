@@ -442,7 +442,6 @@ SPECS: tuple[Spec, ...] = (
             "times (docs/preemption.rst); seconds; or none."
         ),
         allowed="auto, none, or seconds > 0",
-        optional=True,
         none_is_value=True,
     ),
     Spec(

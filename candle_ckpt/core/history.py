@@ -14,6 +14,9 @@ Records (``v`` 1), every one with ``v``, ``id``, ``event``, ``time`` (Unix secon
   nothing to resume, a fresh start);
 - ``{"event": "failure", "restart": "<id of the restart>", "error": "ValueError: ...", "phase": "step"}``: the
   process ended by an uncaught error, or by the watchdog (``"error": "hang"``, ``phase`` the one that hung);
+- ``{"event": "progress", "restart": "<id of the restart>"}``: the first checkpoint this start committed (once a
+  start). A run whose node is lost with its undrained commits resumes the same checkpoint again, yet it made
+  progress: this record keeps such a run from being taken for a crash loop;
 - ``{"event": "refused", "resumed": "epochs/005", "count": 3, "last_failure": "..."}``: ``restart()`` refused
   to resume a crash loop once more, and the process exits with :data:`CRASH_LOOP_EXIT`.
 
@@ -35,7 +38,7 @@ from typing import Any
 
 HISTORY_FILE = "restarts.jsonl"
 VERSION = 1
-EVENTS = ("restart", "failure", "refused")
+EVENTS = ("restart", "failure", "refused", "progress")
 MAX_LINE = 64 * 1024  # a record longer than this is cut to its essentials by the writer
 #: The exit status of a process whose ``restart()`` refused a crash loop (docs/preemption.rst, "Crash loops").
 #: Distinct from the watchdog's 124 (a hang, requeued); a scheduler script must not requeue this one.
@@ -118,7 +121,7 @@ def read_local(path: str) -> list[dict[str, Any]]:
     try:
         with open(path, "rb") as f:
             return parse(f.read())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no history yet; a bad ckpt_directory is named later
         return []
 
 
@@ -144,13 +147,14 @@ def no_progress_restarts(records: Iterable[Mapping[str, Any]], resumed: str | No
     """How many times in a row, counting back from the newest restart, ``resumed`` was the checkpoint resumed.
 
     Each restart that resumed the same checkpoint as the next one made no durable progress in between (a commit
-    would have been resumed instead). A refusal ends the count: the operator looked at the loop and started again.
+    would have been resumed instead, unless it was lost with its node: a ``progress`` record says that start
+    committed, and ends the count). A refusal ends the count: the operator looked at the loop and started again.
     """
     if resumed is None:
         return 0
     count = 0
     for record in reversed(list(records)):
-        if record.get("event") == "refused":
+        if record.get("event") in ("refused", "progress"):
             break
         if record.get("event") != "restart":
             continue

@@ -89,15 +89,16 @@ class History:
             remote = []
         return H.merge(local, remote)
 
-    def append(self, record: Mapping[str, Any], *, background: bool = False) -> None:
+    def append(self, record: Mapping[str, Any], *, background: bool = False, local: bool = True) -> None:
         """Append ``record`` to each tier's copy (the primary only; the fast tier's only where it exists).
 
-        ``background``: the persistent tier's copy is written on a thread (off the training thread).
+        ``background``: the persistent tier's copy is written on a thread (off the training thread). ``local``:
+        False writes the persistent tier's copy only.
         """
         if not self.writes:
             return
         try:
-            if os.path.isdir(self.layout.ckpts):  # nothing is created for a fresh start with nowhere to write
+            if local and os.path.isdir(self.layout.ckpts):  # nothing is created for a fresh start with nowhere to write
                 H.append_local(self.path, record)
         except OSError as err:
             self._problem("write", err)
@@ -203,6 +204,7 @@ class Start:
         self.written = written  # False: held back until the first step, or a failure (engine/restore.py)
         self.since = time.perf_counter()  # restart()'s return: the first step is timed from here
         self.stepped = False
+        self.progressed = False  # a checkpoint was committed since this start (committed())
 
 
 # The process's start: one per process by nature (the failure hook reads it at exit); set by the first restart().
@@ -256,6 +258,23 @@ def first_step(log: OpsLog, writes: bool) -> None:
     elif start.record.get("resumed") is not None:  # a resume's record, held back until now (engine/restore.py)
         start.written = True
         start.history.append({**start.record, "start": dict(start.breakdown)})
+    elif start.history.cfg.persistent:  # a fresh start that trains: the persistent copy only (where a run that
+        start.written = True  # moves is followed from: the host it started on), no file in the fast tier
+        start.history.append({**start.record, "start": dict(start.breakdown)}, local=False)
+
+
+def committed() -> None:
+    """This process committed a checkpoint: its start made progress. The first time, a ``progress`` record (the
+    primary's, on both tiers; the persistent copy off the training thread), so that a run that loses its node with
+    commits not yet drained is not taken for a crash loop when it resumes the same checkpoint again."""
+    if not _START or _START[0].progressed:
+        return
+    start = _START[0]
+    start.progressed = True
+    if start.history is None or start.record is None or not start.written:
+        return  # no record of this start (a fresh start without a persistent tier): nothing to say progress of
+    local = start.record.get("resumed") is not None  # a fresh start's record is on the persistent tier only
+    start.history.append(H.new_record("progress", restart=start.record.get("id")), background=True, local=local)
 
 
 def describe(breakdown: Mapping[str, Any]) -> str:

@@ -145,7 +145,7 @@ class TrainingRun:
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
         layout = Layout.of(cfg)
         self.watchdog = Watchdog(
-            None if checkpointing_off(cfg) else cfg.hang_timeout,
+            None if checkpointing_off(cfg) or cfg.hang_timeout == "none" else cfg.hang_timeout,
             layout.log,
             layout.history,
             who=f"{name} of {group.size}" if group.size > 1 else "",
@@ -241,7 +241,10 @@ class TrainingRun:
 
         def save(reason: str) -> Sidecar | None:
             with self.watchdog.phase_of("save"):
-                return self.engine.save_step(epoch, step, logs, capture, reason)
+                side = self.engine.save_step(epoch, step, logs, capture, reason)
+            if self.engine.records:
+                restart_history.committed()  # this start made progress (once: a progress record)
+            return side
 
         restart_history.first_step(self.log, self._logs_start)
 
@@ -263,6 +266,8 @@ class TrainingRun:
         with self._ended_by_errors():
             with self.watchdog.phase_of("save"):
                 saved = self.engine.save(done, logs, capture)
+            if self.engine.records:
+                restart_history.committed()  # this start made progress (once: a progress record)
 
             def force(reason: str) -> bool:
                 with self.watchdog.phase_of("save"):

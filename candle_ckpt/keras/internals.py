@@ -1,10 +1,8 @@
 """Every private piece of Keras 3 that candle_ckpt touches, and nothing else.
 
-No other module reaches ``keras.src``, ``tensorflow.python`` or a stack frame
-(``tests/unit/test_architecture.py`` fails if one does); the tf_keras adapter
-has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow pieces
-that the Keras 3 path needs (its RNG states, its end-of-input error) live here
-too, as Keras's TensorFlow backend is where they come from.
+No other module reaches ``keras.src``, ``tensorflow.python`` or a stack frame (``tests/unit/test_architecture.py``
+fails if one does); the tf_keras adapter has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow
+pieces that the Keras 3 path needs (its RNG states, its end-of-input error) live here too.
 
 Each accessor's docstring ends with one line: what it relies on, and the
 tripwire test that fails when a Keras release moves it. The tripwires run on
@@ -27,8 +25,6 @@ import keras
 from keras.src.saving import saving_lib
 from keras.src.utils import module_utils
 
-from candle_ckpt.core.stderr import tf_startup_lines_dropped
-
 KERAS_VERSION: str = keras.__version__
 
 # The Keras releases CI runs the suite on (see .ci/run); setup.cfg's range is the same.
@@ -36,13 +32,8 @@ SUPPORTED = ((3, 13), (3, 16))
 
 # Saving formats that changed: (first release of the new format, what changed). A file written
 # by an older Keras and read by one at or past the change may be read wrongly.
-FORMAT_CHANGES = (
-    (
-        (3, 15),
-        "Keras 3.15 stores layers held in lists or dicts inside a layer under 'container*' groups; "
-        "a file written before it has them elsewhere, and Keras skips them",
-    ),
-)
+_CONTAINERS = "Keras 3.15 stores layers held in lists or dicts inside a layer under 'container*' groups; "
+FORMAT_CHANGES = (((3, 15), _CONTAINERS + "a file written before it has them elsewhere, and Keras skips them"),)
 
 # The file names of the framework's callback dispatcher, whose frames are not the fit's.
 CALLBACK_DISPATCH_FILES = ("callback_list.py",)
@@ -118,20 +109,16 @@ def load_state(obj: Any, store: Any, skip: set[int]) -> None:
 def serialize_model_as_json(model: Any) -> tuple[str, str]:
     """Return (config.json, metadata.json) of the model's ``.keras`` archive, without importing TensorFlow.
 
-    Keras's serializer asks ``tf.available`` of each value (``isinstance(obj, tf.TensorShape)``), and that
-    imports TensorFlow: seconds, at the first save of every process of a JAX or torch job with TensorFlow
-    installed. No object of TensorFlow's can exist before TensorFlow is imported, so while it is not,
-    "unavailable" is the exact answer: it is given for the call, and Keras asks again afterwards.
+    Keras's serializer asks ``tf.available`` of each value, which imports TensorFlow (seconds, and its start-up
+    lines mid-training, at the first save of a JAX or torch job with TensorFlow installed). While TensorFlow is not
+    imported no object of its can exist, so "unavailable" is exact: it is given for the call, then asked again.
 
-    Relies on: ``saving_lib._serialize_model_as_json(model)`` and Keras's lazy TensorFlow module
-    (``keras.src.utils.module_utils.tensorflow._available``: None until asked)
-    -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
-    Where TensorFlow is imported here all the same, its start-up lines are dropped.
+    Relies on: ``saving_lib._serialize_model_as_json(model)`` and ``module_utils.tensorflow._available`` (None
+    until asked) -- tripwire ``test_keras_format.py::test_saving_lib_still_has_what_we_call``.
     """
     lazy = module_utils.tensorflow
     if "tensorflow" in sys.modules or getattr(lazy, "_available", False) is not None:
-        with tf_startup_lines_dropped():
-            return saving_lib._serialize_model_as_json(model)
+        return saving_lib._serialize_model_as_json(model)
     lazy._available = False
     try:
         return saving_lib._serialize_model_as_json(model)

@@ -4,8 +4,7 @@ The real runs follow docs/campaigns.rst's recipe (a fast tier of the run's own, 
 ``campaign/<run id>``, ``ckpt_keep_limit=2``), one process per life: run-0001 trains to its end; run-0002 is
 killed with SIGKILL on "node-a" after two epochs and restarted on "node-b" on an empty fast tier; run-0003 gets
 SIGTERM in its third epoch (a preemption save, exit 143). Each life names its node through
-``socket.gethostname`` (every life runs on this machine) and, until ``restart()`` writes the restart history
-itself, appends its restart record to ``<url>/restarts.jsonl`` with :mod:`candle_ckpt.core.history`. The
+``socket.gethostname`` (every life runs on this machine); ``restart()`` writes the restart history. The
 synthetic runs (``candle_ckpt.testing.campaign``) set up the states that take hours: stale, failed, refused.
 """
 
@@ -36,7 +35,6 @@ socket.gethostname = lambda: os.environ["CAMPAIGN_NODE"]  # the node this life r
 import keras
 import numpy as np
 import candle_ckpt as candle
-from candle_ckpt.core import history
 
 run_id, fast, stop = sys.argv[1], sys.argv[2], sys.argv[3]  # stop: "-", "kill:E" or "term:E" (epoch index)
 gParameters = {
@@ -52,13 +50,6 @@ keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
 model.compile(optimizer="adam", loss="mse")
 J = candle.restart(gParameters, model)
-path = os.path.join(gParameters["ckpt_persistent_url"], history.HISTORY_FILE)
-if not any(r.get("pid") == os.getpid() for r in history.read_local(path)):  # restart() did not record it
-    where = None
-    if J is not None:
-        where = "epochs/%03d" % J["epoch"] if J.get("step") is None else "steps/%03d" % J["generation"]
-    fields = {k: (J or {}).get(k) for k in ("epoch", "step", "generation", "lineage")}
-    history.append_local(path, history.new_record("restart", resumed=where, **fields))
 kind, _, at = stop.partition(":")
 
 class Stop(keras.callbacks.Callback):

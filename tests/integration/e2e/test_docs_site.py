@@ -98,13 +98,13 @@ def test_a_link_to_a_missing_page_or_a_stale_api_name_fails_the_build(tmp_path: 
     assert done.returncode != 0
     assert "link to gone.rst#x: no such page in docs/" in done.stderr, done.stderr
     assert "restart_everything" in done.stderr, done.stderr
-    (source / "page.rst").write_text("Page\n====\n\n.. autoclass:: candle_ckpt.JobRunner\n   :members: train, _resume, "
+    (source / "page.rst").write_text("Page\n====\n\n.. autoclass:: candle_ckpt.JobRunner\n   :members: train, _gone, "
                                      "rewind\n")  # fmt: skip
     members = build(source, tmp_path / "out1")
     assert members.returncode != 0
     assert (
         "page.rst lists members that autodoc did not render (no docstring, or no such member): "
-        "candle_ckpt.JobRunner._resume, candle_ckpt.JobRunner.rewind" in members.stderr
+        "candle_ckpt.JobRunner._gone, candle_ckpt.JobRunner.rewind" in members.stderr
     ), members.stderr
     (source / "page.rst").write_text("Page\n====\n\nSee `the index <index.rst>`_.\n")
     again = build(source, tmp_path / "out2")

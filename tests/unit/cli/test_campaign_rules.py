@@ -110,12 +110,17 @@ def test_a_run_with_no_commit_is_judged_by_its_newest_restart_or_its_files() -> 
     assert state(facts(None)) == "training"
 
 
-def test_restarts_count_after_the_first_and_moves_count_host_changes() -> None:
-    """a, a, b, a: 3 restarts, 2 moves; the newest restart on another host than the one before is moved."""
-    history = [rec("restart", 40, "a"), rec("restart", 30, "a"), rec("failure", 25, "a"), rec("restart", 20, "b")]
+def test_restarts_count_resumes_and_moves_count_host_changes() -> None:
+    """A fresh start on a, resumes on a, b, a: 3 restarts, 2 moves; a fresh start is no restart; the newest restart
+    on another host than the start before it is moved."""
+    resumed = {"resumed": "epochs/001"}
+    history = [rec("restart", 40, "a"), rec("restart", 30, "a", **resumed), rec("failure", 25, "a")]
+    history.append(rec("restart", 20, "b", **resumed))
     assert S.restarts_and_moves(history) == (2, 1)
     assert state(facts(commit(age=1.0), history)) == "moved"
-    history.append(rec("restart", 10, "a"))
+    history.append(rec("restart", 10, "a", **resumed))
+    assert S.restarts_and_moves(history) == (3, 2)
+    history.append(rec("restart", 5, "b"))  # started afresh by hand on b: a start, not a restart nor a move
     assert S.restarts_and_moves(history) == (3, 2)
     assert S.restarts_and_moves([]) == (0, 0)
 

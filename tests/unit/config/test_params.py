@@ -1154,3 +1154,11 @@ def test_preempt_check_is_deprecated_with_one_warning() -> None:
     said = [line for line in take_unreported() if "ckpt_preempt_check" in line]
     assert said == ["ckpt_preempt_check is deprecated and has no effect: no process talks on a training step any "
                     "more (docs/preemption.rst)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("word", ["none", "None", ""])
+def test_hang_timeout_none_survives_a_round_trip_through_a_params_dict(word: str) -> None:
+    """ckpt_hang_timeout=none stays off when the config goes back into a params dict (None there means auto)."""
+    config = CkptConfig.from_params({"ckpt_hang_timeout": word})
+    assert config.hang_timeout == "none"
+    assert CkptConfig.from_params(as_params(config)).hang_timeout == "none"

@@ -29,7 +29,7 @@ def test_appended_records_read_back_and_a_cut_line_is_skipped(tmp_path):
 
 def test_unknown_event_is_refused():
     """An event outside the documented ones is a programming error, named with the choices."""
-    with pytest.raises(ValueError, match="history event must be one of restart, failure, refused"):
+    with pytest.raises(ValueError, match="history event must be one of restart, failure, refused, progress"):
         H.new_record("started")
 
 
@@ -59,3 +59,13 @@ def test_merge_is_a_union_by_id_in_time_order_and_rates_count_restarts_after_the
     failure = H.new_record("failure", error="hang", phase="input")
     assert H.last_failure([*merged, failure]) == "hang"
     assert H.last_failure(merged) is None
+
+
+def test_a_progress_record_ends_the_no_progress_count():
+    """A start that committed (a progress record) is no crash loop, though the next one resumes the same checkpoint
+    (its commits were lost with its node before they were drained)."""
+    records = [_restart("epochs/002", 1), _restart("epochs/002", 2)]
+    progress = H.new_record("progress", restart=records[1]["id"])
+    progress["time"] = 2.5
+    assert H.no_progress_restarts(records, "epochs/002") == 2
+    assert H.no_progress_restarts([*records, progress, _restart("epochs/002", 3)], "epochs/002") == 1
