@@ -49,8 +49,8 @@ class CkptConfig:
         metadata: Free-form string stored with checkpoints, or None.
         save_weights_only: Whether only weights are saved.
         restart_epoch: Epoch to restart from, or None for the latest.
-        max_no_progress_restarts: Resumes of one checkpoint in a row, with no commit after it, at which
-            ``restart()`` refuses a crash loop (exit status 65); 0: never.
+        max_no_progress_restarts: Resumes of one checkpoint in a row, each earlier one failing before a commit,
+            at which ``restart()`` refuses a crash loop (exit status 65); 0: never.
         on_error: ``"raise"`` or ``"warn"`` when a save fails.
         async_save: Whether checkpoints are written in the background.
         async_timeout: Seconds to wait for background writes at exit.

@@ -194,7 +194,8 @@ SPECS: tuple[Spec, ...] = (
         default=3,
         help=(
             "restart() refuses (exit status 65) when the same checkpoint would be resumed this many times in a "
-            "row with no checkpoint committed after it (a crash loop); 0 never refuses."
+            "row, each earlier start failing (an error or a hang) before it committed (a crash loop); 0 never "
+            "refuses."
         ),
         allowed="integer >= 0",
         minimum=0,

@@ -144,24 +144,35 @@ def restarts(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def no_progress_restarts(records: Iterable[Mapping[str, Any]], resumed: str | None) -> int:
-    """How many times in a row, counting back from the newest restart, ``resumed`` was the checkpoint resumed.
+    """How many times in a row, counting back from the newest restart, ``resumed`` was resumed by a process that
+    then failed (a ``failure`` record: an uncaught error, or a hang the watchdog ended) before committing.
 
-    Each restart that resumed the same checkpoint as the next one made no durable progress in between (a commit
-    would have been resumed instead, unless it was lost with its node: a ``progress`` record says that start
-    committed, and ends the count). A refusal ends the count: the operator looked at the loop and started again.
+    A start that committed (a ``progress`` record), a refusal (the operator looked at the loop and started again)
+    or a resume of another checkpoint ends the count. A start that ended with no record of its own (SIGKILL,
+    preemption, power loss, a node lost with commits not yet drained: the node's fate, not the job's) is passed
+    over: it neither counts nor ends the count, so a job killed from outside is never taken for a crash loop.
     """
     if resumed is None:
         return 0
+    records = list(records)
+    failed = {_life(r) for r in records if r.get("event") == "failure"}
+    failed |= {r.get("restart") for r in records if r.get("event") == "failure" and r.get("restart")}
     count = 0
-    for record in reversed(list(records)):
+    for record in reversed(records):
         if record.get("event") in ("refused", "progress"):
             break
         if record.get("event") != "restart":
             continue
         if record.get("resumed") != resumed:
             break
-        count += 1
+        if record.get("id") in failed or _life(record) in failed:
+            count += 1
     return count
+
+
+def _life(record: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The process a record was written by (its host and pid)."""
+    return record.get("host"), record.get("pid")
 
 
 def last_failure(records: Iterable[Mapping[str, Any]]) -> str | None:

@@ -9,8 +9,9 @@ from candle_ckpt.core.layout import Layout
 
 
 def _restart(resumed, t):
+    """A restart record at time ``t``, by a process of its own (a pid no other record has)."""
     record = H.new_record("restart", resumed=resumed)
-    record["time"] = t
+    record["time"], record["pid"] = t, 100000 + int(t * 10)
     return record
 
 
@@ -33,20 +34,36 @@ def test_unknown_event_is_refused():
         H.new_record("started")
 
 
-def test_no_progress_counts_the_newest_run_of_one_checkpoint_and_a_refusal_resets_it():
-    """Three restarts of epochs/005 after one of epochs/004 count 3; a refusal in between ends the count."""
-    records = [
-        _restart("epochs/004", 1),
-        _restart("epochs/005", 2),
-        _restart("epochs/005", 3),
-        _restart("epochs/005", 4),
-    ]
+def _failed(restart, t):
+    """The failure record of ``restart``'s process, at time ``t``."""
+    record = H.new_record("failure", restart=restart["id"], error="ValueError: bad batch")
+    record["time"], record["pid"] = t, restart["pid"]
+    return record
+
+
+def test_no_progress_counts_failed_resumes_of_one_checkpoint_and_a_refusal_resets_it():
+    """Three resumes of epochs/005 that each failed, after one of epochs/004, count 3; a refusal ends the count."""
+    records = []
+    for t, name in enumerate(["epochs/004", "epochs/005", "epochs/005", "epochs/005"]):
+        records += [_restart(name, 2 * t), _failed(_restart(name, 2 * t), 2 * t + 1)]
+        records[-1]["restart"] = records[-2]["id"]
     assert H.no_progress_restarts(records, "epochs/005") == 3
     assert H.no_progress_restarts(records, "epochs/006") == 0
     assert H.no_progress_restarts(records, None) == 0
     refused = H.new_record("refused", resumed="epochs/005", count=3)
-    refused["time"] = 3.5
-    assert H.no_progress_restarts([*records[:3], refused, records[3]], "epochs/005") == 1
+    refused["time"] = 4.5
+    assert H.no_progress_restarts([*records[:5], refused, *records[6:]], "epochs/005") == 1
+
+
+def test_a_start_killed_from_outside_neither_counts_nor_ends_the_count():
+    """A resume whose process left no failure record (SIGKILL, a lost node) is passed over: killed three times
+    before committing is no crash loop; between two failed resumes it does not reset their count."""
+    killed = [_restart("epochs/002", t) for t in (1, 2, 3)]
+    assert H.no_progress_restarts(killed, "epochs/002") == 0
+    first, second = _restart("epochs/002", 4), _restart("epochs/002", 6)
+    mixed = [first, _failed(first, 4.5), killed[0], second, _failed(second, 6.5)]
+    mixed[2]["time"] = 5
+    assert H.no_progress_restarts(mixed, "epochs/002") == 2
 
 
 def test_merge_is_a_union_by_id_in_time_order_and_rates_count_restarts_after_the_first():
@@ -62,10 +79,11 @@ def test_merge_is_a_union_by_id_in_time_order_and_rates_count_restarts_after_the
 
 
 def test_a_progress_record_ends_the_no_progress_count():
-    """A start that committed (a progress record) is no crash loop, though the next one resumes the same checkpoint
+    """A start that committed (a progress record) ends the count, though the next one resumes the same checkpoint
     (its commits were lost with its node before they were drained)."""
-    records = [_restart("epochs/002", 1), _restart("epochs/002", 2)]
-    progress = H.new_record("progress", restart=records[1]["id"])
-    progress["time"] = 2.5
+    a, b = _restart("epochs/002", 1), _restart("epochs/002", 2)
+    records = [a, _failed(a, 1.5), b, _failed(b, 2.5)]
+    progress = H.new_record("progress", restart=b["id"])
+    progress["time"] = 2.2
     assert H.no_progress_restarts(records, "epochs/002") == 2
-    assert H.no_progress_restarts([*records, progress, _restart("epochs/002", 3)], "epochs/002") == 1
+    assert H.no_progress_restarts([a, _failed(a, 1.5), b, progress], "epochs/002") == 0
