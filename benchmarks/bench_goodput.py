@@ -201,6 +201,8 @@ def contender_result(c: str, base: dict, run: dict, sched: dict, none_digests: d
 
 def bench(args: argparse.Namespace) -> dict:
     """Every contender, uninterrupted then under the schedule; the result dict."""
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)  # --work-dir names a folder to make, as --out does
     work = Path(tempfile.mkdtemp(prefix="goodput-", dir=args.work_dir))
     loads: list[float] = []
     load_start = [round(x, 2) for x in os.getloadavg()]
