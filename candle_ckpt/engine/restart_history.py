@@ -236,8 +236,7 @@ def began(record: dict[str, Any], breakdown: dict[str, Any], history: History, *
 def run_began() -> None:
     """A run begins: with no ``restart()`` before it in this process, its start is timed from here."""
     if not _START:
-        started = process_start_time()
-        breakdown = {"import_s": _since(started), "restore_s": None}
+        breakdown = {"import_s": seconds_since_process_start(), "restore_s": None}
         _START.append(Start(breakdown, None, None))
 
 
@@ -291,7 +290,9 @@ def describe(breakdown: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _since(started: float | None) -> float | None:
+def seconds_since_process_start() -> float | None:
+    """Seconds from this process's start (the operating system's word) to now; None where it is not known."""
+    started = process_start_time()
     return round(max(0.0, time.time() - started), 3) if started is not None else None
 
 
@@ -310,16 +311,24 @@ def _hook_failures() -> None:
 
 
 def _record_failure(kind: type, value: BaseException) -> None:
-    if not _START or issubclass(kind, KeyboardInterrupt):
+    if issubclass(kind, KeyboardInterrupt):
+        return
+    message = str(value).strip().splitlines()
+    record_failure((f"{kind.__name__}: {message[0]}" if message else kind.__name__)[:500])
+
+
+def record_failure(error: str, phase: str | None = None) -> None:
+    """This process's start failed (an uncaught error; the watchdog's ``"hang"``): a ``failure`` record of its
+    ``restart`` record (written first if it was held back), through the history (the primary, both tiers).
+    ``phase``: where it failed (default: ``step`` once a step ended, else ``start``)."""
+    if not _START:
         return
     start = _START[0]
     if start.history is None or start.record is None:
         return
-    message = str(value).strip().splitlines()
-    error = (f"{kind.__name__}: {message[0]}" if message else kind.__name__)[:500]
     if not start.written:
         start.written = True
         start.history.append({**start.record, "start": dict(start.breakdown)})
-    phase = "step" if start.stepped else "start"
+    phase = phase or ("step" if start.stepped else "start")
     record = H.new_record("failure", restart=start.record["id"], error=error, phase=phase, process=process_token())
     start.history.append(record)

@@ -33,7 +33,7 @@ from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine import restart_history
 from candle_ckpt.engine.group_restore import Keep, Needed, agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
-from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, load_chosen, select_checkpoint
+from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, close_chosen, load_chosen, select_checkpoint
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -102,7 +102,7 @@ def restore(
         SystemExit: a crash loop refused (status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`).
     """
     began = time.perf_counter()
-    import_s = _since_process_start()
+    import_s = restart_history.seconds_since_process_start()
     history = restart_history.History(cfg, log, writes=is_primary(group))
     records = history.records()
     if group.size == 1 or is_primary(group):
@@ -138,7 +138,7 @@ def _load(
     try:
         restart_history.refuse_crash_loop(cfg, history, records, name, chosen.sidecar)
     except SystemExit:
-        _close(chosen)
+        close_chosen(chosen)
         raise
     load = load_chosen(cfg, log, adapter, chosen, time.perf_counter() - began, who)
     breakdown.update(read_s=round(load["load_s"], 3), restore_s=round(time.perf_counter() - began, 3))
@@ -200,14 +200,3 @@ def _recorded(
     if written:
         history.append(record)
     restart_history.began(record, breakdown, history, written=written)
-
-
-def _since_process_start() -> float | None:
-    started = restart_history.process_start_time()
-    return round(max(0.0, time.time() - started), 3) if started is not None else None
-
-
-def _close(chosen: Chosen) -> None:
-    for data in chosen.contents.values():
-        if hasattr(data, "close"):
-            data.close()

@@ -252,7 +252,7 @@ def _newest_of_both_tiers(
     pulled = pull_first(tier, newer, store, log) if newer else None
     if pulled is not None:
         if local is not None:
-            _close(local)
+            close_chosen(local)
         log.info(
             f"restart: tier: persistent: {tier.url} {describe(pulled)} is newer than {fast}; "
             f"fetched into {store.layout.root} and verified"
@@ -276,7 +276,8 @@ def _newest_of_both_tiers(
     return local
 
 
-def _close(chosen: Chosen) -> None:
+def close_chosen(chosen: Chosen) -> None:
+    """Close what a choice opened (its read-only maps) when it is not loaded after all."""
     for data in chosen.contents.values():
         if hasattr(data, "close"):
             data.close()

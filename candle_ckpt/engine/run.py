@@ -147,7 +147,7 @@ class TrainingRun:
         self.watchdog = Watchdog(
             None if checkpointing_off(cfg) or cfg.hang_timeout == "none" else cfg.hang_timeout,
             layout.log,
-            layout.history,
+            restart_history.record_failure,
             who=f"{name} of {group.size}" if group.size > 1 else "",
             where=where,
             saves=self._longest_save,

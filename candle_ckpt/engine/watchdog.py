@@ -47,8 +47,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from candle_ckpt.core import history
-
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
 START_S = 600.0  # auto: the limit before the first step ended (start-up, restore, compile)
@@ -88,7 +86,8 @@ class Watchdog:
     Args:
         timeout: ``ckpt_hang_timeout``: ``"auto"``, seconds, or None (off: nothing is watched).
         log_path: ``ckpt.log``'s path (the hang's block is appended there), or None.
-        history_path: The restart history's path (a ``failure`` record), or None.
+        record_failure: Records the hang in the restart history (``record_failure(error, phase)``: the run's
+            :func:`~candle_ckpt.engine.restart_history.record_failure`), or None.
         who: How this process is named in the block (``"process 1 of 2"``), or "".
         where: The front end's probe, called once on a hang in ``step``: ``"input"`` when the training
             thread waits in its framework's data pipeline, else None.
@@ -101,14 +100,14 @@ class Watchdog:
         self,
         timeout: float | str | None,
         log_path: str | None = None,
-        history_path: str | None = None,
+        record_failure: Callable[[str, str], None] | None = None,
         *,
         who: str = "",
         where: Callable[[], str | None] | None = None,
         saves: Callable[[], float] | None = None,
         exit: Callable[[int], Any] = os._exit,
     ) -> None:
-        self.timeout, self.log_path, self.history_path = timeout, log_path, history_path
+        self.timeout, self.log_path, self.record_failure = timeout, log_path, record_failure
         self.who, self.where, self.saves, self._exit = who, where, saves, exit
         self.on = timeout is not None
         self.last = 0.0  # monotonic time of the last progress: the one store per step (beat)
@@ -216,11 +215,9 @@ class Watchdog:
         if self.log_path is not None:
             with contextlib.suppress(OSError):
                 _append(self.log_path, block)
-        if self.history_path is not None:
+        if self.record_failure is not None:
             with contextlib.suppress(Exception):
-                restart = _restart_id(self.history_path)
-                record = history.new_record("failure", error="hang", phase=phase, restart=restart)
-                history.append_local(self.history_path, record)
+                self.record_failure("hang", phase)
 
 
 class WatchedGroup:
@@ -292,12 +289,6 @@ def _append(path: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _restart_id(path: str) -> str | None:
-    """The id of this process's ``restart`` record in the history at ``path``, if it wrote one."""
-    mine = [r for r in history.restarts(history.read_local(path)) if r.get("pid") == os.getpid()]
-    return str(mine[-1]["id"]) if mine else None
 
 
 __all__ = ["FLOOR_S", "HANG_EXIT", "PHASES", "SAFETY", "START_S", "WatchedGroup", "Watchdog", "auto_limit"]

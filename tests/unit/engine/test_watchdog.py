@@ -35,10 +35,13 @@ def test_auto_scales_with_the_observed_intervals():
 
 def _dog(tmp_path, timeout, where=None):
     ended: list[int] = []
+
+    def record_failure(error: str, phase: str) -> None:  # as the run's restart history records it
+        history.append_local(str(tmp_path / "restarts.jsonl"), history.new_record("failure", error=error, phase=phase))
+
     dog = Watchdog(
-        timeout, str(tmp_path / "ckpt.log"), str(tmp_path / "restarts.jsonl"), who="process 1 of 2", where=where,
-        exit=ended.append,
-    )  # fmt: skip
+        timeout, str(tmp_path / "ckpt.log"), record_failure, who="process 1 of 2", where=where, exit=ended.append
+    )
     return dog, ended
 
 
