@@ -5,7 +5,7 @@ The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule)
 :meth:`StepPlan.step_end`, which times each step checkpoint it takes (the seconds it blocked training: the save
 cost ``C``). Before the first, the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``:
 a step checkpoint is written synchronously, so all of it blocks). At the start of each fit it reads the run's
-failures from its restart history (``restarts.jsonl``, :func:`~candle_ckpt.core.history.failure_rate`).
+failures from its restart history (``restarts.jsonl`` of both tiers, :func:`~candle_ckpt.core.history.failure_rate`).
 
 A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
 for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
@@ -29,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from candle_ckpt.core.history import failure_rate, read_local
+from candle_ckpt.core.history import failure_rate
 from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
+from candle_ckpt.engine.restart_history import History
 
 #: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
 REFRESH_STEPS = 16
@@ -41,12 +42,12 @@ class StepPlan:
 
     Args:
         cfg: The job's configuration (``ckpt_save_steps``, ``ckpt_mtbf``).
-        engine: The job's engine: ``records``, ``store.layout.history``, ``group``, the note attributes.
+        engine: The job's engine: ``records``, ``log``, ``group``, the note attributes.
         on: Whether this loop takes periodic step checkpoints at all (checkpointing on, and the loop asks).
     """
 
     def __init__(self, cfg: Any, engine: Any, on: bool) -> None:
-        self.engine = engine
+        self.cfg, self.engine = cfg, engine
         self.policy = StepInterval(cfg.save_steps if on else 0, cfg.mtbf)
         self.on = on and cfg.save_steps != 0
         self.shared = self.on and self.policy.auto and getattr(engine.group, "size", 1) > 1
@@ -64,8 +65,8 @@ class StepPlan:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
         if self.on and self.policy.auto:
-            try:
-                records = read_local(self.engine.store.layout.history)
+            try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
+                records = History(self.cfg, self.engine.log, writes=False).records()
             except OSError:  # unreadable: the prior stands
                 records = []
             self.policy.failures(*failure_rate(records, now))

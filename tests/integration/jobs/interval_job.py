@@ -2,7 +2,9 @@
 
 ``python interval_job.py DIR OUT PHASE STEP_S``: seeds everything, builds ``exact_job``'s model, calls
 ``restart()`` and ``fit`` for :data:`EPOCHS` epochs of :data:`STEPS` steps with the checkpoint callback at its
-defaults; each step takes ``STEP_S`` seconds more (a callback sleeps: a real model's step time). PHASE ``full``
+defaults; each step takes ``STEP_S`` seconds more (a callback sleeps: a real model's step time), and in the
+``kill`` phase's last epoch at least a third of the interval's seconds (:data:`INTERVALS` intervals an epoch: the
+interval in seconds follows the measured save cost, which a busy disk can make ten times longer). PHASE ``full``
 and ``resume`` run to the end and write the final weights and optimizer variables to ``OUT`` (``.npz``) and
 ``stats()`` to ``OUT.json``; ``kill`` SIGKILLs itself in the last epoch, once it has taken a step checkpoint
 there, one step short of the next one (the most work a kill can lose), after printing
@@ -20,6 +22,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EPOCHS, STEPS, BATCH = 2, 400, 8
+#: In the kill phase's last epoch, its steps last long enough for this many intervals to fit in it.
+INTERVALS = 3
 
 
 def say(message: str) -> None:
@@ -53,10 +57,12 @@ def main(directory: str, out: str, phase: str, step_s: float) -> None:
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             # Before the checkpoint callback's batch end: it has seen steps 1 .. batch, not this one yet.
-            time.sleep(step_s)
             if phase != "kill" or self.epoch != EPOCHS - 1:
+                time.sleep(step_s)
                 return
             step, stats = batch + 1, ckpt.stats()  # stats()["steps"]: the interval of its check at step - 1
+            seconds = stats["steps"]["seconds"] or 0.0  # max(save cost / 2%, Young/Daly), whatever the step time
+            time.sleep(max(step_s, seconds * INTERVALS / STEPS))
             saved = [s["step"] for s in stats["saves"] if s.get("step") and s["epoch"] == self.epoch]
             every = stats["steps"]["interval"]
             if saved and (step - saved[-1] >= every - 1 or step == STEPS - 1):  # one step short of the next one

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.history import append_local, new_record
 from candle_ckpt.core.layout import Layout
+from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.interval import OVERHEAD, PRIOR_MTBF_S, StepInterval, choose, mtbf
 from candle_ckpt.engine.step_plan import StepPlan
 
@@ -103,14 +104,14 @@ class Engine:
     """What a StepPlan reads and writes of a CheckpointEngine."""
 
     def __init__(self, root: str, size: int = 1) -> None:
-        self.records: list[dict] = []
+        self.root, self.records, self.log = root, [], OpsLog(None)
         self.store = type("Store", (), {"layout": Layout.at(root)})()
         self.group = type("Group", (), {"size": size})()
         self.agreed, self.note_out, self.step_interval = "", None, None
 
 
 def plan(engine: Engine, **params) -> StepPlan:
-    return StepPlan(CkptConfig.from_params(params), engine, True)
+    return StepPlan(CkptConfig.from_params({"ckpt_directory": engine.root, **params}), engine, True)
 
 
 def test_the_plan_saves_after_a_measured_save_and_reports_why(tmp_path) -> None:
@@ -165,3 +166,19 @@ def test_several_processes_use_the_agreed_word_not_their_own_times(tmp_path) -> 
     for step in range(1, 10):
         steps.step_end(step, 0.01, saved.append)
     assert len(saved) == 3 and engine.step_interval["interval"] == 3
+
+
+def test_the_plan_reads_the_failures_of_the_persistent_tier_too(tmp_path) -> None:
+    """A run moved to an empty node learns its MTBF from the persistent tier's copy of the history."""
+    engine = Engine(str(tmp_path / "fast"))
+    shared = tmp_path / "shared"
+    for at in (1000.0, 1100.0, 1200.0):
+        record = new_record("restart", resumed=None)
+        record["time"] = at
+        append_local(str(shared / "restarts.jsonl"), record)
+    steps = plan(engine, ckpt_persistent_url=str(shared))
+    steps.arm(1200.0)
+    engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
+    for step in (1, 2):
+        steps.step_end(step, 0.1, lambda reason: None)
+    assert engine.step_interval["mtbf_s"] == 100.0
