@@ -26,7 +26,9 @@ def test_two_processes_take_auto_step_checkpoints_at_the_same_steps(tmp_path) ->
     """Each process measures its own times, yet both take the primary's interval, adopted at the same point of the
     run (an asynchronous job: the save after the one that carried it), so their step checkpoints fall on the same
     steps; stats()["steps"] is the same on both."""
-    flags = ["--rows=1600", "--step-sleep=0.1", "--mtbf=1", "--print-stats"]
+    # Steps of 0.1 s at least, and long enough for three intervals an epoch: the interval follows the measured save,
+    # which a busy disk stretches (the 2% bound), and an epoch of fixed steps would end before it.
+    flags = ["--rows=1600", "--step-sleep=0.1", "--intervals=3", "--mtbf=1", "--print-stats"]
     job = JaxJob(tmp_path, "a", "dp", tmp_path / "ck", 3, extra={0: flags, 1: flags}, timeout_s=wait_s(300))
     job.succeed()
     primary, other = stats(job, 0), stats(job, 1)

@@ -27,6 +27,8 @@ print ``STATS {json}`` (the callback's ``stats()``: its saves and its restore) a
 ``--mesh=B,M``: ``mp`` on a B x M mesh (``batch`` x ``model``, B * M devices in all) instead of 1 x D; the
 processes of one mesh row feed the same rows, each row its own share.
 ``--mtbf=S``: ``ckpt_mtbf=S``. ``--step-sleep=S``: every step takes S seconds more (a real model's step time).
+``--intervals=K`` (with ``--step-sleep``): once the interval of ``ckpt_save_steps=auto`` is known, every step takes
+at least its seconds x K / steps of an epoch, so that K intervals fit in an epoch however long a save takes here.
 ``--node-local``: this process's ``ckpt_directory`` is ``DIR/node<RANK>`` (each its own, as on node-local disks).
 ``--persistent=URL``: ``ckpt_persistent_url``; ``--drain=POLICY``: ``ckpt_drain``.
 ``--keys-out=PATH``: after fit, every process meets (a device barrier), then rank 0 writes to PATH, as JSON,
@@ -97,9 +99,10 @@ def dump(model, path: str) -> None:
     np.savez(path, **arrays)
 
 
-def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0):
+def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=None, intervals: int = 0):
     """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled);
-    ``every``: it also sleeps that long after every batch (a real model's step time)."""
+    ``every``: it also sleeps that long after every batch (a real model's step time); ``intervals`` (with ``ckpt``,
+    the checkpoint callback): at least the auto interval's seconds x ``intervals`` / steps of an epoch."""
     import keras
 
     class _Pause(keras.callbacks.Callback):
@@ -107,7 +110,8 @@ def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0):
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
-            time.sleep(every)
+            seconds = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
+            time.sleep(max(every, seconds * intervals / self.params["steps"]))
             if self.epoch == epoch and b == batch:
                 print("PAUSED", flush=True)
                 time.sleep(seconds)
@@ -210,7 +214,8 @@ def main() -> None:
     if at_end is not None:
         callbacks.append(PauseAtEpochEnd(int(at_end)))
     if flag(flags, "step-sleep"):
-        callbacks.append(Pause(-1, -1, 0, every=float(flag(flags, "step-sleep"))))
+        intervals = int(flag(flags, "intervals") or 0)
+        callbacks.append(Pause(-1, -1, 0, float(flag(flags, "step-sleep")), callbacks[0], intervals))
     x, y = make_data(int(flag(flags, "rows") or N))
     if dist == "dp":  # the batch is split over the processes: each feeds its own part of every global batch
         x, y = x[rank::nproc], y[rank::nproc]
