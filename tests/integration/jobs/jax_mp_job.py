@@ -31,6 +31,8 @@ processes of one mesh row feed the same rows, each row its own share.
 at least its seconds x K / steps of an epoch, so that K intervals fit in an epoch however long a save takes here.
 ``--node-local``: this process's ``ckpt_directory`` is ``DIR/node<RANK>`` (each its own, as on node-local disks).
 ``--persistent=URL``: ``ckpt_persistent_url``; ``--drain=POLICY``: ``ckpt_drain``.
+``CANDLE_WALK_OUT=PATH`` (environment): the modules of candle_ckpt this process enters from ``PAUSED`` on are
+written to ``PATH.p<RANK>`` (:mod:`module_walk`: docs/architecture.rst's walk of a SIGTERM).
 ``--keys-out=PATH``: after fit, every process meets (a device barrier), then rank 0 writes to PATH, as JSON,
 the keys under ``candle_ckpt/`` still held by the coordination service (what a long job accumulates).
 """
@@ -110,6 +112,8 @@ def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=N
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
+            if self.epoch == epoch and b == batch and WALK is not None:
+                WALK.start()
             seconds = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
             time.sleep(max(every, seconds * intervals / self.params["steps"]))
             if self.epoch == epoch and b == batch:
@@ -155,9 +159,19 @@ def write_keys(path: str) -> None:
     multihost_utils.sync_global_devices("keys-read")  # nobody shuts the service down before rank 0 has read
 
 
+#: The walk from PAUSED on (CANDLE_WALK_OUT), installed before anything starts a thread.
+WALK = None
+
+
 def main() -> None:
+    global WALK
     dist, directory, epochs, out, port, rank, nproc = sys.argv[1:8]
     flags = sys.argv[8:]
+    if os.environ.get("CANDLE_WALK_OUT"):
+        from module_walk import Walk, import_all
+
+        import_all()
+        WALK = Walk(f"{os.environ['CANDLE_WALK_OUT']}.p{rank}").install()
     import jax
 
     if port == "slurm":  # one task of `srun -n N`: jax.distributed reads Slurm's environment by itself
