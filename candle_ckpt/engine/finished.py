@@ -4,9 +4,11 @@ A run is finished when a callback (``EarlyStopping``) or a stop condition
 ended it after the epoch of its newest checkpoint, or when that checkpoint
 has reached the run's epoch limit. Rerunning the same command must then
 restore that checkpoint and train no further. Every way of training uses
-this one rule and its one line: the Keras 3 callback
-(:mod:`candle_ckpt.keras.finished`), the tf_keras callback and ``JobRunner``;
-each makes its own loop run no epoch.
+this one rule and its one line, through the run
+(:meth:`~candle_ckpt.engine.run.TrainingRun.finished`): the Keras 3 and
+tf_keras callbacks (whose ``fit`` the run then starts past its last epoch,
+through the framework's port, :mod:`candle_ckpt.engine.fit_port`) and
+``JobRunner`` (whose loop runs no epoch).
 
 To train on on purpose: after a stop, ask for the epoch explicitly
 (``ckpt_restart_epoch=N``, an explicit request is always honoured); after

@@ -12,14 +12,19 @@ object while that thread pushes and pops frames, python/cpython#111363: a
 misread ended a running fit, or crashed the process). Two signals, each given on
 the thread that owns what it looks at, end a fit instead:
 
-* the death of the fit's ``CallbackList`` (the ``self`` of the framework's
-  dispatcher frame below the hook, a local of ``fit`` that nothing of ours
-  holds strongly): a ``weakref.finalize`` wakes the watcher. It dies as
+* the death of the fit's ``CallbackList`` (a local of ``fit`` that nothing of
+  ours holds strongly): a ``weakref.finalize`` wakes the watcher. It dies as
   ``fit``'s frame does, when ``fit`` returns or once the exception that ended
   it is let go;
 * :func:`notice_ended_fits`, called by a writer of this process that finds the
   lock taken: on the thread that ran ``fit``, that thread's own stack tells
-  whether ``fit`` is still on it. This covers an exception that is kept (a
+  whether ``fit`` is still on it.
+
+Both are found by the framework's port (:class:`~candle_ckpt.engine.fit_port.FitPort`):
+its gateway reads the stack of the hook that arms the guard (the list, and the
+fit's frame, kept as an id and a code object), and its probe reads the stack of
+the thread that asks. No module of the engine reads a frame
+(``tests/unit/test_architecture.py``). This covers an exception that is kept (a
   notebook's ``sys.last_value``, ``pytest.raises(...) as info``), which keeps
   ``fit``'s frame, and so its locals, alive.
 
@@ -35,41 +40,24 @@ commits the write in flight and the kernel drops the lock.
 
 from __future__ import annotations
 
-import inspect
-import os
 import queue
 import threading
 import weakref
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from candle_ckpt.storage.lock import on_held_by_this_process
 
 
-def _is_callback(obj: object) -> bool:
-    """Duck-typed: a callback or a callback list (it has the hooks and ``set_model``); a model has not."""
-    return callable(getattr(obj, "on_train_begin", None)) and callable(getattr(obj, "set_model", None))
+class FoundFit(NamedTuple):
+    """A running ``fit`` as its framework's port found it from a callback's hook (the stack is read there, in
+    the framework's gateway, never here)."""
 
-
-def _fit_frame(
-    start: FrameType | None, dispatch_files: tuple[str, ...], owner: object = None
-) -> tuple[FrameType | None, object]:
-    """The first frame at or above ``start`` (on the calling thread's own stack) that is not part of the
-    callback machinery: a framework's callback dispatcher, a method of ``owner`` (a subclass's hook calling
-    ``super()``), or any other callback's method (a user's callback that forwards its hooks to ours).
-
-    And the ``self`` of the dispatcher frame nearest to it: the fit's ``CallbackList`` (None if none).
-    """
-    frame, dispatcher = start, None
-    while frame is not None:
-        this = frame.f_locals.get("self")
-        if os.path.basename(frame.f_code.co_filename) in dispatch_files:
-            dispatcher = this if this is not None else dispatcher
-        elif not ((owner is not None and this is owner) or _is_callback(this)):
-            break
-        frame = frame.f_back
-    return frame, dispatcher
+    callback_list: Any
+    """The fit's ``CallbackList``, whose death ends the guarded fit (None: not found)."""
+    on_stack: Callable[[], bool]
+    """Whether the fit is still on the calling thread's stack; asked on the fit's own thread only. It holds no
+    reference to a frame (a frame's id and code)."""
 
 
 def weakly_bound(obj: object, name: str) -> Callable[..., Any]:
@@ -85,27 +73,16 @@ def weakly_bound(obj: object, name: str) -> Callable[..., Any]:
 
 
 class _Fit:
-    """One guarded fit, as the watcher knows it: the id and code of its frame, its thread, two flags."""
+    """One guarded fit, as the watcher knows it: its thread, its port's probe of that thread's stack, two flags."""
 
-    def __init__(self, frame: FrameType, thread_id: int) -> None:
-        self.frame_id, self.code, self.thread_id = id(frame), frame.f_code, thread_id
+    def __init__(self, on_stack: Callable[[], bool], thread_id: int) -> None:
+        self.on_stack, self.thread_id = on_stack, thread_id
         # The watcher waits here. A SimpleQueue's put may run in a finalizer, on any thread, inside a garbage
         # collection (an Event's set takes a lock that thread may already hold).
         self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.noticed = False  # notice_ended_fits() woke it
         self.disarmed = False
         self.finalizer: weakref.finalize | None = None
-
-    def on_stack(self, frame: FrameType | None) -> bool:
-        """Whether this fit's frame is ``frame`` or below it; call on the fit's own thread only.
-
-        A frame keeps its id while it exists, and the fit's frame exists while it runs.
-        """
-        while frame is not None:
-            if id(frame) == self.frame_id and frame.f_code is self.code:
-                return True
-            frame = frame.f_back
-        return False
 
 
 _FITS: weakref.WeakSet[_Fit] = weakref.WeakSet()  # the armed fits (each kept alive by its watcher)
@@ -118,9 +95,8 @@ def notice_ended_fits() -> None:
     after a ``fit`` raised and its exception is kept, a notebook's next cell runs on the same thread.
     """
     me = threading.get_ident()
-    here = inspect.currentframe()
     for fit in list(_FITS):
-        if fit.thread_id == me and not fit.noticed and not fit.on_stack(here):
+        if fit.thread_id == me and not fit.noticed and not fit.on_stack():
             fit.noticed = True
             fit.wake.put("left the stack")
 
@@ -154,32 +130,26 @@ class FitGuard:
 
     Args:
         on_exit: What to do when ``fit`` ended without :meth:`disarm` (it raised).
-        dispatch_files: File names (no folder) of the framework's callback dispatcher, whose frames are not
-            the fit's.
     """
 
-    def __init__(self, on_exit: Callable[[], None], dispatch_files: tuple[str, ...]) -> None:
+    def __init__(self, on_exit: Callable[[], None]) -> None:
         self.on_exit = on_exit
-        self.dispatch_files = tuple(dispatch_files)
-        # The callback whose hooks arm this guard (on_exit's object): its own frames are not the fit.
-        self._owner = getattr(on_exit, "__self__", None)
         self._fit: _Fit | None = None
         self._turn = threading.Lock()  # the watcher's action and disarm() never overlap
 
-    def arm(self, hook_frame: FrameType) -> None:
-        """Start guarding the ``fit`` that called the hook whose frame is ``hook_frame`` (running now, on this
-        thread). Its ``CallbackList`` (the dispatcher's ``self``) is watched; without one, only
-        :func:`notice_ended_fits` ends the fit."""
+    def arm(self, found: FoundFit | None) -> None:
+        """Start guarding the ``fit`` running now on this thread, as its port ``found`` it from the hook
+        (None: nothing to guard). Its ``CallbackList`` is watched; without one, only :func:`notice_ended_fits`
+        ends the fit."""
         self.disarm()
-        target, callback_list = _fit_frame(hook_frame.f_back, self.dispatch_files, self._owner)
-        if target is None:
+        if found is None:
             return
-        fit = self._fit = _Fit(target, threading.get_ident())
-        if callback_list is not None:
-            fit.finalizer = weakref.finalize(callback_list, fit.wake.put, "died")
+        fit = self._fit = _Fit(found.on_stack, threading.get_ident())
+        if found.callback_list is not None:
+            fit.finalizer = weakref.finalize(found.callback_list, fit.wake.put, "died")
             fit.finalizer.atexit = False  # at interpreter exit: nothing to do (see the module docstring)
         _FITS.add(fit)
-        # Not the frame, the list nor self.on_exit: see the module docstring.
+        # Not the list nor self.on_exit: see the module docstring.
         threading.Thread(
             target=_watch, args=(fit, _weak(self.on_exit), self._turn), name="candle_ckpt-fit-guard", daemon=True
         ).start()

@@ -39,6 +39,9 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   end of a loop that reports no step) completes the start's breakdown
   (:func:`~candle_ckpt.engine.restart_history.first_step`).
 
+Fit's plumbing (epoch order, finished-run rule, first epoch) goes through the
+framework's port, once for every front end (:mod:`candle_ckpt.engine.fit_port`).
+
 The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step
 :meth:`~TrainingRun.step_end` and per epoch :meth:`~TrainingRun.epoch_end`, then
 :meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front end
@@ -51,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
-from types import FrameType
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -65,6 +67,7 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.fit_port import FitPlumbing, FitPort
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.notice import NoticeAgreement
@@ -109,8 +112,9 @@ class TrainingRun:
         who: How this process is named in the preemption line of a job of several (``"worker worker:1"``);
             None: ``"process R"``, its rank in ``group``.
         step_saves: Whether this loop takes ``ckpt_save_steps``'s periodic step checkpoints.
-        dispatch_files: The framework's callback dispatcher files (for the fit guard); empty: no guard,
-            the front end calls :meth:`end` from its own ``finally``.
+        port: The framework's :class:`~candle_ckpt.engine.fit_port.FitPort` (a ``fit``'s callback list, epoch
+            hooks, first epoch, who stopped it; and the fit guard); None: no guard, the front end calls
+            :meth:`end` from its own ``finally``.
         on_release: The front end's own release (its hooks, stdout), run with the lock's.
         where: The front end's probe for the watchdog: ``"input"`` while the training thread waits in its
             framework's input pipeline, else None.
@@ -126,7 +130,7 @@ class TrainingRun:
         scope: str | None = "fit",
         who: str | None = None,
         step_saves: bool = False,
-        dispatch_files: tuple[str, ...] = (),
+        port: FitPort | None = None,
         on_release: Callable[[], None] | None = None,
         where: Callable[[], str | None] | None = None,
     ) -> None:
@@ -139,7 +143,8 @@ class TrainingRun:
             cfg, engine, log, step_saves=step_saves, who=f"{name} " if group.size > 1 else "", on_record=self._preempted
         )
         self.sigterm = SigtermExit()
-        self._guard = FitGuard(self._release, dispatch_files) if dispatch_files else None
+        self._guard = FitGuard(self._release) if port is not None else None
+        self.fit = FitPlumbing(port, log)  # fit's epoch order, the finished rule, the first epoch (engine/fit_port)
         self._interrupt = InterruptNotice(log, engine.store, self._settle)
         self._on_release = on_release
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
@@ -200,12 +205,24 @@ class TrainingRun:
             self.log.info(f"restart: applied the optimizer state of {self.where} ({len(parked.values)} variables)")
         return pending.take_train_state()
 
+    def finished(self, ended: tuple[str, int] | None, epochs: Any, **how: Any) -> bool:
+        """Whether this run reruns a finished one (:mod:`candle_ckpt.engine.finished`'s rule, for every front end):
+        said in one line; a ``fit`` (``model=``) then runs no epoch. ``ended``, ``epochs`` and ``how`` (``model``,
+        ``call``, ``limit``): as :meth:`~candle_ckpt.engine.fit_port.FitPlumbing.stop_if_finished`."""
+        return self.fit.stop_if_finished(
+            self.resumed, self.where, ended=ended, epochs=epochs, restart_epoch=self.cfg.restart_epoch, **how
+        )
+
     # -- the run -------------------------------------------------------------------------------------------
-    def begin(self, hook_frame: FrameType | None = None) -> None:
-        """The run starts: the fit guard (``hook_frame``: the framework's hook calling us), the writer lock, the
-        run's scope of the group, then every signal handler (the preemption watcher first, then SIGTERM's)."""
-        if self._guard is not None and hook_frame is not None:
-            self._guard.arm(hook_frame)  # first: an earlier fit's release (if under way) ends here
+    def begin(self, callback: Any = None, *, model: Any = None, resumed: Resumed | None = None) -> Any:
+        """The run starts: the fit guard (``callback``: the callback whose hook calls us now, found in its
+        ``fit`` by the port), the writer lock, the run's scope of the group, then every signal handler (the
+        preemption watcher first, then SIGTERM's); last, what ``restart()`` attached to ``model`` (or ``resumed``)
+        is adopted. Returns the fit's ``CallbackList`` (None: not found, or no ``fit``), for the front end to use
+        in this hook only: its death ends the guarded fit."""
+        found = self.fit.find(callback)
+        if self._guard is not None and callback is not None:
+            self._guard.arm(found)  # first: an earlier fit's release (if under way) ends here
         restart_history.run_began()  # with no restart() before it, this process's start is timed from here
         self.engine.open()
         if self.group.size > 1:
@@ -224,6 +241,8 @@ class TrainingRun:
             self.sigterm.arm(self.engine.writer)
         self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
         self.watchdog.arm()  # last: from here on, a run with no progress for too long is ended (exit 124)
+        self.adopt_resumed(resumed if model is None else resumed_of(model, self.cfg.directory))
+        return found.callback_list if found is not None else None
 
     def step_end(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False
@@ -371,6 +390,7 @@ class TrainingRun:
         end's hooks, and the writer lock (after the last write); the watchdog stops watching."""
         self.watchdog.disarm()
         self.controller.watcher.release()
+        self.fit.release()  # the fit's epoch hooks and first epoch are its own again
         if self._on_release is not None:
             self._on_release()
         self.engine.close()

@@ -20,7 +20,7 @@ from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, 
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.run import TrainingRun
-from candle_ckpt.keras import finished, fit_hooks, internals
+from candle_ckpt.keras import fit_hooks, fit_internals, internals
 from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
@@ -28,7 +28,7 @@ from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state
 from candle_ckpt.keras.sharded import SpareChunks, capture_sharded, keras_group
 from candle_ckpt.keras.state import ModelState
-from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState
+from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState, unpack
 from candle_ckpt.storage.store import FileSpec
 
 
@@ -100,9 +100,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.log,
             group=self.group,
             step_saves=True,
-            dispatch_files=internals.CALLBACK_DISPATCH_FILES,
+            port=fit_internals,  # the callback list, the epoch order, the first epoch (engine/fit_port.py)
             on_release=self._untrack,
-            where=internals.waiting_for_input,
+            where=fit_internals.waiting_for_input,
         )
         self._state: ModelState | None = None
         self._spare = SpareChunks()  # an async multi-process save's buffers, reused once written
@@ -112,7 +112,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self._hooked = False  # saves run after every callback's on_epoch_end (see fit_hooks)
         self._logs: dict[str, Any] = {}
         self._epochs_run = 0
-        self._finished = False  # this fit is a finished run's rerun: it trains nothing (see keras/finished.py)
+        self._finished = False  # this fit is a finished run's rerun: it trains nothing (engine/finished.py)
         self._epoch = 0  # Keras's index of the epoch running now
         self._sync_cfg = self.cfg.replace(async_save=False)  # a step checkpoint is written at once, uncopied
         self._iterator: Any = None  # the fit's epoch iterator (a mid-epoch resume skips steps in it)
@@ -131,19 +131,20 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         super().set_model(model)
 
     def on_train_begin(self, logs=None) -> None:
-        # Held only here, in this call: the list's death tells the run's fit guard that fit ended (see fit_guard).
-        callback_list = fit_hooks.find_callback_list(self)
-        self.run.begin(internals.hook_frame())  # the guard, the writer lock, the group's scope, the signals
+        # The fit's CallbackList, held only in this call: its death tells the run's fit guard that fit ended.
+        # The guard, the writer lock, the group's scope, the signals; what restart() attached to the model, adopted
+        # (best tracking, resumed_from, no prune of it).
+        callback_list = self.run.begin(self, model=self.model)
         self._stdout = track_stdout()  # log records never continue the progress bar's line
-        resumed = self.run.adopt(self.model)  # what restart() attached: best tracking, resumed_from, no prune of it
-        where = self.run.where
         restore = self.run.take_parked(lambda parked, at: apply_optimizer_state(self.model, parked.values, at))
         self._state = ModelState(self.model)
         self._epochs_run = 0
         self._hook_fit(callback_list)
         self._restore = restore
         epochs = (self.params or {}).get("epochs")
-        self._finished = finished.stop_if_finished(self.model, resumed, restore, self.cfg, epochs, where, self.log)
+        epochs = epochs if isinstance(epochs, int) else self.cfg.epochs
+        done = unpack(restore)[0].get("finished") if restore is not None else None  # what EarlyStopping recorded
+        self._finished = self.run.finished((done["by"], done["epoch"]) if done else None, epochs, model=self.model)
         if restore is not None and self._hooked and self._finished:
             # No epoch runs: the callbacks get their state back before their on_train_end, as in the
             # uninterrupted run's (EarlyStopping's restore_best_weights).
@@ -165,9 +166,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         train.model = self.model
         train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
         self._train = train
-        self._hooked = callback_list is not None and fit_hooks.wrap_epoch_hooks(
-            callback_list, self, self._before_epoch, self._after_epoch
-        )
+        # Saves after every callback's on_epoch_end, the state put back before every on_epoch_begin (the run's).
+        self._hooked = self.run.fit.hook_epochs(callback_list, self, self._after_epoch, self._before_epoch)
         if not self._hooked:
             train.warn_once(
                 "could not reach the callback list of this fit: each checkpoint is taken in this callback's "
@@ -209,8 +209,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             return
         self._save(epoch, logs or {})
 
-    def _after_epoch(self, epoch: int) -> None:
-        self._save(epoch, self._logs)
+    def _after_epoch(self, epoch: int, logs: Any = None) -> None:
+        self._save(epoch, self._logs)  # the logs the callbacks saw (the list's own conversion of them)
 
     def _capture(self, step: int | None = None):
         """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
@@ -218,7 +218,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
         data, ended = None, None
         if self._train is not None:
-            by = None if step is not None else finished.stopped_by(self._train.callbacks, self.model, self._epoch)
+            by = None if step is not None else self.run.fit.stopped_by(self._train.callbacks, self.model, self._epoch)
             data = self._train.capture(step, by, self._epoch + 1)
             ended = [by, self._epoch + 1] if by else None  # in the sidecar too, as tf_keras records it
         if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
@@ -244,9 +244,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_end(self, logs=None) -> None:
-        if self._finished:
-            finished.release(self.model)
-        elif self._epochs_run == 0:
+        if not self._finished and self._epochs_run == 0:  # a finished run's first epoch is undone by the run's end
             epochs = (self.params or {}).get("epochs")
             self.log.warning(
                 f"fit() ran no epoch: initial_epoch was at or beyond epochs={epochs}; nothing was trained or saved"

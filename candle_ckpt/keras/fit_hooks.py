@@ -5,7 +5,7 @@ the epoch iterator that feeds the model. Both are found here, once, when
 ``fit`` calls ``on_train_begin``: the ``CallbackList`` is the ``self`` of
 the calling frame, and Keras 3's TensorFlow ``fit`` keeps the iterator in
 its local ``epoch_iterator``. These are Keras internals, reached through
-:mod:`candle_ckpt.keras.internals` (which names the tripwire test of each). When they cannot be found the
+:mod:`candle_ckpt.keras.fit_internals` (which names the tripwire test of each). When they cannot be found the
 callback falls back to saving in its own ``on_epoch_end`` and says what that
 costs (see :mod:`candle_ckpt.keras.callback`).
 
@@ -16,16 +16,12 @@ would have taken them (their batches drawn, so the input and its RNGs move
 exactly as in the uninterrupted run), and the step numbers, the steps seen
 and everything after continue unchanged.
 
-The ``CallbackList`` gets two instance attributes that wrap its
-``on_epoch_begin`` and ``on_epoch_end`` (the list's order and every other
-callback are untouched): the checkpoint of epoch N is taken after *every*
-callback's ``on_epoch_end`` for epoch N, whatever the order of the list,
-and the saved state of a resumed run is put back after every callback's
-``on_train_begin`` and before the first ``on_epoch_begin``. The wrappers
-hold the list only weakly: a wrapper stored on the list that held it would
-make a cycle, and the list would outlive ``fit`` until a full garbage
-collection (its death is how :mod:`candle_ckpt.engine.fit_guard` learns that a
-``fit`` raised).
+The epoch order (the checkpoint of epoch N taken after *every* callback's
+``on_epoch_end`` for epoch N, the saved state of a resumed run put back before
+the first ``on_epoch_begin``) is the run's, the same for tf_keras
+(:mod:`candle_ckpt.engine.fit_port`). Here is only what is Keras 3's own: a fit
+that runs no epoch puts the state back before every ``on_train_end``
+(:func:`before_train_end`), and the steps a mid-epoch resume skips.
 """
 
 from __future__ import annotations
@@ -36,40 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.engine.fit_guard import weakly_bound
-from candle_ckpt.keras import internals
-
-_MARK = "_candle_ckpt_hooked"
+from candle_ckpt.keras import fit_internals, internals
 
 # Found in the frames of the running fit, by the gateway (re-exported here for the callback).
-find_callback_list = internals.find_callback_list
-find_epoch_iterator = internals.find_epoch_iterator
-
-
-def wrap_epoch_hooks(
-    callback_list: Any, owner: Any, before_begin: Callable[[int], None], after_end: Callable[[int], None]
-) -> bool:
-    """Run ``before_begin(epoch)`` before every callback's ``on_epoch_begin`` and
-    ``after_end(epoch)`` after every callback's ``on_epoch_end``.
-
-    Returns False (and wraps nothing) if another owner already wrapped this list.
-    """
-    current = getattr(callback_list, _MARK, None)
-    if current is not None:
-        return current is owner
-    begin, end = weakly_bound(callback_list, "on_epoch_begin"), weakly_bound(callback_list, "on_epoch_end")
-
-    def on_epoch_begin(epoch: int, logs: Any = None) -> None:
-        before_begin(epoch)
-        begin(epoch, logs)
-
-    def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        end(epoch, logs)
-        after_end(epoch)
-
-    callback_list.on_epoch_begin = on_epoch_begin
-    callback_list.on_epoch_end = on_epoch_end
-    setattr(callback_list, _MARK, owner)
-    return True
+find_callback_list = fit_internals.find_callback_list
+find_epoch_iterator = fit_internals.find_epoch_iterator
 
 
 def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
@@ -100,7 +67,7 @@ def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[i
 
     def enumerate_skipping(steps_gen: Any) -> Any:
         start, done = time.perf_counter(), 0
-        seen = internals.steps_seen(epoch_iterator)
+        seen = fit_internals.steps_seen(epoch_iterator)
         try:
             while done < steps:
                 _, end, iterator = next(steps_gen)
@@ -112,8 +79,8 @@ def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[i
             then(done, time.perf_counter() - start)
             return
         if not consume:
-            internals.set_steps_seen(epoch_iterator, seen)
+            fit_internals.set_steps_seen(epoch_iterator, seen)
         then(done, time.perf_counter() - start)
         yield from steps_gen
 
-    internals.replace_steps_once(epoch_iterator, enumerate_skipping)
+    fit_internals.replace_steps_once(epoch_iterator, enumerate_skipping)

@@ -1,8 +1,10 @@
 """Every private piece of Keras 3 that candle_ckpt touches, and nothing else.
 
 No other module reaches ``keras.src``, ``tensorflow.python`` or a stack frame (``tests/unit/test_architecture.py``
-fails if one does); the tf_keras adapter has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow
-pieces that the Keras 3 path needs (its RNG states, its end-of-input error) live here too.
+fails if one does) but its sibling :mod:`candle_ckpt.keras.fit_internals`, which holds the running ``fit`` (its
+frames, its epoch iterator and data adapter: the Keras 3 port of :mod:`candle_ckpt.engine.fit_port`); the tf_keras
+adapter has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow pieces that the Keras 3 path needs
+(its RNG states, its end-of-input error) live here too: saving, models, optimizers, random number generators.
 
 Each accessor's docstring ends with one line: what it relies on, and the
 tripwire test that fails when a Keras release moves it. The tripwires run on
@@ -13,12 +15,9 @@ both. docs/api.rst lists the same dependencies.
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -34,11 +33,6 @@ SUPPORTED = ((3, 13), (3, 16))
 # by an older Keras and read by one at or past the change may be read wrongly.
 _CONTAINERS = "Keras 3.15 stores layers held in lists or dicts inside a layer under 'container*' groups; "
 FORMAT_CHANGES = (((3, 15), _CONTAINERS + "a file written before it has them elsewhere, and Keras skips them"),)
-
-# The file names of the framework's callback dispatcher, whose frames are not the fit's.
-CALLBACK_DISPATCH_FILES = ("callback_list.py",)
-
-_DEPTH = 8  # frames searched above on_train_begin
 
 
 def unsupported(version: str = KERAS_VERSION) -> str | None:
@@ -267,194 +261,6 @@ def tf_out_of_range() -> type[BaseException]:
     """
     tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
     return getattr(tf_errors, "OutOfRangeError", StopIteration)
-
-
-# -- the running fit: its frames, its epoch iterator and data adapter -----------------------
-
-
-def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
-
-    Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES`` (the dispatcher's ``self`` is the
-    ``CallbackList`` whose death ends the guarded fit)
-    -- tripwire ``test_lock_lifecycle.py::test_a_fit_that_raised_lets_go_of_the_lock_with_the_garbage_collector_off``.
-    """
-    return sys._getframe(1)
-
-
-def find_callback_list(callback: Any) -> Any:
-    """The ``CallbackList`` calling ``callback.on_train_begin`` now (the caller's caller), or None.
-
-    Relies on: the list being the ``self`` of a frame above the hook, holding ``callbacks``
-    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
-    """
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        members = getattr(owner, "callbacks", None)
-        if isinstance(members, list) and any(c is callback for c in members) and hasattr(owner, "on_epoch_end"):
-            return owner
-    return None
-
-
-_INPUT_FILES = (f"{os.sep}trainers{os.sep}data_adapters{os.sep}", f"{os.sep}trainers{os.sep}epoch_iterator.py")
-
-
-def waiting_for_input() -> str | None:
-    """``"input"`` while the main thread waits in Keras's input pipeline (the watchdog's probe on a hang), else None.
-
-    Relies on: the data adapters and the epoch iterator living under ``keras/src/trainers/``
-    -- tripwire ``test_hang.py::test_an_input_pipeline_that_blocks_is_ended_and_the_rerun_is_exact``.
-    """
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
-    while frame is not None:
-        if any(part in frame.f_code.co_filename for part in _INPUT_FILES):
-            return "input"
-        frame = frame.f_back
-    return None
-
-
-def find_epoch_iterator(model: Any) -> Any:
-    """The epoch iterator of the ``fit`` of ``model`` that is running now, or None.
-
-    Relies on: ``Trainer.fit``'s local ``epoch_iterator`` with a ``data_adapter``
-    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
-    """
-    frame = sys._getframe(1)
-    for _ in range(_DEPTH + 2):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            it = frame.f_locals.get("epoch_iterator")
-            return it if hasattr(it, "data_adapter") else None
-    return None
-
-
-def replace_steps_once(epoch_iterator: Any, make: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
-    """In the next epoch only, ``fit`` takes its ``(begin, end, iterator)`` steps from ``make(Keras's steps)``.
-
-    Relies on: ``EpochIterator._enumerate_iterator`` yielding ``(begin step, end step, iterator)``
-    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
-    """
-    original = epoch_iterator._enumerate_iterator
-
-    def once() -> Iterator[Any]:
-        del epoch_iterator._enumerate_iterator  # later epochs run as Keras wrote them
-        return make(original())
-
-    epoch_iterator._enumerate_iterator = once
-
-
-def steps_seen(epoch_iterator: Any) -> int:
-    """Steps taken from a kept input iterator (``steps_per_epoch`` set).
-
-    Relies on: ``EpochIterator._steps_seen``
-    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
-    """
-    return int(epoch_iterator._steps_seen)
-
-
-def set_steps_seen(epoch_iterator: Any, steps: int) -> None:
-    """Set what :func:`steps_seen` returns.
-
-    Relies on: ``EpochIterator._steps_seen``
-    -- tripwire ``test_mid_epoch.py::test_skip_steps_takes_the_first_steps_of_one_epoch_only``.
-    """
-    epoch_iterator._steps_seen = steps
-
-
-def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
-    """Call ``on_new()`` each time ``fit`` makes a new iterator over its input.
-
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``tests/integration/keras/test_exact_resume.py`` (tfdata_*).
-    """
-    make = epoch_iterator._get_iterator
-
-    def counted() -> Any:
-        on_new()
-        return make()
-
-    epoch_iterator._get_iterator = counted
-
-
-def new_dataset(epoch_iterator: Any) -> Any:
-    """A new iterable over ``fit``'s input, as Keras makes one for an epoch.
-
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_*).
-    """
-    return epoch_iterator._get_iterator()
-
-
-def kept_iterator(epoch_iterator: Any) -> Any:
-    """The input iterator Keras keeps across epochs (``steps_per_epoch`` set), or None.
-
-    Relies on: ``EpochIterator._current_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_repeat).
-    """
-    return getattr(epoch_iterator, "_current_iterator", None)
-
-
-def keep_iterator(epoch_iterator: Any, iterator: Any, steps: int) -> None:
-    """Make ``iterator`` the one Keras keeps across epochs, ``steps`` steps into it.
-
-    Relies on: ``EpochIterator._current_iterator`` and ``_steps_seen``
-    -- tripwire ``test_exact_resume.py`` (tfdata_repeat).
-    """
-    epoch_iterator._current_iterator = iterator
-    epoch_iterator._steps_seen = steps
-
-
-_ADAPTER_KINDS = {
-    "TFDatasetAdapter": "tf.data",
-    "PyDatasetAdapter": "pydataset",
-    "GeneratorDataAdapter": "generator",
-    "ArrayDataAdapter": "arrays",
-}
-
-
-def adapter_kind(adapter: Any) -> str:
-    """``tf.data``, ``pydataset``, ``generator``, ``arrays``, or the adapter's class name.
-
-    Relies on: the class names in ``keras.src.trainers.data_adapters``
-    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
-    """
-    name = type(adapter).__name__
-    return _ADAPTER_KINDS.get(name, name)
-
-
-def adapter_epoch(adapter: Any) -> int | None:
-    """The epochs a data adapter has counted in this ``fit`` (None where it keeps no count).
-
-    Keras 3.16 seeds the shuffle of ``ArrayDataAdapter`` and ``PyDatasetAdapter``
-    from this count, which starts at 0 in every ``fit``: a resumed run sets it.
-    Relies on: ``DataAdapter._epoch`` (Keras 3.16 on) -- tripwire
-    ``test_exact_resume.py`` (pydataset_np, pydataset_inplace on keras-nightly) and
-    ``test_mid_epoch.py::test_restart_from_a_step_checkpoint_in_process_is_exact`` (JAX).
-    """
-    epoch = getattr(adapter, "_epoch", None)
-    return epoch if isinstance(epoch, int) else None
-
-
-def set_adapter_epoch(adapter: Any, epoch: int) -> None:
-    """Set the count :func:`adapter_epoch` returns (nothing where the adapter keeps none).
-
-    Relies on: ``DataAdapter._epoch`` -- tripwire ``test_exact_resume.py`` (pydataset_np).
-    """
-    if adapter_epoch(adapter) is not None:
-        adapter._epoch = int(epoch)
-
-
-def set_first_epoch(model: Any, epoch: int | None) -> None:
-    """Make the ``fit`` that is starting begin at ``epoch`` whatever its ``initial_epoch`` (None: undo).
-
-    Relies on: the trainers' ``initial_epoch = self._initial_epoch or initial_epoch`` (Keras's own
-    ``BackupAndRestore`` sets it) -- tripwire
-    ``tests/integration/keras/test_exact_resume.py::test_a_finished_run_rerun_trains_nothing``.
-    """
-    model._initial_epoch = epoch
 
 
 _SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.engine import dataset_attrs
-from candle_ckpt.keras import internals, rng_state
+from candle_ckpt.keras import fit_internals, rng_state
 from candle_ckpt.keras.callback_state import has_protocol
 
 _ITER_PREFIX = "pipe.iterator."
@@ -80,13 +80,13 @@ class Pipeline:
     def __init__(self, epoch_iterator: Any, warn: Callable[[str], None]) -> None:
         self.it = epoch_iterator
         self.adapter = epoch_iterator.data_adapter
-        self.kind = internals.adapter_kind(self.adapter)
+        self.kind = fit_internals.adapter_kind(self.adapter)
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
         self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
         if self.kind == "tf.data":
-            internals.count_iterators(epoch_iterator, self._count_iterator)
+            fit_internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
             end = self.adapter.on_epoch_end
 
@@ -121,16 +121,16 @@ class Pipeline:
         """Return (document, arrays) with what a resumed run needs to continue this input."""
         doc: dict[str, Any] = {"kind": self.kind}
         arrays: dict[str, np.ndarray] = {}
-        epoch = internals.adapter_epoch(self.adapter)
+        epoch = fit_internals.adapter_epoch(self.adapter)
         if epoch is not None:  # Keras 3.16 seeds the shuffle of arrays and PyDatasets from it
             doc["adapter_epoch"] = epoch
         if self.kind == "tf.data":
             doc["iterators"] = self.iterators
-            current = internals.kept_iterator(self.it)
+            current = fit_internals.kept_iterator(self.it)
             if self.it.steps_per_epoch and current is not None:
                 try:
                     arrays.update(_iterator_bytes(current))
-                    doc["steps_seen"] = internals.steps_seen(self.it)
+                    doc["steps_seen"] = fit_internals.steps_seen(self.it)
                 except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
                     self.warn(
                         f"the position of the tf.data iterator cannot be saved ({type(err).__name__}: "
@@ -153,14 +153,14 @@ class Pipeline:
             self.warn(f"restart: the checkpoint was saved with a {doc.get('kind')} input, this fit has {self.kind}")
             return
         if "adapter_epoch" in doc:
-            internals.set_adapter_epoch(self.adapter, doc["adapter_epoch"])
+            fit_internals.set_adapter_epoch(self.adapter, doc["adapter_epoch"])
         if self.kind == "tf.data":
             self._restore_tf_data(doc, arrays)
         elif self.kind == "pydataset":
             self._restore_pydataset(doc, arrays)
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        dataset = internals.new_dataset(self.it)
+        dataset = fit_internals.new_dataset(self.it)
         if "steps_seen" in doc:
             current = iter(dataset)
             try:
@@ -171,7 +171,7 @@ class Pipeline:
                     "it starts from its beginning and the run will not be bit-identical"
                 )
                 return
-            internals.keep_iterator(self.it, current, doc["steps_seen"])
+            fit_internals.keep_iterator(self.it, current, doc["steps_seen"])
             self.iterators = int(doc["iterators"])
             self.positioned = True
             return

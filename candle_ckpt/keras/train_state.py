@@ -74,7 +74,7 @@ class TrainState:
         Args:
             step: For a step checkpoint, the steps done in this epoch (see the module docstring).
             finished: The callback that ended the run for good at this epoch end (see
-                :mod:`candle_ckpt.keras.finished`), recorded with ``epoch`` (completed epochs).
+                :meth:`candle_ckpt.engine.fit_port.FitPlumbing.stopped_by`), recorded with ``epoch`` (completed epochs).
         """
         if not self._checked:
             self._check_callbacks()

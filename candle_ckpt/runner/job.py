@@ -27,11 +27,10 @@ from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.restore import restore
-from candle_ckpt.engine.resume import Chosen, Resumed, checkpoint_dir
+from candle_ckpt.engine.resume import Chosen, Resumed
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.sharded import kept_parts, keras_group
@@ -278,11 +277,10 @@ class JobRunner:
             logs = self._resume()
             self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, group=self.group)
         self.run = run = self._training_run()
-        # The run adopts what was resumed: best tracking continues from it, and it is protected from pruning.
-        run.adopt_resumed(self.resumed)
         done = False
         try:
-            run.begin()
+            # The run adopts what was resumed: best tracking continues from it, and it is protected from pruning.
+            run.begin(resumed=self.resumed)
             if self.resumed_from is None:
                 logs = self._fresh_start()
             elif not self._finished(logs):
@@ -312,7 +310,8 @@ class JobRunner:
         return self.resume_from_epoch is not None or self.cfg.restart_epoch is not None
 
     def _finished(self, logs: Mapping[str, Any] | None) -> bool:
-        """A resumed run that is finished (engine/finished.py): say so in one line; the loop then runs no epoch.
+        """A resumed run that is finished (the run's rule, engine/finished.py): said in one line; the loop then runs
+        no epoch.
 
         A stop condition that holds on the restored logs ended the run, unless the epoch was asked
         for explicitly (``resume_from_epoch``, ``ckpt_restart_epoch``): that request trains on.
@@ -323,13 +322,7 @@ class JobRunner:
         held = not self._explicit and logs is not None and any(bool(cond(self.epoch, logs)) for cond in self.conditions)
         ended = ("a stop condition", self.epoch) if held else None
         limit = min((n for n in self.limits if self.epoch >= n), default=None)
-        where = checkpoint_dir(L.Layout.of(self.cfg), side)
-        line = finished_line(
-            side, where, ended=ended, epochs=limit, call="train()", limit=f"the runner's epoch limit is {limit}"
-        )
-        if line is not None:
-            self.log.warning(line)
-        return line is not None
+        return self.run.finished(ended, limit, call="train()", limit=f"the runner's epoch limit is {limit}")
 
     def _run_epochs(self, logs: Mapping[str, Any] | None, asked: bool = False) -> Mapping[str, Any] | None:
         """Run epochs until a stop condition holds (``asked``: they were asked before the first, and held not)."""

@@ -49,7 +49,6 @@ from candle_ckpt.core.errors import NoValidCheckpoint
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.distributed.worker_state import WorkerTrainingState
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.run import TrainingRun
@@ -219,7 +218,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         self._skipped: tuple[int, int] | None = None  # (epoch, steps) a restored step checkpoint had done
         self._inexact: list[str] = []  # why a resume of this fit is not bit-identical (tf_keras/exactness.py)
         self._inexact_said = False
-        self._unhook = None  # undoes the save after every callback's on_epoch_end (internals.after_epoch_end)
+        self._hooked = False  # saves run after every callback's on_epoch_end (the run's epoch order)
         self._callbacks: list[Any] = []  # the other callbacks of this fit
         self._finished = False  # this fit is a finished run's rerun: it trains nothing (engine/finished.py)
         self._restore_callbacks: bytes | None = None  # train.state.npz, until the first on_epoch_begin
@@ -242,15 +241,16 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 state.log,
                 group=state.group,
                 who=state.info.name,
-                dispatch_files=internals.CALLBACK_DISPATCH_FILES,
+                port=internals,  # the callback list, the epoch order, the first epoch (engine/fit_port.py)
                 on_release=self._unhook_fit,
             )
 
     def on_train_begin(self, logs=None) -> None:
         # First: a fit that raises releases the lock, and an earlier fit's release under way ends here.
-        hook = internals.hook_frame()
-        self.run.begin(hook)  # the guard, the writer lock (chief), the group's scope, the signals
-        resumed = self.run.adopt(self.model)  # restart() ran before or after __init__
+        # The guard, the writer lock (chief), the group's scope, the signals; what restart() attached (before or
+        # after __init__), adopted.
+        listed = self.run.begin(self, model=self.model)
+        resumed = self.run.resumed
         adapter = self.state.adapter
         data = self.run.take_parked(lambda parked, at: adapter.apply_optimizer_state(parked, f"{at}/{OPTIMIZER_FILE}"))
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
@@ -259,9 +259,11 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         fit_args = internals.fit_arguments(self.model)
         forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
         self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
-        self._hook_epoch_end(hook)
+        self._hook_epoch_end(listed)
         self._bind_train_state(resumed, data, fit_args)
-        self._finished = self._stop_if_finished(side)
+        ended = side.extra.get("finished") if side is not None else None  # recorded by an EarlyStopping's save
+        epochs = (self.params or {}).get("epochs")
+        self._finished = self.run.finished(tuple(ended) if ended else None, epochs, model=self.model)
 
     def _bind_train_state(self, resumed, data: bytes | None, fit_args) -> None:
         """Bind ``train.state.npz`` to this fit; after a restore, put back what must precede the first epoch."""
@@ -281,31 +283,10 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             done = adapter.train.restore_input(data, self.model, epoch_end=resumed.sidecar.step is None)
             self.state.log.info(f"restart: restored {', '.join(done) or 'nothing'} of {train_state.TRAIN_STATE_FILE}")
 
-    def _hook_epoch_end(self, hook) -> None:
+    def _hook_epoch_end(self, listed) -> None:
         """Save after every callback's on_epoch_end (EarlyStopping's decision included), whatever the order."""
-        listed = internals.callback_list(hook)
         self._callbacks = [c for c in listed.callbacks if c is not self] if listed is not None else []
-        self._unhook = internals.after_epoch_end(listed, self._epoch_end) if listed is not None else None
-
-    def _stop_if_finished(self, side) -> bool:
-        """A finished run's rerun: say so in one line and make this fit run no epoch."""
-        if side is None:
-            return False
-        ended = side.extra.get("finished")
-        epochs = (self.params or {}).get("epochs")
-        line = finished_line(
-            side,
-            self.run.where,
-            ended=tuple(ended) if ended else None,
-            epochs=epochs,
-            restart_epoch=self.cfg.restart_epoch,
-        )
-        if line is None:
-            return False
-        self.state.log.warning(line)
-        if isinstance(epochs, int) and not internals.set_first_epoch(self.model, epochs):
-            self.state.log.warning("BackupAndRestore sets where this fit starts: it may train further")
-        return True
+        self._hooked = self.run.fit.hook_epochs(listed, self, self._epoch_end)  # undone when the run lets go
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
@@ -328,7 +309,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        if self._unhook is None:  # fit's callback list was not found: save here, before the callbacks after this one
+        if not self._hooked:  # fit's callback list was not found: save here, before the callbacks after this one
             self._epoch_end(epoch, logs)
 
     def _epoch_end(self, epoch: int, logs=None) -> None:
@@ -338,7 +319,8 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
             self._inexact_said = True
             self.state.log.warning(exactness.inexact_message(self._inexact))
         adapter = self.state.adapter
-        adapter.finished = self._ended_by(epoch)  # recorded by this epoch's saves only
+        by = self.run.fit.stopped_by(self._callbacks, self.model, epoch)
+        adapter.finished = (by, epoch + 1) if by else None  # recorded by this epoch's saves only
         # tf_keras counts epochs from 0; a checkpoint is named after completed epochs.
         last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 2)
         try:
@@ -347,27 +329,9 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         finally:
             adapter.finished = None
 
-    def _ended_by(self, epoch: int) -> tuple[str, int] | None:
-        """``("EarlyStopping", epoch + 1)`` if an EarlyStopping ended the run at this epoch, else None.
-
-        A stop for another reason (a time budget, a preemption) leaves the run unfinished.
-        """
-        if not getattr(self.model, "stop_training", False):
-            return None
-        for cb in self._callbacks:
-            if isinstance(cb, tf_keras.callbacks.EarlyStopping) and cb.stopped_epoch == epoch:
-                return type(cb).__name__, epoch + 1
-        return None
-
     def _unhook_fit(self) -> None:
         if self.state is not None and self.state.adapter.train is not None:
             self.state.adapter.train.unbind()
-        if self._unhook is not None:
-            self._unhook()
-            self._unhook = None
-        if self._finished:
-            self._finished = False
-            internals.set_first_epoch(self.model, None)
 
     def on_train_end(self, logs=None) -> None:
         self.run.end()  # the last write lands, the signals come back, the lock is let go

@@ -5,21 +5,25 @@ reaches ``tf_keras.src``, ``tensorflow.python`` or a stack frame
 (``tests/unit/test_architecture.py`` fails if one does). Each accessor's
 docstring ends with one line: what it relies on, and the tripwire test that
 fails when a release moves it. docs/api.rst lists the same dependencies.
+
+Its four functions :func:`find_fit`, :func:`wrap_epoch`, :func:`set_first_epoch`
+and :func:`stopped_early` are the tf_keras
+:class:`~candle_ckpt.engine.fit_port.FitPort` (this module is passed as the port).
 """
 
 from __future__ import annotations
 
 import sys
-import weakref
+import traceback
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt.engine.fit_guard import weakly_bound
+from candle_ckpt.engine.fit_guard import FoundFit
 
-# The file names of tf_keras's callback dispatcher (its CallbackList), whose frames are not the fit's.
-CALLBACK_DISPATCH_FILES = ("callbacks.py",)
+_HOOK_DEPTH = 12  # frames searched above the port's caller (the run) for the hook
 
 
 def save_weights_to_h5(h5: Any, model: Any) -> None:
@@ -68,15 +72,6 @@ def keep_tensor_logs(callback: Any) -> None:
     -- tripwire ``tests/integration/tf_keras/test_tfk_preempt.py``.
     """
     callback._supports_tf_logs = True
-
-
-def hook_frame() -> FrameType:
-    """The frame of the calling function (a callback hook, for :class:`~candle_ckpt.engine.fit_guard.FitGuard`).
-
-    Relies on: ``sys._getframe`` (CPython) and ``CALLBACK_DISPATCH_FILES``
-    -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
-    """
-    return sys._getframe(1)
 
 
 def fit_arguments(model: Any) -> dict[str, Any] | None:
@@ -181,42 +176,60 @@ def random_layers(model: Any) -> list[str]:
     return sorted(set(legacy))
 
 
-def callback_list(hook: FrameType) -> Any:
-    """The tf_keras ``CallbackList`` that called the hook whose frame is ``hook``, or None.
+def find_fit(callback: Any) -> FoundFit | None:
+    """The tf_keras ``fit`` calling ``callback``'s hook now: its ``CallbackList`` (the hook's caller; None if not)
+    and a probe of whether the frame that called the list (``fit``'s) is still on a thread's stack. None: no hook
+    of ``callback`` runs on this thread.
 
-    Relies on: ``CallbackList.on_train_begin`` calling each callback's (its frame's local ``self``)
-    -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
+    Relies on: ``CallbackList.on_train_begin`` calling each callback's (its frame's local ``self``), called by
+    ``Model.fit``; ``sys._getframe`` (CPython)
+    -- tripwire ``test_worker_state.py::test_a_tf_keras_fit_that_raises_in_another_callback_releases_the_lock``.
     """
     import tf_keras
 
-    caller = hook.f_back
-    found = caller.f_locals.get("self") if caller is not None else None
-    return found if isinstance(found, tf_keras.callbacks.CallbackList) else None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_HOOK_DEPTH):  # up to the callback's hook
+        if frame is None or frame.f_locals.get("self") is callback:
+            break
+        frame = frame.f_back
+    else:
+        frame = None
+    while frame is not None and frame.f_back is not None and frame.f_back.f_locals.get("self") is callback:
+        frame = frame.f_back  # the outermost: a subclass's hook calls ours through super()
+    caller = frame.f_back if frame is not None else None
+    if caller is None:
+        return None
+    listed = caller.f_locals.get("self")
+    if not isinstance(listed, tf_keras.callbacks.CallbackList):
+        return FoundFit(None, _probe(caller))
+    return FoundFit(listed, _probe(caller.f_back)) if caller.f_back is not None else None
 
 
-def after_epoch_end(callbacks: Any, then: Any) -> Any:
-    """Make ``callbacks`` (a ``CallbackList``) call ``then(epoch, logs)`` after every callback's ``on_epoch_end``;
-    return the undo.
+def _probe(frame: FrameType) -> Callable[[], bool]:
+    """Whether ``frame`` is on the calling thread's stack (it keeps the frame's id and code, not the frame)."""
+    frame_id, code = id(frame), frame.f_code
+    return lambda: any(id(f) == frame_id and f.f_code is code for f, _ in traceback.walk_stack(None))
+
+
+def wrap_epoch(callback_list: Any, hooks: Mapping[str, Callable[..., None]]) -> None:
+    """Make ``fit`` call ``hooks[name]`` where it calls the list's ``name`` (``on_epoch_end``).
 
     Relies on: ``Model.fit`` calling ``callbacks.on_epoch_end(epoch, logs)`` on the list (an instance attribute
     wins over the method) -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
     """
-    # Weakly: the list's death tells the fit guard that fit ended, and the adapter keeps ``undo``.
-    ref = weakref.ref(callbacks)
-    original = weakly_bound(callbacks, "on_epoch_end")
+    for name, hook in hooks.items():
+        setattr(callback_list, name, hook)
 
-    def on_epoch_end(epoch: int, logs: Any = None) -> None:
-        original(epoch, logs)
-        then(epoch, logs)
 
-    callbacks.on_epoch_end = on_epoch_end
+def stopped_early(callback: Any, epoch: int) -> bool:
+    """Whether ``callback`` is an ``EarlyStopping`` that ended training at tf_keras's epoch index ``epoch``.
 
-    def undo() -> None:
-        alive = ref()
-        if alive is not None and vars(alive).get("on_epoch_end") is on_epoch_end:
-            del alive.on_epoch_end
+    Relies on: ``tf_keras.callbacks.EarlyStopping.stopped_epoch``
+    -- tripwire ``test_tfk_exactness.py::test_a_finished_tf_keras_run_rerun_trains_nothing``.
+    """
+    import tf_keras
 
-    return undo
+    return isinstance(callback, tf_keras.callbacks.EarlyStopping) and callback.stopped_epoch == epoch
 
 
 class _FirstEpoch:

@@ -285,6 +285,7 @@ def test_exceptions_have_one_home() -> None:
 # distributed/ may import neither keras/ nor tf_keras/, and its group needs TensorFlow's coordination service).
 GATEWAYS = {
     "candle_ckpt.keras.internals",
+    "candle_ckpt.keras.fit_internals",  # the running Keras 3 fit (frames, epoch iterator): its fit port
     "candle_ckpt.tf_keras.internals",
     # TensorFlow's pieces both Keras adapters read (its global generator), and tf.distribute's coordination
     # service and worker numbering (distributed/tf_group.py): every other tensorflow.python import is refused.
@@ -330,6 +331,85 @@ def test_the_gateway_check_finds_a_private_import() -> None:
         "sys._getframe",
         "tensorflow.python.eager.context",
     ]
+
+
+# Every way to reach a frame object (issue 46). Reading a stack to find an object (a CallbackList, fit's locals, the
+# fit's own frame) is the framework gateways' job, each behind its port (engine/fit_port.py). A report of the stack
+# that hands out no frame is not frame walking and stays allowed: faulthandler.dump_traceback in engine/watchdog.py
+# (every thread's stack in a hang report) and traceback.extract_stack in storage/store.py (the lock's releaser, named
+# in a log line) read no frame in Python.
+FRAME_WALKERS = ("candle_ckpt.keras.fit_internals", "candle_ckpt.tf_keras.internals")
+FRAME_ATTRIBUTES = ("_getframe", "_current_frames", "f_back", "f_locals", "tb_frame", "walk_stack", "walk_tb")
+FRAME_FUNCTIONS = {"inspect": ("currentframe", "stack", "trace", "getouterframes", "getinnerframes")}
+
+
+def _frame_walks(tree: ast.Module) -> list[str]:
+    """Where a module reaches a frame: ``sys._getframe``, ``sys._current_frames``, ``f_back``, ``f_locals``,
+    ``inspect.currentframe``/``stack``/``trace``/``getouterframes``, ``traceback.walk_stack``, a traceback's
+    ``tb_frame``, as attributes, imported names or names given to ``getattr``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value.id if isinstance(node.value, ast.Name) else ""
+            if node.attr in FRAME_ATTRIBUTES or node.attr in FRAME_FUNCTIONS.get(owner, ()):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            banned = FRAME_ATTRIBUTES + FRAME_FUNCTIONS.get(node.module, ())
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name in banned]
+        elif isinstance(node, ast.Constant) and node.value in FRAME_ATTRIBUTES:
+            found.append(repr(node.value))
+    return found
+
+
+def test_only_the_fit_gateways_walk_frames() -> None:
+    """No module but keras/fit_internals.py and tf_keras/internals.py reaches a frame (engine/fit_guard.py asks its
+    port's probe); both do (a gateway moved otherwise)."""
+    wrong = [
+        f"{name}: {what}" for name, _, tree in _modules() if name not in FRAME_WALKERS for what in _frame_walks(tree)
+    ]
+    assert not wrong, wrong
+    walkers = {name for name, _, tree in _modules() if _frame_walks(tree)}
+    assert walkers == set(FRAME_WALKERS), walkers
+    assert set(FRAME_WALKERS) <= GATEWAYS
+
+
+def test_the_frame_walk_check_finds_each_spelling() -> None:
+    """The check flags each way to reach a frame (the three issue 46 found: ``_getframe``, ``f_back``,
+    ``f_locals``; and ``inspect``'s, ``sys._current_frames``, ``traceback.walk_stack``, ``tb_frame``) and lets a
+    stack report through (it can fail)."""
+    source = (
+        "import sys, inspect, traceback, faulthandler\n"
+        "from inspect import currentframe\n"
+        "from sys import _getframe\n"
+        "a = sys._getframe(1)\n"
+        "b = a.f_back.f_locals.get('self')\n"
+        "c = inspect.currentframe()\n"
+        "d = inspect.stack()\n"
+        "e = sys._current_frames()\n"
+        "f = [x for x, _ in traceback.walk_stack(None)]\n"
+        "g = err.__traceback__.tb_frame\n"
+        "h = getattr(a, 'f_back')\n"
+        "i = inspect.getouterframes(a)\n"
+        "faulthandler.dump_traceback(out, all_threads=True)\n"
+        "j = traceback.extract_stack()\n"
+        "k = self.stack\n"
+    )
+    assert sorted(_frame_walks(ast.parse(source))) == sorted(
+        [
+            "inspect.currentframe",
+            "sys._getframe",
+            "sys._getframe",
+            "a.f_back.f_locals",
+            "inspect.currentframe",
+            "inspect.stack",
+            "sys._current_frames",
+            "traceback.walk_stack",
+            "err.__traceback__.tb_frame",
+            "'f_back'",
+            "inspect.getouterframes",
+            "a.f_back",
+        ]
+    )
 
 
 def _private_attributes_by_name(tree: ast.Module) -> list[str]:

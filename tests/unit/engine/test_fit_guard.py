@@ -11,7 +11,6 @@ thread that ran it sees it is no longer on its own stack.
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import time
 import weakref
 
 import pytest
-from fake_callback_list import Calls
+from fake_callback_list import Calls, find_fit
 
 from candle_ckpt.engine.fit_guard import FitGuard, notice_ended_fits
 
@@ -32,13 +31,13 @@ class Owner:
 
     def __init__(self) -> None:
         self.ended: list[str] = []
-        self.guard = FitGuard(self.fit_ended, ("fake_callback_list.py",))
+        self.guard = FitGuard(self.fit_ended)
 
     def fit_ended(self) -> None:
         self.ended.append(threading.current_thread().name)
 
     def on_train_begin(self) -> None:
-        self.guard.arm(inspect.currentframe())
+        self.guard.arm(find_fit(self))
 
 
 class Batch:
@@ -179,19 +178,19 @@ def test_disarm_before_the_fit_ends_means_no_call():
 
 
 EXITING = """
-import atexit, inspect, os, sys, time
+import atexit, os, sys, time
 sys.path.insert(0, os.environ["FAKE_LIST_DIR"])
-from fake_callback_list import Calls
+from fake_callback_list import Calls, find_fit
 from candle_ckpt.engine.fit_guard import FitGuard
 
 def on_exit():
     print("on_exit ran", flush=True)
 
-guard = FitGuard(on_exit, ("fake_callback_list.py",))
+guard = FitGuard(on_exit)
 
 class Callback:
     def on_train_begin(self):
-        guard.arm(inspect.currentframe())
+        guard.arm(find_fit(self))
 
 def fit():
     calls = Calls(Callback())
