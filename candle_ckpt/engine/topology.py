@@ -45,9 +45,10 @@ class Topology:
     """
 
     meets = False
+    scratch_dir: str | None = None
 
-    def __init__(self, group: Group = SOLO, scratch_dir: str | None = None) -> None:
-        self.group, self.scratch_dir = group, scratch_dir
+    def __init__(self, group: Group = SOLO) -> None:
+        self.group = group
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.group!r})"
@@ -113,9 +114,17 @@ class MirroredWorkers(Topology):
     """``tf.distribute``'s workers: the chief commits alone, the others write scratch copies (module docstring).
 
     Args:
-        group: The workers (the chief is its primary).
+        workers: The workers (the chief is its primary; :attr:`workers`). The saves never meet: :attr:`group` is
+            :data:`~candle_ckpt.core.group.SOLO` (a run's preemption agreement meets over the workers all the same).
         scratch_dir: This worker's scratch directory, or None on the chief.
     """
+
+    def __init__(self, workers: Group, scratch_dir: str | None) -> None:
+        super().__init__(SOLO)
+        self.workers, self.scratch_dir = workers, scratch_dir
+
+    def __repr__(self) -> str:
+        return f"MirroredWorkers({self.workers!r}, scratch_dir={self.scratch_dir!r})"
 
     @property
     def primary(self) -> bool:
