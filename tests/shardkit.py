@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import Group, ThreadGroup
+from candle_ckpt.core.group import Group
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.storage.commit import FileSpec
 from candle_ckpt.storage.multipart import RankPart, SharedSave, write_rank_part
 from candle_ckpt.storage.sharded import MANIFEST, Chunk
 from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def run_ranks(hub: ThreadGroup, work: Callable[[Group], Any], timeout_s: float = 120.0) -> list[Any]:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from candle_ckpt.core.group import is_primary_rank
+
 
 @dataclass(frozen=True)
 class WorkerInfo:
@@ -66,8 +68,14 @@ def worker_info(strategy: Any = None) -> WorkerInfo:
     num_workers = len(spec.get("chief") or []) + len(spec.get("worker") or [])
     if task_type is None or num_workers <= 1:
         return WorkerInfo(task_type, task_id, max(num_workers, 1), task_type in (None, "chief", "worker"))
-    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not spec.get("chief"))
+    is_chief = task_type in ("chief", "worker") and is_primary_rank(_rank_in_cluster(spec, task_type, task_id))
     return WorkerInfo(task_type, task_id, num_workers, is_chief)
+
+
+def _rank_in_cluster(spec: dict[str, Any], task_type: str, task_id: int) -> int:
+    """A chief's or a worker's rank among the workers as TensorFlow numbers them (``multi_worker_util.id_in_cluster``,
+    which :func:`~candle_ckpt.distributed.tf_group.tf_group` reaches): the chief task first, then the workers."""
+    return task_id + (len(spec.get("chief") or []) if task_type == "worker" else 0)
 
 
 def is_tf_keras(model: Any) -> bool:

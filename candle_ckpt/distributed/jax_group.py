@@ -22,7 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
+from candle_ckpt.core.group import SOLO, Group
+from candle_ckpt.core.store_group import ServiceStore, StoreGroup
 
 
 def coordination_client() -> Any:

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.core.group import SOLO, Group, ServiceStore, StoreGroup
+from candle_ckpt.core.group import SOLO, Group
+from candle_ckpt.core.store_group import ServiceStore, StoreGroup
 from candle_ckpt.distributed.tf_internals import coordination_context, worker_rank
 
 COUNTER_READ_S = 60.0  # the read of a counter known to exist (only a dead service makes it wait)

@@ -8,6 +8,8 @@ Follows Keras 2's ``keras/distribute/worker_training_state.py``, on top of the c
 * **Only the chief writes to ``ckpt_directory``**: it commits, prunes and appends to
   ``ckpt.log``. Every other worker writes the same files into
   ``ckpts/.tmp-worker-<task_id>/`` and removes it at once (``.tmp-*`` is debris to a restart).
+  The engine is told so by its topology, got from the workers' group
+  (:func:`~candle_ckpt.engine.topology.mirrored`: the chief is the group's primary).
 * **Every worker restores the checkpoint the chief chose**, through the one restore protocol
   of every multi-process job (:mod:`candle_ckpt.engine.group_restore`, the same as for JAX
   processes) over the workers' :class:`~candle_ckpt.core.group.Group` on TensorFlow's
@@ -34,7 +36,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointError, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import Group, scoped
+from candle_ckpt.core.group import Group, is_primary, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, worker_info
@@ -43,6 +45,7 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import Resumed
 from candle_ckpt.engine.run import adopt
+from candle_ckpt.engine.topology import MirroredWorkers, mirrored
 from candle_ckpt.storage.store import CheckpointStore
 
 __all__ = ["WorkerInfo", "WorkerTrainingState", "multi_worker_strategy", "worker_info"]
@@ -112,11 +115,12 @@ class WorkerTrainingState:
         self.timeout_s = float(collective_timeout_s)
         self.cfg = self.cfg.resolved(self.info.num_workers)  # ckpt_async=auto: async with several workers
         self.layout = Layout.of(self.cfg)
-        self.log = OpsLog(self.layout.log if self.info.is_chief else None, get_logger(logger, verbose))
-        self.fs = fs or LocalFS()
         # Non-chief scratch space: a ".tmp-*" name is debris to the store and never read by a restart.
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")
-        self.temp_dir = None if self.info.is_chief else scratch
+        self.topology: MirroredWorkers = mirrored(self._chief_first(), scratch)
+        self.log = OpsLog(self.layout.log if self.topology.primary else None, get_logger(logger, verbose))
+        self.fs = fs or LocalFS()
+        self.temp_dir = self.topology.scratch_dir
         self.restored_epoch: int | None = None
         # What restore() loaded; restart() attaches it to the model for the callback.
         self.resumed: Resumed | None = None
@@ -125,11 +129,23 @@ class WorkerTrainingState:
         if writable:
             # The chief opens the store now: it locks the directory and removes
             # debris before any worker starts writing its temporary directory.
-            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, scratch_dir=self.temp_dir)
+            self.engine = CheckpointEngine(self.cfg, self.log, fs=self.fs, topology=self.topology)
 
     @property
     def is_chief(self) -> bool:
-        return self.info.is_chief
+        return self.topology.primary
+
+    def _chief_first(self) -> Group:
+        """The workers' group, checked against the cluster's own word: the chief is rank 0, the primary."""
+        group = self.group
+        # TensorFlow numbers the chief task, or worker 0 when the cluster has none, 0 (multi_worker_util.id_in_cluster),
+        # as worker_info names the chief.
+        if is_primary(group) != self.info.is_chief:
+            raise CheckpointError(
+                f"{self.info.name} has rank {group.rank} in the workers' group but "
+                f"is_chief={self.info.is_chief}; the chief must be rank 0"
+            )
+        return group
 
     @functools.cached_property
     def group(self) -> Group:
@@ -188,7 +204,7 @@ class WorkerTrainingState:
         self.finish()
         if self.temp_dir is not None and os.path.lexists(self.temp_dir):
             self.fs.rmtree(self.temp_dir)
-        if remove_checkpoints and self.info.is_chief:
+        if remove_checkpoints and self.topology.primary:
             own = self.engine.store if self.engine is not None else None
             store = own or CheckpointStore.of(self.cfg)
             for name in ("last", "best"):
@@ -246,13 +262,6 @@ class WorkerTrainingState:
 
     def _restore_together(self, group: Group, epoch: int | None, own: CheckpointStore | None) -> dict[str, Any] | None:
         """:meth:`restore` of several workers: the one protocol over ``group``'s scope for this restore."""
-        # The chief is rank 0 of the group, the primary that chooses: TensorFlow numbers the chief task, or worker 0
-        # when the cluster has none, 0 (multi_worker_util.id_in_cluster), as worker_info names the chief.
-        if (group.rank == 0) != self.info.is_chief:
-            raise CheckpointError(
-                f"{self.info.name} has rank {group.rank} in the workers' group but "
-                f"is_chief={self.info.is_chief}; the chief must be rank 0"
-            )
         scope = scoped(group, "restore")  # this restore's own keys, all deleted by its last meeting
         try:
             try:
@@ -261,7 +270,7 @@ class WorkerTrainingState:
                     fs=self.fs, store=own, who=self.info.name, timeout_s=self.timeout_s, node_local=False,
                 )  # fmt: skip
             finally:
-                if self.info.is_chief:
+                if self.topology.primary:
                     self._resync()
             found = self._loaded(resumed)
         except GroupTimeout:

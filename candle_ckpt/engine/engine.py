@@ -16,33 +16,26 @@ checkpoints' order is kept.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.errors import CheckpointSaveError, CheckpointUploadError
-from candle_ckpt.core.group import SOLO, Group, is_primary
+from candle_ckpt.core.group import SOLO, Group
 from candle_ckpt.core.log import OpsLog, human_bytes, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
-from candle_ckpt.core.sidecar import Sidecar, clean_logs
-from candle_ckpt.engine.aftercommit import (
-    part_record,
-    prune_after_commit,
-    report_summary,
-    save_record,
-    supersede_steps,
-    write_scratch,
-)
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.aftercommit import prune_after_commit, report_summary, save_record, supersede_steps
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
-from candle_ckpt.engine.group_commit import commit_epoch, commit_step, failed_capture, group_timeout
+from candle_ckpt.engine.group_commit import group_timeout
+from candle_ckpt.engine.on_error import failed_at_exit, save_failed, upload_failed
 from candle_ckpt.engine.restart_history import current_start
+from candle_ckpt.engine.sidecar_template import new_lineage, save_template
+from candle_ckpt.engine.topology import MirroredWorkers, Topology, parts_of
 from candle_ckpt.engine.writer import make_writer, slow_writer_message
-from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -61,28 +54,43 @@ class CheckpointEngine:
     Creating it validates the directory (writable, not locked by another
     process) and removes a crashed writer's leftovers, so problems surface
     at creation and not at epoch 50. Whether an epoch is saved is asked of
-    its :class:`~candle_ckpt.engine.decision.SaveDecisionPolicy` (``policy``).
+    its :class:`~candle_ckpt.engine.decision.SaveDecisionPolicy` (``policy``). How
+    the job's processes write each checkpoint is its ``topology``
+    (:mod:`candle_ckpt.engine.topology`): every process decides and snapshots in
+    lockstep (same policy, same async order: wait, snapshot, submit); the topology
+    says who commits, prunes and uploads, and what the others write.
+
+    Args:
+        cfg: The job's configuration, ``ckpt_async`` resolved by the front end that captures.
+        log: The job's log.
+        fs: The file-system seam of the store.
+        topology: How the processes write each checkpoint (default: ``group``'s parts, one process for SOLO).
+        group, scratch_dir: The shorthands of a topology: ``group`` alone, its processes each write their part
+            (:func:`~candle_ckpt.engine.topology.parts_of`); a ``scratch_dir``, a non-chief worker of
+            ``tf.distribute`` that writes its scratch copies there
+            (:class:`~candle_ckpt.engine.topology.MirroredWorkers`).
     """
 
     def __init__(
-        self, cfg: CkptConfig, log: OpsLog, *, fs=None, scratch_dir: str | None = None, group: Group = SOLO
+        self,
+        cfg: CkptConfig,
+        log: OpsLog,
+        *,
+        fs=None,
+        scratch_dir: str | None = None,
+        group: Group = SOLO,
+        topology: Topology | None = None,
     ) -> None:
         # ckpt_async=auto is decided by the front end that captures (CkptConfig.resolved): the capture's copy and
         # the writer must agree. An undecided None is falsy here and there alike: synchronous, uncopied.
         self.cfg = cfg
-        # group: the processes of a multi-process job that write each checkpoint together (see
-        # engine.group_commit). Every rank decides and saves in lockstep; only rank 0 (the primary)
-        # opens the store (the writer lock), commits, prunes and uploads. SOLO: a single process.
-        self.group = group
+        if topology is None:
+            topology = MirroredWorkers(group, scratch_dir) if scratch_dir is not None else parts_of(group)
+        self.topology = topology
         self.policy = SaveDecisionPolicy(cfg)
         # Checkpointing off writes nothing at all: not even ckpt.log.
-        self.log = log if not self.policy.off or scratch_dir is not None else OpsLog(None, log.logger)
+        self.log = log if not self.policy.off or topology.scratch_dir is not None else OpsLog(None, log.logger)
         self.store = CheckpointStore.of(cfg, fs=fs)
-        # scratch_dir: a non-chief worker of a multi-worker job. It decides and
-        # snapshots exactly as the chief does (same policy, same async order:
-        # wait, snapshot, submit) but writes each snapshot into scratch_dir and
-        # removes it; it never opens, commits to, prunes or uploads the store.
-        self.scratch_dir = scratch_dir
         self.open()
         self.retention = retention_policy(cfg.keep_mode, cfg.keep_limit)
         # What a restart restored reaches this engine through its adapter
@@ -108,30 +116,32 @@ class CheckpointEngine:
         self._heard, self.agreed = "", ""
         self.step_interval: dict[str, Any] | None = None  # stats()["steps"], kept by the step plan
         self.drained: bool | None = None  # did the last finish() see every drain complete (None: no persistent tier)
-        if cfg.persistent and self._writes_store():
-            from candle_ckpt.storage.drain import Drain
-
-            self.remote = Drain(cfg, self.store, log, self.retention.select, group_timeout())
-            self.after_commit.append(self.remote.committed)
+        if topology.primary:
+            self.own_drain()
 
     @property
-    def _shared(self) -> bool:
-        """True when several processes write each checkpoint together (engine.group_commit)."""
-        return self.group.size > 1
+    def group(self) -> Group:
+        """Where the saves meet (the topology's group; a run puts its scope here while it lasts)."""
+        return self.topology.group
 
-    def _node_drain(self) -> Any:
-        """A non-primary whose ``ckpt_directory`` is its own (node-local) drains its own part of each checkpoint
-        to the persistent tier: its drain, made at its first commit there (None without a persistent tier)."""
-        if self.remote is None and self.cfg.persistent and not is_primary(self.group):
+    @group.setter
+    def group(self, group: Group) -> None:
+        self.topology.group = group
+
+    @property
+    def scratch_dir(self) -> str | None:
+        """A non-chief worker's scratch directory (it never opens, commits to, prunes or uploads the store)."""
+        return self.topology.scratch_dir
+
+    def own_drain(self) -> Any:
+        """This process's drain to the persistent tier, made the first time (None without a persistent tier):
+        the primary's, made at once; a node-local rank's, for its own part, at its first commit there."""
+        if self.remote is None and self.cfg.persistent:
             from candle_ckpt.storage.drain import Drain
 
             self.remote = Drain(self.cfg, self.store, self.log, self.retention.select, group_timeout())
             self.after_commit.append(self.remote.committed)
         return self.remote
-
-    def _writes_store(self) -> bool:
-        """True for the process that holds the lock and commits: not a non-chief, not a non-primary rank."""
-        return self.scratch_dir is None and is_primary(self.group)
 
     def adopt_resumed(self, resumed: Sidecar | None, load: dict[str, Any] | None = None) -> None:
         """Continue from the checkpoint a restart loaded: best-tracking, elapsed
@@ -179,7 +189,7 @@ class CheckpointEngine:
             return False
         reason, best = decision.reason, decision.best
         try:
-            cap = self._capture(capture)
+            cap = self.topology.capture(capture)
             template = self.template(epoch, cap, logs, reason, best)
             self.policy.submitted(best)
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
@@ -196,15 +206,6 @@ class CheckpointEngine:
             return False
         return True
 
-    def _capture(self, capture: Callable[[], Capture]) -> Capture:
-        """``capture()``; in a group a failure goes into the commit, so that every rank raises it, none waits."""
-        try:
-            return capture()
-        except Exception as err:
-            if not self._shared:
-                raise
-            return failed_capture(err)
-
     def _ask(self, epoch: int, logs: Mapping[str, Any], forced: str | None) -> Decision:
         """The policy's decision for ``epoch``, in the writer's present state."""
         context = DecisionContext(forced=forced, saving_in_progress=self.writer.in_flight())
@@ -212,38 +213,16 @@ class CheckpointEngine:
 
     def template(self, epoch: int, cap: Capture, logs: Mapping[str, Any], reason: str, best: BestState) -> Sidecar:
         """The sidecar of a save, before the store fills in its files, generation and timings."""
-        elapsed = self.time_base + time.time() - self.start_time
-        return Sidecar(
-            epoch=epoch,
-            generation=0,
-            model_file=cap.model_file,
-            files={},
-            save_best_metric=self.cfg.save_best_metric,
-            best_metric_last=best.value,
-            best_epoch=best.epoch,
-            save_best_mode=self.policy.mode,
-            timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            time_elapsed=round(elapsed, 3),
-            metadata=self.cfg.metadata,
-            logs=clean_logs(logs),
-            reason=reason,
-            resumed_from=self.resumed.epoch if self.resumed else None,
-            keras_version=cap.keras_version,
-            backend=cap.backend,
-            extra={**cap.extra, **self._io_stats(), **self._limit()},
-            lineage=self._lineage(),
-        )
-
-    def _limit(self) -> dict[str, Any]:
-        """The job's epoch limit (``gParameters["epochs"]``), kept so that ``candle-ckpt campaign`` tells a run
-        that has reached it (done) from one still training, from its newest sidecar alone."""
-        epochs = self.cfg.epochs
-        return {"epochs": epochs} if isinstance(epochs, int) and not isinstance(epochs, bool) else {}
-
-    def _lineage(self) -> str:
         if self.lineage is None:
-            self.lineage = uuid.uuid4().hex[:16]
-        return self.lineage
+            self.lineage = new_lineage()
+        io = {"load": self.load} if self.load is not None else {}
+        if self.remote is not None and self.remote.records:
+            io["last_upload"] = self.remote.records[-1]
+        elapsed = self.time_base + time.time() - self.start_time
+        return save_template(
+            self.cfg, epoch, cap, logs, reason, best,
+            mode=self.policy.mode, elapsed=elapsed, resumed=self.resumed, io=io, lineage=self.lineage,
+        )  # fmt: skip
 
     def save_step(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Callable[[], Capture], reason: str
@@ -261,6 +240,7 @@ class CheckpointEngine:
             The committed sidecar (on every process of a multi-process JAX
             job), or None when nothing was committed: a non-chief worker (it
             writes its scratch copy only) or a failure under ``ckpt_on_error=warn``.
+            (The topology decides which: :meth:`~candle_ckpt.engine.topology.Topology.commit_step`.)
 
         Raises:
             CheckpointSaveError: the save (or the previous async one) failed and ``ckpt_on_error=raise``.
@@ -273,27 +253,18 @@ class CheckpointEngine:
             return None
         self._adopt()
         self._check_writer()
+        what = {"epoch": epoch, "step": step, "reason": reason}
         try:
-            cap = self._capture(capture)
+            cap = self.topology.capture(capture)
             template = replace(self.template(epoch, cap, logs, reason, self.policy.best), step=step)
-            if self.scratch_dir is not None:
-                self._write_scratch(epoch, cap)
-                return None
-            if self._shared:  # every rank writes its part; the primary commits
-                start = time.perf_counter()
-                side = commit_step(self.store, self.group, cap, template, self._note(cap))
-                self._adopt()
-                if not is_primary(self.group):
-                    self.records.append(part_record({"epoch": epoch, "step": step, "reason": reason}, cap, start))
-                    if NODE_LOCAL in side.extra and self._node_drain() is not None:
-                        self.remote.step_committed(side)  # its own copy: it drains its own part
-                    return side
-            else:
-                side = self.store.steps.commit(cap.files, template)
+            side, committer = self.topology.commit_step(self, what, cap, template)
+            self._adopt()
         except Exception as err:
             self._failed(epoch, err)
             return None
-        self.records.append(save_record({"epoch": epoch, "step": step, "reason": reason}, cap, side))
+        if not committer:
+            return side
+        self.records.append(save_record(what, cap, side))
         if self.remote is not None:
             self.remote.step_committed(side)
         self.log.info(
@@ -302,7 +273,7 @@ class CheckpointEngine:
         )
         return side
 
-    def _note(self, cap: Capture) -> tuple[Callable[[], str], Callable[[str], None]] | None:
+    def note(self, cap: Capture) -> tuple[Callable[[], str], Callable[[str], None]] | None:
         """The word this commit carries to every rank (the primary's, see ``note_out``: asked once the checkpoint is
         published, with what it cost so far) and where every rank hears it."""
         if self.note_out is None:
@@ -338,9 +309,7 @@ class CheckpointEngine:
     def _exit_error(self, err: BaseException) -> None:
         """The last async write failed and the process is exiting: log it, loudly."""
         epoch, cause = (err.epoch, err.err) if isinstance(err, _SaveFailure) else (None, err)
-        msg = f"epoch {epoch}: checkpoint save failed at exit: {type(cause).__name__}: {cause}"
-        self.errors.append(msg)
-        self.log.error(msg + "; earlier checkpoints are intact")
+        failed_at_exit(self.log, self.errors, epoch, cause)
 
     def _commit(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         try:
@@ -349,21 +318,11 @@ class CheckpointEngine:
             raise _SaveFailure(epoch, err) from err
 
     def _commit_now(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
-        if self.scratch_dir is not None:
-            self._write_scratch(epoch, cap)
+        best_epoch = best.epoch if self.cfg.save_best else None
+        side = self.topology.commit_epoch(self, epoch, cap, template, best_epoch)
+        if side is None:  # this process's share (its part, its scratch copy) is written: nothing else is its
             self.policy.committed(best)
             return
-        best_epoch = best.epoch if self.cfg.save_best else None
-        if self._shared:
-            start = time.perf_counter()
-            side = commit_epoch(self.store, self.group, epoch, cap, template, best_epoch, self._note(cap))
-            if side is None:  # not the primary: its part is in, the primary did the rest
-                self.records.append(part_record({"epoch": epoch, "reason": template.reason}, cap, start))
-                self.policy.committed(best)
-                return
-            self._node_drain()  # a node-local rank (its own copy committed): it drains its own part
-        else:
-            side = self.store.commit(epoch, cap.files, template, best_epoch=best_epoch)
         self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self.policy.committed(best)
         supersede_steps(self.store, self.log, epoch)
@@ -375,41 +334,13 @@ class CheckpointEngine:
         for hook in self.after_commit:
             hook(side)
 
-    def _write_scratch(self, epoch: int, cap: Capture) -> None:
-        """A non-chief's save: its scratch copy (see :func:`~candle_ckpt.engine.aftercommit.write_scratch`)."""
-        write_scratch(self.store.fs, self.scratch_dir, epoch, cap, self.log)
-
-    def _io_stats(self) -> dict[str, Any]:
-        """Load and upload statistics recorded in the sidecar's ``extra``."""
-        io: dict[str, Any] = {}
-        if self.load is not None:
-            io["load"] = self.load
-        if self.remote is not None and self.remote.records:
-            io["last_upload"] = self.remote.records[-1]
-        return {"io": io} if io else {}
-
     def _check_remote(self) -> None:
-        if self.remote is None:
-            return
-        for err in self.remote.take_errors():
-            msg = f"checkpoint upload failed: {err}"
-            self.errors.append(msg)
-            if self.cfg.on_error == "raise":
-                self.log.error(msg + " (ckpt_on_error=raise: stopping)")
-                raise CheckpointUploadError(msg + "; local checkpoints are intact") from err
-            self.log.warning(msg + " (ckpt_on_error=warn: training continues; local checkpoints are intact)")
+        for err in self.remote.take_errors() if self.remote is not None else []:
+            upload_failed(self.cfg.on_error, self.log, self.errors, err)
 
     def _failed(self, epoch: int, err: BaseException) -> None:
         self.policy.failed(epoch)  # that best was never written: track against the durable one
-        if not isinstance(err, Exception):  # Ctrl-C or an exit during the save: not a failure, never swallowed
-            self.log.note(f"epoch {epoch}: checkpoint save interrupted ({type(err).__name__}); nothing of it is kept")
-            raise err
-        msg = f"epoch {epoch}: checkpoint save failed: {type(err).__name__}: {err}"
-        self.errors.append(msg)
-        if self.cfg.on_error == "raise":
-            self.log.error(msg + " (ckpt_on_error=raise: stopping)")
-            raise CheckpointSaveError(msg + f"; earlier checkpoints in {self.store.layout.root} are intact") from err
-        self.log.warning(msg + " (ckpt_on_error=warn: training continues; earlier checkpoints are intact)")
+        save_failed(self.cfg.on_error, self.log, self.errors, epoch, err, self.store.layout.root)
 
     def finish(self, timeout: float | None = None, drain_s: float | None = None) -> None:
         """Wait for the write in flight, then for the drain (up to ``drain_s``, default the write's timeout);
@@ -424,10 +355,11 @@ class CheckpointEngine:
     def open(self) -> None:
         """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held).
 
-        A non-chief worker (``scratch_dir``) never writes the store, and with
-        checkpointing off (``ckpt_save_interval=0``) nothing is written at all.
+        Only the topology's primary writes the store (not a non-chief worker, not a
+        non-primary rank), and with checkpointing off (``ckpt_save_interval=0``)
+        nothing is written at all.
         """
-        if self._writes_store() and not self.policy.off:
+        if self.topology.primary and not self.policy.off:
             self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:

@@ -105,7 +105,7 @@ def restore(
     import_s = restart_history.seconds_since_process_start()
     history = restart_history.History(cfg, log, writes=is_primary(group))
     records = history.records()
-    if group.size == 1 or is_primary(group):
+    if is_primary(group):  # SOLO is its own primary
         store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
     clock = _VerifyClock(store)
     try:

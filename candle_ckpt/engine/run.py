@@ -58,7 +58,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.config.signals import signal_numbers
-from candle_ckpt.core.group import SOLO, Group, is_primary, scoped
+from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
@@ -137,7 +137,7 @@ class TrainingRun:
         self.cfg, self.engine, self.log = cfg, engine, log
         self.group, self._scope = group, scope
         self.fit_group: Group = SOLO  # this run's scope of the group, between begin() and the end
-        self._meets = engine.group.size > 1  # the engine's saves meet in the run's scope (JAX's part-per-process)
+        self._meets = engine.topology.meets  # the engine's saves meet in the run's scope (JAX's part-per-process)
         name = who if who is not None else f"process {group.rank}"
         self.controller = PreemptionController(
             cfg, engine, log, step_saves=step_saves, who=f"{name} " if group.size > 1 else "", on_record=self._preempted
@@ -157,7 +157,7 @@ class TrainingRun:
             where=where,
             saves=self._longest_save,
         )
-        self._logs_start = is_primary(group) and engine.scratch_dir is None  # this process logs the start's line
+        self._logs_start = engine.topology.primary  # this process logs the start's line
 
     # -- what the front ends read --------------------------------------------------------------------------
     @property

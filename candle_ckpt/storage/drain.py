@@ -47,6 +47,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, LineageConflict
+from candle_ckpt.core.group import is_primary_rank
 from candle_ckpt.core.layout import EPOCHS, STEPS
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.retention import prune_plan
@@ -175,7 +176,7 @@ class Drain:
             return
         node = side.extra.get(NODE_LOCAL)
         rank = node.get("rank", 0) if isinstance(node, dict) else 0
-        if rank == 0:
+        if is_primary_rank(rank):
             self._check_lineage(side)
         before = dict(self.tier.counts)
         start = time.perf_counter()
@@ -184,14 +185,14 @@ class Drain:
         else:
             nbytes = self._put_node_local(side, stage, rank, int(node["processes"]))
         self._record(side, nbytes, start, stage_s, before)
-        if rank == 0:
+        if is_primary_rank(rank):
             self._prune(side)
 
     def _put_node_local(self, side: Sidecar, stage: str, rank: int, processes: int) -> int:
         """A node-local job's checkpoint: this rank's archive; the primary then waits (bounded) until every rank's
         archive is listed, and only then writes the manifest and the sidecar (docs/campaigns.rst)."""
         nbytes = self.tier.put_part(_kind(side), side, stage, rank)
-        if rank != 0:
+        if not is_primary_rank(rank):
             return nbytes
         deadline, delay = time.monotonic() + self.parts_wait_s, 0.05
         while missing := self.tier.missing_parts(_kind(side), side, processes):

@@ -59,7 +59,8 @@ from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.core.sidecar import FileEntry, Sidecar
 from candle_ckpt.storage.commit import FileSpec
-from candle_ckpt.storage.sharded import MANIFEST, Chunk, check_part, part_bin, part_index, write_manifest, write_part
+from candle_ckpt.storage.manifest import check_part, write_manifest
+from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_part
 
 logger = logging.getLogger("candle_ckpt.storage.multipart")
 

@@ -18,6 +18,7 @@ from typing import Any
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CorruptCheckpoint
+from candle_ckpt.core.group import is_primary_rank
 from candle_ckpt.core.layout import EPOCHS, STEPS
 from candle_ckpt.core.log import OpsLog, human_bytes
 from candle_ckpt.core.sidecar import Sidecar
@@ -127,7 +128,7 @@ def pull_part(
             tier.fetch(where, side, tmp)
             names = sorted(side.files)
         info: dict[str, Any] = {"rank": rank, "processes": processes}
-        if rank == 0:
+        if is_primary_rank(rank):  # the primary's copy lists every file of the checkpoint
             info["files"] = {k: {"size": e.size, "crc32": e.crc32} for k, e in sorted(side.files.items())}
         extra = {k: v for k, v in side.extra.items() if k != "archive"}
         template = replace(side, extra={**extra, NODE_LOCAL: info, "pulled_from": tier.url_of(where, number)})

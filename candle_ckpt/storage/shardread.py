@@ -18,16 +18,8 @@ import numpy as np
 from candle_ckpt.core.errors import CorruptCheckpoint
 from candle_ckpt.core.sidecar import FileEntry
 from candle_ckpt.storage.filecheck import verify_file
-from candle_ckpt.storage.sharded import (
-    MANIFEST,
-    Index,
-    as_index,
-    check_manifest,
-    dtype_of,
-    overlap,
-    read_json,
-    shape_of,
-)
+from candle_ckpt.storage.manifest import check_manifest, read_json
+from candle_ckpt.storage.sharded import MANIFEST, Index, as_index, dtype_of, overlap, shape_of
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ The plan is a pure function of the blocks (paths, shapes, item sizes and
 holders), which every process of a job computes alike from the variables'
 shardings: no message is exchanged. If processes ever disagreed, the
 primary's check that the chunks cover each array exactly once
-(:func:`~candle_ckpt.storage.sharded.check_cover`) refuses the checkpoint.
+(:func:`~candle_ckpt.storage.manifest.check_cover`) refuses the checkpoint.
 """
 
 from __future__ import annotations

@@ -553,3 +553,70 @@ def test_the_folder_name_check_finds_each_spelling() -> None:
     assert sorted(_folder_names(ast.parse(source))) == sorted(
         ["{}s/{}", "epochs/001", "{}/steps/{}", "epochs", "steps", "epochs", "steps"]
     )
+
+
+# Rank 0 is the primary, and core/group.py alone says so (``is_primary(group)``, ``is_primary_rank(rank)``): a flat
+# ``rank == 0`` elsewhere is a role decided beside the Group (issue 46: tf.distribute's engine chose its save mode
+# from ``is_chief``; the drain and the pull compared the rank a sidecar names with 0).
+RANK_HOME = "candle_ckpt/core/group.py"
+# Still comparing while another change of issue 46 moves them (the multi-process Keras code into its own room): the
+# merge of that change empties this list. A path that no longer exists is skipped, so the move does not fail here.
+FLAT_RANK_PENDING = {
+    "candle_ckpt/keras/sharded.py": "moved and fixed by issue 46's room change (item 5)",
+    "candle_ckpt/runner/sharded.py": "moved and fixed by issue 46's room change (item 5)",
+}
+_RANKED = re.compile(r"(?:\brank|_rank|task_id|process_id|process_index\(\))$")
+
+
+def _flat_rank_compares(tree: ast.Module) -> list[str]:
+    """Each comparison of a rank with 0 (``rank == 0``, ``self.rank != 0``, ``jax.process_index() == 0``,
+    ``task_id == 0``), as source text."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare) or not all(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            continue
+        sides = [node.left, *node.comparators]
+        zero = any(isinstance(s, ast.Constant) and s.value == 0 and not isinstance(s.value, bool) for s in sides)
+        if zero and any(_RANKED.search(ast.unparse(s)) for s in sides if not isinstance(s, ast.Constant)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def _package_files() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE.parent).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def test_no_flat_rank_compare_outside_the_group() -> None:
+    """No module but core/group.py compares a rank with 0: the others ask ``is_primary`` / ``is_primary_rank``, or
+    the engine's topology (``engine/topology.py``) who commits."""
+    wrong = [
+        f"{rel}: {what}"
+        for rel, tree in _package_files()
+        if rel != RANK_HOME and rel not in FLAT_RANK_PENDING
+        for what in _flat_rank_compares(tree)
+    ]
+    assert not wrong, wrong
+    assert _flat_rank_compares(ast.parse((PACKAGE.parent / RANK_HOME).read_text())), "the rank rule moved"
+
+
+def test_flat_rank_pending_entries_still_compare() -> None:
+    """Each pending entry that still exists still compares a rank with 0: one fixed in place must leave the list."""
+    stale = [rel for rel, tree in _package_files() if rel in FLAT_RANK_PENDING and not _flat_rank_compares(tree)]
+    assert not stale, f"no flat rank compare left: remove from FLAT_RANK_PENDING: {stale}"
+
+
+def test_the_flat_rank_check_finds_each_spelling() -> None:
+    """The check flags the compares issue 46 found and their kin, and lets other zeros through (it can fail)."""
+    source = (
+        "if rank == 0: pass\n"
+        "if self.group.rank != 0: pass\n"
+        "ok = jax.process_index() == 0\n"
+        "chief = task_type == 'worker' and task_id == 0\n"
+        "if 0 == node_rank: pass\n"
+        "if size == 0 or ranks == 0 or step == 0 or rank > 0: pass\n"
+        "if is_primary_rank(rank): pass\n"
+    )
+    assert sorted(_flat_rank_compares(ast.parse(source))) == sorted(
+        ["rank == 0", "self.group.rank != 0", "jax.process_index() == 0", "task_id == 0", "0 == node_rank"]
+    )

@@ -27,13 +27,13 @@ from doclines import DOC_JOB, DOCS, console_examples, matches  # noqa: E402
 from locations import REPO  # noqa: E402
 from shardkit import run_ranks  # noqa: E402
 
-from candle_ckpt.core.group import ThreadGroup  # noqa: E402
 from candle_ckpt.core.sidecar import Sidecar  # noqa: E402
 from candle_ckpt.keras.state import ModelState  # noqa: E402
 from candle_ckpt.storage.commit import FileSpec  # noqa: E402
 from candle_ckpt.storage.multipart import RankPart, SharedSave, write_rank_part  # noqa: E402
 from candle_ckpt.storage.sharded import MANIFEST, Chunk  # noqa: E402
 from candle_ckpt.storage.store import CheckpointStore  # noqa: E402
+from candle_ckpt.testing.groups import ThreadGroup  # noqa: E402
 
 EPOCHS = 3
 ENV = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")

@@ -176,7 +176,7 @@ class Counting:
         worker set are still there; written with the counts to ``OUT.count.json``."""
         import json
 
-        from candle_ckpt.core.group import StoreGroup
+        from candle_ckpt.core.store_group import StoreGroup
         from candle_ckpt.distributed.tf_group import TfStore, tf_group
 
         self.phase = "end"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from shardkit import save_sharded, state_for
 
-from candle_ckpt.core.group import ThreadGroup
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.shardread import ShardedReader
 from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def record(root: Path, fs: RecordingFS, before: int, recorded: int) -> None:

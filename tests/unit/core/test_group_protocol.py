@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.core.group import ROOT, ThreadGroup, scoped
+from candle_ckpt.core.group import ROOT, scoped
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def run(hub: ThreadGroup, work) -> list:

@@ -15,11 +15,12 @@ from shardkit import run_ranks, save_sharded
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import GroupTimeout, NoValidCheckpoint
-from candle_ckpt.core.group import Group, ThreadGroup
+from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.group_restore import agree_on_checkpoint
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.sharded import MANIFEST
+from candle_ckpt.testing.groups import ThreadGroup
 
 LOGGER = "candle_ckpt.test_group_restore"
 

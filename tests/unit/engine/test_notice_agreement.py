@@ -21,11 +21,12 @@ import pytest
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.core.group import ROOT, ThreadGroup, scoped
+from candle_ckpt.core.group import ROOT, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.preempt_control import PreemptionController
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 class Store:

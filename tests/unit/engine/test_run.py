@@ -16,7 +16,7 @@ import pytest
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.errors import CheckpointSaveError, DirectoryLocked
-from candle_ckpt.core.group import ROOT, SOLO, ThreadGroup
+from candle_ckpt.core.group import ROOT, SOLO
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -24,6 +24,7 @@ from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.preempt import PreemptExit, end_early_catch
 from candle_ckpt.engine.run import TrainingRun, hold_signals
 from candle_ckpt.storage.store import FileSpec
+from candle_ckpt.testing.groups import ThreadGroup
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[3] / "candle_ckpt"
 

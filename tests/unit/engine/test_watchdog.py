@@ -9,8 +9,8 @@ import pytest
 
 from candle_ckpt.core import history
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.core.group import ThreadGroup
 from candle_ckpt.engine.watchdog import FLOOR_S, HANG_EXIT, START_S, Watchdog, WatchedGroup, auto_limit
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def test_auto_judges_nothing_before_the_first_step_but_by_the_start_floor():

@@ -16,7 +16,6 @@ from shardkit import rank_part, run_ranks, save_sharded, sidecar_template, state
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, CheckpointSaveError, CorruptCheckpoint, GroupTimeout
 from candle_ckpt.core.fs import LocalFS
-from candle_ckpt.core.group import ThreadGroup
 from candle_ckpt.storage.filecheck import Prefetch
 from candle_ckpt.storage.multipart import SharedSave, write_rank_part
 from candle_ckpt.storage.reader import CheckpointReader
@@ -24,6 +23,7 @@ from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.shardread import ShardedReader
 from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.faultfs import FaultFS
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def assert_holds(directory: Path, epoch: int) -> None:

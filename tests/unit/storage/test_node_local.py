@@ -12,7 +12,7 @@ from typing import Any
 from shardkit import rank_part, run_ranks, sidecar_template, state_for
 
 from candle_ckpt.core.errors import CheckpointSaveError
-from candle_ckpt.core.group import Group, ThreadGroup
+from candle_ckpt.core.group import Group
 from candle_ckpt.storage.commit import FileSpec
 from candle_ckpt.storage.multipart import (
     NODE_LOCAL,
@@ -26,6 +26,7 @@ from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.shardread import ShardedReader
 from candle_ckpt.storage.store import CheckpointStore
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def save(dirs: list[Path], epoch: int) -> list[Any]:

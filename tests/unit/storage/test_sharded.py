@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from candle_ckpt.core.errors import CorruptCheckpoint, GroupTimeout
-from candle_ckpt.core.group import SOLO, ThreadGroup
+from candle_ckpt.core.group import SOLO
 from candle_ckpt.storage.commit import FileSpec
-from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_manifest, write_part
+from candle_ckpt.storage.manifest import write_manifest
+from candle_ckpt.storage.sharded import MANIFEST, Chunk, part_bin, part_index, write_part
 from candle_ckpt.storage.shardread import ShardedReader, consolidate
+from candle_ckpt.testing.groups import ThreadGroup
 
 
 def split_points(draw, n: int, pieces: int) -> list[int]:

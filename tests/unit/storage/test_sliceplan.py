@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from candle_ckpt.core.dtypes import counter_fits
-from candle_ckpt.storage.sharded import Chunk, overlap, shape_of, write_manifest, write_part
+from candle_ckpt.storage.manifest import write_manifest
+from candle_ckpt.storage.sharded import Chunk, overlap, shape_of, write_part
 from candle_ckpt.storage.shardread import ShardedReader
 from candle_ckpt.storage.sliceplan import MIN_SLICE_BYTES, Block, loads, pieces, plan_slices, slices_of
 
