@@ -48,10 +48,10 @@ from candle_ckpt.config.signals import signal_numbers
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.notice import SOLO, Agreement
-from candle_ckpt.engine.preempt import EXIT_RETURN, EXIT_SIGNAL, PreemptionWatcher, Saved, exit_status
+from candle_ckpt.engine.preempt import PreemptionWatcher, Saved
 from candle_ckpt.engine.signals import Lease
 
-__all__ = ["EXIT_RETURN", "EXIT_SIGNAL", "PreemptionController", "exit_status", "plain_logs"]
+__all__ = ["PreemptionController", "plain_logs"]
 
 
 def plain_logs(logs: Mapping[str, Any] | None) -> dict[str, Any]:
