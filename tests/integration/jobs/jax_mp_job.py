@@ -110,8 +110,8 @@ def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=N
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
-            seconds = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
-            time.sleep(max(every, seconds * intervals / self.params["steps"]))
+            interval_s = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
+            time.sleep(max(every, interval_s * intervals / self.params["steps"]))
             if self.epoch == epoch and b == batch:
                 print("PAUSED", flush=True)
                 time.sleep(seconds)
