@@ -80,10 +80,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _end_early_catch():
+def _signal_handlers_back():
     """One pytest process runs many programs: the signals a test's ``restart()`` caught for a fit that never
     came (docs/preemption.rst) get their handlers back after that test, as at the end of its program."""
     yield
-    from candle_ckpt.engine.preempt import end_early_catch
+    from candle_ckpt.engine.signals import process_signals
 
-    end_early_catch(deliver=False)
+    process_signals().teardown(deliver=False)

@@ -20,7 +20,18 @@ NOTICE = "notice"  # the one notice of an agreement's lane
 
 
 class Agreement(Protocol):
-    """How the processes of one job learn, at the same call, whether any of them must stop."""
+    """How the processes of one job learn, at the same call, whether any of them must stop.
+
+    The whole notice between processes is this protocol: the controller calls nothing else, and
+    :class:`NoticeAgreement` says it through the Group's verbs only (no store key of its own).
+    """
+
+    #: ``(rank, reason)`` of the process that asked, the same on every process once agreed; else None.
+    requested: tuple[int, str] | None
+
+    def start(self) -> None: ...  # a fit begins
+
+    def request(self, reason: str) -> None: ...  # this process was asked (from a signal handler: sets a flag only)
 
     # ``local``: this process's request, its reason (or True), or a false value.
     def step_end(self, local: bool | str | None) -> bool: ...  # called after every step (may talk only every k-th)
@@ -29,9 +40,22 @@ class Agreement(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def close(self, meet: bool = True) -> None: ...  # the fit ended (``meet``: alike on every process)
+
 
 class _Solo:
     """One process: its own flag is the answer."""
+
+    requested = None
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def request(self, reason: str) -> None:
+        """No one else to tell: the flag is read at the next step end."""
+
+    def close(self, meet: bool = True) -> None:
+        """Nothing to end."""
 
     def step_end(self, local: bool | str | None) -> bool:
         return bool(local)

@@ -1,45 +1,41 @@
-"""Notice that a job must stop soon: a scheduler's signal, or a wall-time deadline (no Keras here).
+"""A run's stop request and the end of its preemption save (no Keras here, and no signal handler).
 
-:class:`PreemptionWatcher` is armed for the length of one ``fit`` (or one
-training loop). Its signal handler only records which signal came and when;
-the training loop asks :meth:`PreemptionWatcher.due` at each step boundary
-and, when it answers, commits a checkpoint and stops. A deadline is due
-when the time left is below ``need_s`` (the caller's measured step and save
-time) plus the margin.
+:class:`PreemptionWatcher` is a run's request: a signal that the run's
+:class:`~candle_ckpt.engine.signals.SignalOwner` caught (it holds one from
+``restart()`` on, and hands it over when the run begins), a peer's request, or
+a wall-time deadline, due when the time left is below ``need_s`` (the caller's
+measured step and save time) plus the margin. The training loop asks
+:meth:`PreemptionWatcher.due` at each step boundary, through the controller
+(:mod:`candle_ckpt.engine.preempt_control`).
 
-For several workers (another module): every worker asks ``due`` locally,
-the workers agree (a collective: any one due means all), and a worker that
-learns from its peers calls :meth:`PreemptionWatcher.trigger` so that its own
-record says why it stopped.
-
-:func:`catch_early` (called by ``restart()``) catches the same signals from
-then until a watcher arms: the first one is held and handed to that watcher,
-which saves at ``fit``'s first step. If no watcher arms within
-:data:`EARLY_GRACE_S`, the signal takes its default action after all.
+Once the controller has saved (:class:`Saved`), the run ends it with
+:func:`finish_preempted`: the write made durable (and drained), the record
+``stats()["preempt"]``, one log line, and :class:`PreemptExit` with the status
+:func:`exit_status` gives, unless ``ckpt_preempt_exit_code=return``.
 """
 
 from __future__ import annotations
 
-import _thread
-import logging
-import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from candle_ckpt.core.log import position
+from candle_ckpt.core.log import OpsLog, position
+from candle_ckpt.core.sidecar import Sidecar
+from candle_ckpt.engine.resume import checkpoint_dir
+from candle_ckpt.storage.drain import DRAIN_INCOMPLETE_EXIT
 
-logger = logging.getLogger("candle_ckpt.engine.preempt")
+#: ``ckpt_preempt_exit_code`` words: exit with 128 + the signal's number, or return from ``fit``.
+EXIT_SIGNAL, EXIT_RETURN = "signal", "return"
 
 
 class PreemptExit(SystemExit):
     """Raised once a preemption checkpoint is committed and ``ckpt_preempt_exit_code`` is set.
 
     A ``SystemExit`` with that status, told apart from any other (a SIGTERM
-    turned into ``SystemExit`` by ``SigtermExit``, the user's ``sys.exit``).
+    turned into ``SystemExit`` by the signal owner, the user's ``sys.exit``).
     """
 
 
@@ -58,110 +54,14 @@ class Trigger:
     at: float
 
 
-EARLY_GRACE_S = 60.0
-_DEFAULTS = (signal.SIG_DFL, None, signal.default_int_handler)
-
-
-class _EarlyCatch:
-    """Signals caught between ``restart()`` and the first :meth:`PreemptionWatcher.arm` (one per process)."""
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-        self.trigger: Trigger | None = None
-        self.expired = False
-        self.timer: threading.Timer | None = None
-
-    def install(self, signals: Iterable[int]) -> list[str]:
-        """Catch each of ``signals`` whose handler is the default; the names caught (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return []
-        for signum in signals:
-            if signum not in self.previous and signal.getsignal(signum) in _DEFAULTS:
-                self.previous[signum] = signal.signal(signum, self._handle)
-        return [signal.Signals(s).name for s in self.previous]
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.expired:  # no watcher took it in time: the default action, as without candle_ckpt
-            self.uninstall()
-            signal.raise_signal(self.trigger.signum if self.trigger else signum)
-            return
-        if self.trigger is None:
-            self.trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic())
-            self.timer = threading.Timer(EARLY_GRACE_S, self._expire)
-            self.timer.daemon = True
-            self.timer.start()
-
-    def _expire(self) -> None:
-        if self.trigger is not None and self.trigger.signum in self.previous:
-            self.expired = True
-            logger.warning(
-                f"{self.trigger.reason} came before training started and no fit began within "
-                f"{EARLY_GRACE_S:g} s: the signal takes its default action now"
-            )
-            os.kill(os.getpid(), self.trigger.signum)  # its handler runs on the main thread
-
-    def take(self, signum: int) -> Any:
-        """The handler from before :meth:`install` if ``signum`` is caught here (a watcher takes it over), else None."""
-        if signum not in self.previous or signal.getsignal(signum) != self._handle:
-            return None
-        return self.previous.pop(signum)
-
-    def adopt(self, signals: Iterable[int]) -> Trigger | None:
-        """The held signal if it is one of ``signals`` (then forgotten here), else None."""
-        held = self.trigger
-        if held is None or held.signum not in tuple(signals):
-            return None
-        if self.timer is not None:
-            self.timer.cancel()
-        self.trigger, self.timer = None, None
-        return held
-
-    def uninstall(self) -> None:
-        """Put the previous handlers back (main thread)."""
-        for signum in list(self.previous):
-            if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, self.previous[signum])
-            del self.previous[signum]
-
-    def finish(self, deliver: bool = True) -> None:
-        """End the early catch (main thread): the previous handlers come back, and a signal still held
-        (no watcher took it) is delivered to them when ``deliver``, as if it came now."""
-        held, self.trigger, self.expired = self.trigger, None, False
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self.uninstall()
-        if held is not None and held.signum is not None and deliver:
-            signal.raise_signal(held.signum)
-
-
-_EARLY = _EarlyCatch()
-
-
-def end_early_catch(deliver: bool = True) -> None:
-    """End what :func:`catch_early` started (on the main thread; elsewhere nothing happens).
-
-    Every watcher's :meth:`PreemptionWatcher.arm` calls it once it has taken
-    over its own signals, so the catch never outlives the first fit.
-    """
-    if threading.current_thread() is threading.main_thread():
-        _EARLY.finish(deliver)
-
-
-def catch_early(signals: Iterable[int]) -> list[str]:
-    """Catch ``signals`` from now until a :class:`PreemptionWatcher` arms (see the module docstring).
-
-    Returns the names of the signals caught (none off the main thread, none
-    whose handler the program installed itself).
-    """
-    return _EARLY.install(signals)
-
-
 class PreemptionWatcher:
-    """Catch ``signals`` and watch ``deadline`` between :meth:`arm` and :meth:`disarm`.
+    """The stop request of one run: a signal the run's :class:`~candle_ckpt.engine.signals.SignalOwner`
+    handed over (:meth:`notice`), a peer's (:meth:`trigger`), or ``deadline`` coming close (:meth:`due`).
+
+    It installs nothing: the owner catches :attr:`signals` for the length of the run.
 
     Args:
-        signals: Signal numbers to catch (none: only the deadline is watched).
+        signals: Signal numbers that ask the run to stop (none: only the deadline is watched).
         deadline: Epoch seconds when the job will be stopped, or None.
         margin: Seconds kept in reserve before the deadline.
     """
@@ -171,10 +71,6 @@ class PreemptionWatcher:
         self.deadline = deadline
         self.margin = margin
         self._trigger: Trigger | None = None
-        self._previous: dict[int, Any] = {}
-        self._released = False
-        self._restoring = False
-        self.left_alone: list[str] = []  # signals whose handler the program installed itself (not caught)
         # Called (in the signal handler) with the first signal's trigger: must only set a flag or an event.
         self.on_signal: Callable[[Trigger], None] | None = None
 
@@ -183,76 +79,16 @@ class PreemptionWatcher:
         """True if anything is watched at all (a signal or a deadline)."""
         return bool(self.signals) or self.deadline is not None
 
-    def arm(self) -> list[str]:
-        """Forget an earlier trigger and install the handlers; return the names of the signals caught.
-
-        A signal :func:`catch_early` holds (it came after ``restart()``) becomes
-        this watcher's pending request.
-
-        Handlers can be installed on the main thread only; elsewhere nothing
-        is caught (the deadline is still watched) and a warning says so. A
-        handler the program installed itself is kept (as ``SigtermExit``
-        keeps it): that signal is not caught, and :attr:`left_alone` names it.
-        """
+    def arm(self) -> None:
+        """A run begins: forget the last run's request."""
         self._trigger = None
-        self._released = False
-        self.left_alone: list[str] = []
-        if not self.signals:
-            end_early_catch()
-            return []
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("preemption signals are caught on the main thread only; this fit runs on another")
-            return []
-        for signum in self.signals:
-            if signum in self._previous:
-                continue
-            early = _EARLY.take(signum)  # caught since restart(): the handler before that comes back at disarm
-            current = signal.getsignal(signum)
-            if early is not None or current in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler):
-                previous = signal.signal(signum, self._handle)
-                self._previous[signum] = early if early is not None else previous
-            else:
-                self.left_alone.append(signal.Signals(signum).name)
-        self._trigger = _EARLY.adopt(self._previous)
-        end_early_catch()  # signals this watcher does not catch get their handlers back
-        return [signal.Signals(s).name for s in self._previous]
 
-    def catches(self, name: str) -> bool:
-        """Whether this watcher's handler is installed for the signal named ``name`` (``"SIGTERM"``) now."""
-        return any(signal.Signals(signum).name == name for signum in self._previous)
-
-    def disarm(self) -> None:
-        """Put back the handlers that were installed before :meth:`arm` (where ours are still in place)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, previous in list(self._previous.items()):
-            if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-            del self._previous[signum]
-
-    def release(self) -> None:
-        """From any thread, when training ended without :meth:`disarm` (``fit`` raised): the main thread
-        is interrupted to put the previous handlers back (``_thread.interrupt_main`` runs our handler there)."""
-        self._released = True
-        if self._previous:
-            self._restoring = True
-            _thread.interrupt_main(next(iter(self._previous)))
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self._restoring:  # the interrupt release() asked for (a real signal in that instant merges into it)
-            self._restoring = False
-            if self._released:
-                self.disarm()
-            return
-        if self._released:  # a real signal after the fit ended: the previous handler takes it
-            self.disarm()
-            signal.raise_signal(signum)
-            return
-        # Only a record: the save happens at the next step boundary, on the training thread.
+    def notice(self, trigger: Trigger) -> None:
+        """A caught signal (the owner's handler calls it): the first one is kept and told to :attr:`on_signal`."""
         if self._trigger is None:
-            self._trigger = Trigger(signal.Signals(signum).name, signum, time.monotonic())
+            self._trigger = trigger
             if self.on_signal is not None:
-                self.on_signal(self._trigger)
+                self.on_signal(trigger)
 
     def trigger(self, reason: str, signum: int | None = None) -> Trigger:
         """Record a stop request from another source (a peer worker, a test); the first one is kept."""
@@ -302,3 +138,92 @@ def preempt_message(trigger: Trigger, what: str, epoch: int, step: int | None, e
     where = position(epoch, step)
     then = "training stops" if exit_code is None else f"exiting with status {exit_code}"
     return f"{trigger.reason}: {what} ({where}) {time.monotonic() - trigger.at:.3f} s after the request; {then}"
+
+
+def exit_status(setting: int | str, trigger: Trigger) -> int | None:
+    """The process's exit status after a preemption save, or None to return from ``fit``.
+
+    ``"signal"``: 128 + the signal's number, what its default action gives
+    (143 for SIGTERM; a deadline or a peer's request: 143). An int: itself.
+    """
+    if setting == EXIT_RETURN:
+        return None
+    if setting == EXIT_SIGNAL:
+        return 128 + (trigger.signum if trigger.signum is not None else int(signal.SIGTERM))
+    return int(setting)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What the controller tells the run once it saved the preemption checkpoint.
+
+    Attributes:
+        trigger: The request it answered.
+        epoch: Completed epochs.
+        step: Steps done in the next epoch (a step checkpoint), or None (the epoch's checkpoint).
+        sidecar: What the save returned (the step checkpoint's sidecar), or None.
+        began: ``time.monotonic()`` when the save began.
+        asked: ``(rank, reason)`` of the process that asked, when another one did; else None.
+        agreement: The agreement's ``stats()``.
+    """
+
+    trigger: Trigger
+    epoch: int
+    step: int | None
+    sidecar: Any
+    began: float
+    asked: tuple[int, str] | None
+    agreement: dict[str, Any]
+
+
+def finish_preempted(
+    saved: Saved, engine: Any, setting: int | str, log: OpsLog, who: str = "", drain_s: float | None = None
+) -> None:
+    """The run's end of a preemption save: durable, recorded, said; then exit (:class:`PreemptExit`) or return.
+
+    Args:
+        saved: What the controller saved.
+        engine: The run's ``CheckpointEngine``: ``finish()`` makes the write durable (or raises its error per
+            ``ckpt_on_error``) and drains it within ``drain_s``; ``preempt`` keeps the record.
+        setting: ``ckpt_preempt_exit_code``.
+        log: The job's log.
+        who: How this process is named in the line (``"process 1 "``), or "".
+        drain_s: Seconds the drain to the persistent tier may take (with one), or None.
+
+    Raises:
+        PreemptExit: unless ``setting`` is ``"return"``.
+    """
+    if getattr(engine, "remote", None) is not None:
+        engine.finish(drain_s=drain_s)
+    else:
+        engine.finish()
+    side = saved.sidecar if isinstance(saved.sidecar, Sidecar) else None
+    if side is None and saved.step is None:
+        side = _epoch_sidecar(engine, saved.epoch)
+    path = checkpoint_dir(engine.store.layout, side) if side is not None else None
+    trigger, asked = saved.trigger, saved.asked
+    code = exit_status(setting, trigger)
+    drained = getattr(engine, "drained", None)
+    if drained is False and code is not None:
+        code = DRAIN_INCOMPLETE_EXIT  # the save is on this node's fast tier only: say so to the scheduler
+    record = preempt_record(trigger, saved.epoch, saved.step, path, code)
+    record["drained"] = drained
+    record.update(save_s=round(time.monotonic() - saved.began, 6), agreement=saved.agreement)
+    if asked:
+        record["requested_by"] = asked[0]  # the rank that was asked
+    engine.preempt = record
+    what = f"committed {path}" if path else "saved its scratch copy" if engine.scratch_dir else ""
+    what = (what or "no checkpoint could be committed") + (f" at process {asked[0]}'s request" if asked else "")
+    if drained is not None:
+        what += " and drained it to the persistent tier" if drained else ", NOT drained to the persistent tier"
+    log.warning(preempt_message(trigger, who + what, saved.epoch, saved.step, code))
+    if code is not None:
+        raise PreemptExit(code)
+
+
+def _epoch_sidecar(engine: Any, epoch: int) -> Sidecar | None:
+    """The committed checkpoint of ``epoch`` that serves the request, if this process committed one."""
+    records = engine.records
+    if engine.scratch_dir is None and records and records[-1]["epoch"] == epoch and "step" not in records[-1]:
+        return engine.store.read_sidecar(epoch)
+    return None

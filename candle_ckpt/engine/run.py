@@ -16,17 +16,19 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
   :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after
   every step and every epoch end;
-- **every signal handler**: from ``restart()`` to ``begin`` the preemption
-  signals are held (:func:`hold_signals`); from ``begin`` to the end the
-  controller's watcher owns the preemption signals, and SIGTERM, if the watcher
-  does not catch it and writes are asynchronous, becomes ``SystemExit`` so that
-  the exit hook commits the write in flight (:class:`~candle_ckpt.engine.writer.SigtermExit`);
-  at the end every handler from before comes back. Nothing else in the package
-  installs a handler for a training run (``tests/unit/engine/test_run.py``);
-- **the hang watchdog** (:class:`~candle_ckpt.engine.watchdog.Watchdog`, ``ckpt_hang_timeout``): armed from
-  ``begin`` to the end, told of every step's end, and of the saves and meetings of the training thread (the
-  run's group is a :class:`~candle_ckpt.engine.watchdog.WatchedGroup`); a run with no progress for too long
-  is ended with :data:`~candle_ckpt.engine.watchdog.HANG_EXIT` (124) to be requeued;
+- **every signal handler**, through the process's one owner
+  (:class:`~candle_ckpt.engine.signals.SignalOwner`): from ``restart()`` to ``begin``
+  the preemption signals are held (:func:`hold_signals`); from ``begin`` to the end
+  they are the controller's watcher's, and SIGTERM, if the watcher does not catch it
+  and writes are asynchronous, becomes ``SystemExit`` so that the exit hook commits
+  the write in flight; at the end every handler from before comes back, in one
+  teardown (the run's lease);
+- **the hang watchdog** (:class:`~candle_ckpt.engine.watchdog.Watchdog`, ``ckpt_hang_timeout``): armed and
+  stopped with the signal handlers (the same lease), told of every step's end, and of the saves and meetings
+  of the training thread (the run's group is a :class:`~candle_ckpt.engine.watchdog.WatchedGroup`); a run
+  with no progress for too long is ended with :data:`~candle_ckpt.engine.watchdog.HANG_EXIT` (124);
+- **the end of a preemption save**: the controller saves and tells the run, which makes the write durable,
+  records it and exits (:func:`~candle_ckpt.engine.preempt.finish_preempted`);
 - **the Ctrl-C line** at exit (:class:`~candle_ckpt.engine.interrupt.InterruptNotice`);
 - **resume adoption and the parked state**: what the restore driver
   (:func:`~candle_ckpt.engine.restore.restore`) resumed, attached to the model by
@@ -72,11 +74,12 @@ from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.pending import ParkedOptimizer
-from candle_ckpt.engine.preempt import PreemptExit, catch_early
+from candle_ckpt.engine.preempt import PreemptExit, Saved, finish_preempted
 from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.engine.resume import Resumed, checkpoint_dir, resumed_of
+from candle_ckpt.engine.signals import Lease, SignalOwner, process_signals
+from candle_ckpt.engine.step_plan import StepPlan
 from candle_ckpt.engine.watchdog import Watchdog, WatchedGroup
-from candle_ckpt.engine.writer import SigtermExit
 
 Capturer = Callable[[], Capture]
 
@@ -85,11 +88,11 @@ def hold_signals(cfg: CkptConfig) -> list[str]:
     """From ``restart()`` until a run begins: hold the preemption signals for the run's first step.
 
     Returns the names of the signals held (none with checkpointing off, off the main thread, or where the
-    program installed its own handler). See :func:`~candle_ckpt.engine.preempt.catch_early`.
+    program installed its own handler). See :meth:`~candle_ckpt.engine.signals.SignalOwner.hold`.
     """
     if checkpointing_off(cfg):
         return []
-    return catch_early(signal_numbers(cfg.preempt_signals))
+    return process_signals().hold(signal_numbers(cfg.preempt_signals))
 
 
 def adopt(engine: CheckpointEngine, resumed: Resumed) -> None:
@@ -118,6 +121,7 @@ class TrainingRun:
         on_release: The front end's own release (its hooks, stdout), run with the lock's.
         where: The front end's probe for the watchdog: ``"input"`` while the training thread waits in its
             framework's input pipeline, else None.
+        signals: The signal owner (this process's, :func:`~candle_ckpt.engine.signals.process_signals`).
     """
 
     def __init__(
@@ -133,16 +137,20 @@ class TrainingRun:
         port: FitPort | None = None,
         on_release: Callable[[], None] | None = None,
         where: Callable[[], str | None] | None = None,
+        signals: SignalOwner | None = None,
     ) -> None:
         self.cfg, self.engine, self.log = cfg, engine, log
         self.group, self._scope = group, scope
         self.fit_group: Group = SOLO  # this run's scope of the group, between begin() and the end
         self._meets = engine.topology.meets  # the engine's saves meet in the run's scope (JAX's part-per-process)
         name = who if who is not None else f"process {group.rank}"
+        steps = StepPlan(cfg, engine, step_saves and not checkpointing_off(cfg))
+        who = f"{name} " if group.size > 1 else ""
         self.controller = PreemptionController(
-            cfg, engine, log, step_saves=step_saves, who=f"{name} " if group.size > 1 else "", on_record=self._preempted
+            cfg, log, who=who, steps=steps, save_cost=self._longest_save, on_saved=self._saved
         )
-        self.sigterm = SigtermExit()
+        self.signals = signals if signals is not None else process_signals()
+        self._lease: Lease | None = None  # what the signal owner holds for this run, between begin and the end
         self._guard = FitGuard(self._release) if port is not None else None
         self.fit = FitPlumbing(port, log)  # fit's epoch order, the finished rule, the first epoch (engine/fit_port)
         self._interrupt = InterruptNotice(log, engine.store, self._settle)
@@ -216,10 +224,10 @@ class TrainingRun:
     # -- the run -------------------------------------------------------------------------------------------
     def begin(self, callback: Any = None, *, model: Any = None, resumed: Resumed | None = None) -> Any:
         """The run starts: the fit guard (``callback``: the callback whose hook calls us now, found in its
-        ``fit`` by the port), the writer lock, the run's scope of the group, then every signal handler (the
-        preemption watcher first, then SIGTERM's); last, what ``restart()`` attached to ``model`` (or ``resumed``)
-        is adopted. Returns the fit's ``CallbackList`` (None: not found, or no ``fit``), for the front end to use
-        in this hook only: its death ends the guarded fit."""
+        ``fit`` by the port), the writer lock, the run's scope of the group, then every signal handler and the
+        watchdog (the signal owner's lease); last, what ``restart()`` attached to ``model`` (or ``resumed``) is
+        adopted. Returns the fit's ``CallbackList`` (None: not found, or no ``fit``), for the front end to use in
+        this hook only: its death ends the guarded fit."""
         found = self.fit.find(callback)
         if self._guard is not None and callback is not None:
             self._guard.arm(found)  # first: an earlier fit's release (if under way) ends here
@@ -234,13 +242,15 @@ class TrainingRun:
         agreement = None
         if self.fit_group.size > 1 and self.controller.enabled:  # nothing is said on a step unless one asks to stop
             agreement = NoticeAgreement(self.fit_group, timeout_s=group_timeout())
-        self.controller.arm(agreement)
-        # SIGTERM has one owner: the watcher when it is a preemption signal; else, with asynchronous writes,
-        # SigtermExit (a scheduler's stop becomes SystemExit, and the exit hook commits the write in flight).
-        if not self.controller.watcher.catches("SIGTERM"):
-            self.sigterm.arm(self.engine.writer)
+        self.controller.arm(agreement)  # first: a signal held since restart() is told to the agreement at once
+        # SIGTERM has one owner: the watcher when it is a preemption signal; else, with asynchronous writes, it
+        # becomes SystemExit (the exit hook commits the write in flight). The watchdog is armed last.
+        writer = self.engine.writer
+        on_exit = (lambda signum: setattr(writer, "exit_signal", signum)) if writer.is_async else None
+        watcher = self.controller.watcher
+        self._lease = self.signals.watch(watcher.signals, watcher.notice, on_exit=on_exit, watchdog=self.watchdog)
+        self.controller.watched(self._lease)
         self._interrupt.arm()  # Ctrl-C: the KeyboardInterrupt is the user's; at exit, ckpt.log says what is committed
-        self.watchdog.arm()  # last: from here on, a run with no progress for too long is ended (exit 124)
         self.adopt_resumed(resumed if model is None else resumed_of(model, self.cfg.directory))
         return found.callback_list if found is not None else None
 
@@ -316,7 +326,7 @@ class TrainingRun:
             # Every rank ended alike (or all were preempted at one step): they meet once more.
             ended = ok or self.controller.stopped
         finally:
-            self.sigterm.disarm()
+            self._end_signals(watchdog=False)  # the watchdog still watches the last meetings: stopped at release
             if ok:
                 self._interrupt.fit_returned()
             self.controller.close(ended=ended)
@@ -346,7 +356,7 @@ class TrainingRun:
 
     def _exit(self) -> None:
         """A preemption checkpoint is committed and the process exits: give the signals and the lock back."""
-        self.sigterm.disarm()
+        self._end_signals()
         self.controller.close()
         self._close_group()
         self.close()
@@ -355,9 +365,8 @@ class TrainingRun:
         """A save failed (``ckpt_on_error=raise``) and the loop stops without its end: the signals come back now;
         the lock too, unless a write is in flight (the fit guard then waits for it, on its own thread: this one
         must unwind, so that a SIGTERM's exit hook can commit that write)."""
-        self.sigterm.disarm()
+        self._end_signals()
         self.controller.close(ended=False)
-        self.watchdog.disarm()
         if not self.engine.writer.in_flight():
             self.close()
 
@@ -368,9 +377,17 @@ class TrainingRun:
             self.engine.group = self.group
         group.close(group_timeout())
 
-    def _preempted(self, record: dict[str, Any]) -> None:
-        """The preemption save's record, kept for ``stats()["preempt"]``."""
-        self.engine.preempt = record
+    def _end_signals(self, watchdog: bool = True) -> None:
+        """Every handler back and (with ``watchdog``) the watchdog stopped, in one teardown (the run's lease)."""
+        if self._lease is not None:
+            self.signals.end(self._lease, watchdog=watchdog)
+
+    def _saved(self, saved: Saved) -> None:
+        """The controller saved the preemption checkpoint: durable (drained within its budget), recorded in
+        ``stats()["preempt"]`` and said; then the process exits (:class:`PreemptExit`) unless told to return."""
+        with self.watchdog.phase_of("save"):
+            drain_s = self.controller.drain_budget()
+            finish_preempted(saved, self.engine, self.cfg.preempt_exit_code, self.log, self.controller.who, drain_s)
 
     def _longest_save(self) -> float:
         """The longest of the engine's last saves (snapshot and write), in seconds: auto's measure of a save."""
@@ -386,10 +403,10 @@ class TrainingRun:
             writer.join(self.cfg.async_timeout)
 
     def _release(self) -> None:
-        """Let go of what the run held: the signals (from any thread: the main thread puts them back), the front
-        end's hooks, and the writer lock (after the last write); the watchdog stops watching."""
-        self.watchdog.disarm()
-        self.controller.watcher.release()
+        """Let go of what the run held: the signals and the watchdog (from any thread: the main thread puts the
+        handlers back), the front end's hooks, and the writer lock (after the last write)."""
+        if self._lease is not None:
+            self.signals.release(self._lease)  # the watchdog stops; the main thread puts the handlers back
         self.fit.release()  # the fit's epoch hooks and first epoch are its own again
         if self._on_release is not None:
             self._on_release()

@@ -1,9 +1,11 @@
 """The hang watchdog: a run that makes no progress for too long is ended, so that the scheduler requeues it.
 
 *Progress* is a step that ended (a training or a validation batch), a save that finished, or a meeting of the
-processes that finished. :class:`Watchdog` is armed by :class:`~candle_ckpt.engine.run.TrainingRun` for the
-length of one run; its daemon thread wakes every few seconds (a bounded wait on a monotonic clock) and
-compares the time since the last progress with the limit of the *phase* the run is in:
+processes that finished. :class:`Watchdog` is made by :class:`~candle_ckpt.engine.run.TrainingRun` and armed
+with the run's signal handlers (:meth:`~candle_ckpt.engine.signals.SignalOwner.watch`), stopped when the run lets
+go (:meth:`~candle_ckpt.engine.signals.SignalOwner.release`, after its last meetings). Its daemon thread wakes
+every few seconds (a bounded wait on a monotonic clock) and compares the time since the last progress with the
+limit of the *phase* the run is in:
 
 - ``start``: before the first step ended (start-up, the first batch, the compile);
 - ``input``: the training thread waits for its next batch (the input pipeline);

@@ -11,8 +11,9 @@ The async writer follows TensorFlow's AsyncCheckpointHelper, tightened:
   next ``check`` (the next save) or at ``close``, never swallowed; an error
   still pending at interpreter exit is reported through ``on_exit_error``;
 * ``join`` takes a timeout; an ``atexit`` hook joins too, bounded by the same
-  timeout, and logs when the wait runs out. With :class:`SigtermExit`
-  a SIGTERM becomes a ``SystemExit``, so the exit hook commits the last
+  timeout, and logs when the wait runs out. During an asynchronous run a
+  SIGTERM that is no preemption signal becomes a ``SystemExit`` (the signal
+  owner, :mod:`candle_ckpt.engine.signals`), so the exit hook commits the last
   snapshot after SIGTERM as it does after Ctrl-C or a normal exit.
 """
 
@@ -92,7 +93,7 @@ class AsyncWriter:
         self._label = ""
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self.exit_signal: int | None = None  # set by SigtermExit: the signal that ended the process
+        self.exit_signal: int | None = None  # set by the run's SIGTERM handler: the signal that ended the process
         # Each writer registers its own exit hook, holding it only weakly.
         self._exit_hook = functools.partial(_join_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
@@ -235,44 +236,3 @@ def make_writer(
     on_exit_error: Callable[[BaseException], None] | None = None,
 ) -> SyncWriter | AsyncWriter:
     return AsyncWriter(timeout, log, on_exit_error) if async_save else SyncWriter()
-
-
-# -- SIGTERM -> SystemExit ---------------------------------------------------------
-# A batch scheduler stops a job with SIGTERM, whose default action kills the
-# process at once: the write in flight would be lost. Turned into SystemExit,
-# it unwinds the training loop and runs the atexit join instead.
-class SigtermExit:
-    """Make SIGTERM raise SystemExit for the length of one ``fit`` (both fit callbacks use it).
-
-    Installed only when writes are asynchronous, only on the main thread (the
-    only one that may set handlers) and only when nobody else handles SIGTERM:
-    a handler the user installed is kept.
-    """
-
-    def __init__(self) -> None:
-        self._installed = False
-        self._writer: AsyncWriter | SyncWriter | None = None
-
-    def arm(self, writer: AsyncWriter | SyncWriter) -> None:
-        """Install the handler when ``writer`` is asynchronous (sync writes need no exit hook)."""
-        self._writer = writer
-        if not writer.is_async or self._installed:
-            return
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
-
-    def disarm(self) -> None:
-        """Give SIGTERM its default action back, if our handler is still installed."""
-        if self._installed and threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) == self._handle:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self._installed = False
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if isinstance(self._writer, AsyncWriter):
-            self._writer.exit_signal = signum
-        # A second SIGTERM (an impatient scheduler) kills at once, as it would have.
-        signal.signal(signum, signal.SIG_DFL)
-        self._installed = False
-        raise SystemExit(128 + signum)

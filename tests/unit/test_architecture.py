@@ -620,3 +620,66 @@ def test_the_flat_rank_check_finds_each_spelling() -> None:
     assert sorted(_flat_rank_compares(ast.parse(source))) == sorted(
         ["rank == 0", "self.group.rank != 0", "jax.process_index() == 0", "task_id == 0", "0 == node_rank"]
     )
+
+
+# The one owner of signal handlers (issue 46 item 3). The candle-ckpt command is a program of its own: its Ctrl-C
+# handlers are to the library what a user's script's are (left alone by the owner, never replaced).
+SIGNAL_OWNER = "candle_ckpt.engine.signals"
+OWN_SIGNAL_HANDLERS = {
+    "candle_ckpt.__main__": "the candle-ckpt command's Ctrl-C while its modules load, and ignored once it answered",
+    "candle_ckpt.cli.console": "the candle-ckpt command's Ctrl-C answer (one line, status 130)",
+    "candle_ckpt.cli.demo": "the demo program's Ctrl-C ignored during TensorFlow's teardown, once it answered",
+}
+
+
+def _handler_installs(tree: ast.Module) -> list[int]:
+    """The lines that call ``signal.signal`` (under any name the module gave it) in ``tree``."""
+    modules, functions = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "signal"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "signal" and node.level == 0:
+            functions |= {a.asname or a.name for a in node.names if a.name == "signal"}
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "signal"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in modules
+            )
+            or (isinstance(node.func, ast.Name) and node.func.id in functions)
+        )
+    ]
+
+
+def test_only_the_signal_owner_installs_a_signal_handler() -> None:
+    """``signal.signal(`` is called in engine/signals.py only (``SignalOwner``: held, watched, one teardown), and in
+    the command-line program's own modules listed with their reason."""
+    wrong = [
+        f"{name}:{line}"
+        for name, _, tree in _modules()
+        if name != SIGNAL_OWNER and name not in OWN_SIGNAL_HANDLERS
+        for line in _handler_installs(tree)
+    ]
+    assert not wrong, wrong
+    installs = {name: _handler_installs(tree) for name, _, tree in _modules()}
+    assert installs[SIGNAL_OWNER], "the signal owner moved"
+    assert all(installs.get(name) for name in OWN_SIGNAL_HANDLERS), "an exempt module no longer installs one"
+
+
+def test_the_signal_handler_check_finds_a_stray_call() -> None:
+    """The check flags ``signal.signal`` under its own name, a module alias and a function import (it can fail),
+    and lets ``signal.getsignal`` and another object's ``.signal(...)`` through."""
+    source = (
+        "import signal\nimport signal as _signal\nfrom signal import signal as put\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "_signal.signal(_signal.SIGINT, handler)\n"
+        "put(10, handler)\n"
+        "signal.getsignal(signal.SIGTERM)\n"
+        "event.signal(3)\n"
+    )
+    assert _handler_installs(ast.parse(source)) == [4, 5, 6]

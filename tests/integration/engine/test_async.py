@@ -121,11 +121,11 @@ class EpochRecorder(keras.callbacks.Callback):
 @pytest.fixture(autouse=True)
 def sigterm_untouched():
     """Every test must leave SIGTERM's handler as it found it."""
-    from candle_ckpt.engine.preempt import end_early_catch
+    from candle_ckpt.engine.signals import process_signals
 
     before = signal.getsignal(signal.SIGTERM)
     yield
-    end_early_catch(deliver=False)  # what restart() caught for a fit that never came ends with the program
+    process_signals().teardown(deliver=False)  # what restart() caught for a fit that never came ends with the program
     after = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, before)
     assert after is before
@@ -362,7 +362,7 @@ def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
     off = {"ckpt_preempt_signals": "none"}
     cb = CandleCheckpointCallback(params(tmp_path, epochs=1, **off), verbose=False)
     fit(build_model(7), cb, 1, Probe())
-    assert seen[0] == cb.run.sigterm._handle
+    assert seen[0] == cb.run.signals._handle and cb.run._lease.exits
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     sync_cb = CandleCheckpointCallback(params(tmp_path / "sync", epochs=1, ckpt_async=False, **off), verbose=False)
     seen.clear()
@@ -373,7 +373,7 @@ def test_sigterm_handler_is_installed_during_async_fit_only(tmp_path):
         on = CandleCheckpointCallback(gp, verbose=False)
         seen.clear()
         fit(build_model(7), on, 1, Probe())
-        assert seen == [on.run.controller.watcher._handle]
+        assert seen == [on.run.signals._handle] and on.run._lease.caught == ["SIGTERM"]
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 

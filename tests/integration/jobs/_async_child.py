@@ -106,7 +106,7 @@ def main() -> None:
         return
     if mode == "signal":
         fs = BlockingFS("fsync", 2, blocked, until=lambda: os.path.exists(os.path.join(root, "go")))
-        # Preemption off: SIGTERM takes the SigtermExit path (with it on, docs/preemption.rst).
+        # Preemption off: SIGTERM becomes SystemExit (the signal owner's exit phase) (with it on, docs/preemption.rst).
         cb = CandleCheckpointCallback(params(ckpt, 100, ckpt_preempt_signals="none"), verbose=False, fs=fs)
         build_model(7).fit(x, y, epochs=100, batch_size=16, shuffle=False, verbose=0, callbacks=[cb])
         raise AssertionError("the parent should have stopped this process")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from candle_ckpt.config import deadline as D
-from candle_ckpt.engine.preempt import PreemptionWatcher, catch_early
+from candle_ckpt.engine.preempt import PreemptionWatcher
+from candle_ckpt.engine.signals import SignalOwner
 
 # ``scontrol show job 7`` of Slurm 22.05.8 (Debian 12), run with TZ=UTC: recorded.
 SCONTROL = """JobId=7 JobName=quickstart
@@ -114,29 +115,32 @@ def test_auto_outside_slurm_asks_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "bin" / "calls").exists()
 
 
-def test_a_signal_after_catch_early_is_held_for_the_watcher() -> None:
-    """restart()'s catch_early holds a SIGUSR1 (the process lives on); the next watcher takes it as its request
-    and, once disarmed, leaves the default handler that was there before."""
+def test_a_signal_after_the_hold_is_held_for_the_watcher() -> None:
+    """restart()'s hold keeps a SIGUSR1 (the process lives on); the next run's watcher gets it as its request
+    and, once the run ends, the default handler that was there before is back."""
     old = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    owner = SignalOwner()
     try:
-        assert catch_early([signal.SIGUSR1]) == ["SIGUSR1"]
+        assert owner.hold([signal.SIGUSR1]) == ["SIGUSR1"]
         os.kill(os.getpid(), signal.SIGUSR1)
         watcher = PreemptionWatcher([signal.SIGUSR1])
-        assert watcher.arm() == ["SIGUSR1"]
+        lease = owner.watch(watcher.signals, watcher.notice)
+        assert lease.caught == ["SIGUSR1"] and lease.held is not None
         assert watcher.pending is not None and watcher.pending.reason == "SIGUSR1"
-        watcher.disarm()
+        owner.end(lease)
         assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
     finally:
+        owner.teardown(deliver=False)
         signal.signal(signal.SIGUSR1, old)
 
 
 def test_a_held_signal_no_fit_takes_gets_its_default_action_after_the_grace() -> None:
-    """No watcher arms within EARLY_GRACE_S: the held SIGTERM ends the process as it would have, with one warning."""
+    """No run watches within HOLD_GRACE_S: the held SIGTERM ends the process as it would have, with one warning."""
     code = (
         "import os, signal, time\n"
-        "from candle_ckpt.engine import preempt\n"
-        "preempt.EARLY_GRACE_S = 0.5\n"
-        "preempt.catch_early([signal.SIGTERM])\n"
+        "from candle_ckpt.engine import signals\n"
+        "signals.HOLD_GRACE_S = 0.5\n"
+        "signals.process_signals().hold([signal.SIGTERM])\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('alive', flush=True)\n"
         "time.sleep(30)\n"
@@ -147,14 +151,18 @@ def test_a_held_signal_no_fit_takes_gets_its_default_action_after_the_grace() ->
     assert "SIGTERM came before training started and no fit began within 0.5 s" in proc.stderr
 
 
-def test_the_first_watcher_ends_the_early_catch_of_signals_it_does_not_watch() -> None:
-    """A fit that watches other signals (or none) gives the early-caught ones their previous handlers back."""
+def test_the_first_run_ends_the_hold_of_signals_it_does_not_watch() -> None:
+    """A run that watches other signals (or none) gives the held ones their previous handlers back."""
     old = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    owner = SignalOwner()
     try:
-        assert catch_early([signal.SIGUSR2]) == ["SIGUSR2"]
+        assert owner.hold([signal.SIGUSR2]) == ["SIGUSR2"]
         assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL
         watcher = PreemptionWatcher([])
-        assert watcher.arm() == [] and watcher.pending is None
+        lease = owner.watch(watcher.signals, watcher.notice)
+        assert lease.caught == [] and watcher.pending is None
         assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+        owner.end(lease)
     finally:
+        owner.teardown(deliver=False)
         signal.signal(signal.SIGUSR2, old)

@@ -25,6 +25,7 @@ from candle_ckpt.core.group import ROOT, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.notice import NoticeAgreement
+from candle_ckpt.engine.preempt import finish_preempted
 from candle_ckpt.engine.preempt_control import PreemptionController
 from candle_ckpt.testing.groups import ThreadGroup
 
@@ -34,7 +35,8 @@ class Store:
 
 
 class Engine:
-    """What the controller uses of a CheckpointEngine: finish, records, store, scratch_dir, preempt."""
+    """What the run's end of a preemption save uses of a CheckpointEngine: finish, records, store, scratch_dir,
+    preempt."""
 
     def __init__(self) -> None:
         self.saved: list[tuple[int, str]] = []
@@ -46,6 +48,12 @@ class Engine:
 
     def finish(self) -> None:
         pass
+
+
+def controller(cfg: CkptConfig, engine: Engine, agreement: NoticeAgreement) -> PreemptionController:
+    """A controller over ``agreement`` whose ``on_saved`` ends the save on ``engine`` as the run does."""
+    end = lambda saved: finish_preempted(saved, engine, cfg.preempt_exit_code, OpsLog(None))  # noqa: E731
+    return PreemptionController(cfg, OpsLog(None), agreement=agreement, on_saved=end)
 
 
 def run_job(size: int, steps: int, at_step: Callable[[int, int, PreemptionController], None], hub=None) -> dict:
@@ -61,7 +69,7 @@ def run_job(size: int, steps: int, at_step: Callable[[int, int, PreemptionContro
     def rank(r: int) -> None:
         group = scoped(hub.members[r], "fit")
         engine = Engine()
-        pre = PreemptionController(cfg, engine, OpsLog(None), agreement=NoticeAgreement(group, timeout_s=30))
+        pre = controller(cfg, engine, NoticeAgreement(group, timeout_s=30))
         pre.arm()
         out: dict = {"code": None, "steps": 0}
         try:
@@ -75,7 +83,7 @@ def run_job(size: int, steps: int, at_step: Callable[[int, int, PreemptionContro
         finally:
             pre.close()
             group.close(30)
-        out.update(saved=engine.saved, record=pre.record, agreement=pre.agreement)
+        out.update(saved=engine.saved, record=engine.preempt, agreement=pre.agreement)
         results[r] = out
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
@@ -201,9 +209,7 @@ def test_a_rank_that_never_comes_makes_the_others_raise_group_timeout_naming_it(
     """Rank 1 never starts its watcher: rank 0's request ends in GroupTimeout naming rank 1 (bounded)."""
     hub = ThreadGroup(2)
     cfg = CkptConfig.from_params({"ckpt_preempt_signals": "SIGUSR1", "ckpt_deadline": "none"})
-    pre = PreemptionController(
-        cfg, Engine(), OpsLog(None), agreement=NoticeAgreement(scoped(hub.members[0], "fit"), timeout_s=0.3)
-    )
+    pre = controller(cfg, Engine(), NoticeAgreement(scoped(hub.members[0], "fit"), timeout_s=0.3))
     pre.arm()
     pre.watcher.trigger("SIGUSR1", signal.SIGUSR1)
     with pytest.raises(GroupTimeout, match=r"'stop' within 0.3 s \(rank\(s\) 1 never came\)"):

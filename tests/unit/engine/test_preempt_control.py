@@ -1,4 +1,8 @@
-"""The one preemption controller (engine.preempt_control) and its agreements, without a framework."""
+"""The one preemption controller (engine.preempt_control) and its agreements, without a framework.
+
+The controller saves and tells the run (``on_saved``); the run's end of that save
+(engine.preempt.finish_preempted: durable, recorded, then exit or return) is wired here as the run wires it.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,27 @@ from candle_ckpt.core.group import SOLO
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.notice import NoticeAgreement
-from candle_ckpt.engine.preempt_control import PreemptionController, exit_status
+from candle_ckpt.engine.preempt import exit_status, finish_preempted
+from candle_ckpt.engine.preempt_control import PreemptionController
+from candle_ckpt.engine.step_plan import StepPlan
 
 
 class ScriptedAgreement:
     """An agreement of several workers where another worker asked: it answers True from the ``at``-th point on."""
 
+    requested = None
+
     def __init__(self, at: int) -> None:
         self.at, self.points = at, 0
+
+    def start(self) -> None:
+        pass
+
+    def request(self, reason: str) -> None:
+        pass
+
+    def close(self, meet: bool = True) -> None:
+        pass
 
     def step_end(self, local) -> bool:
         self.points += 1
@@ -35,7 +52,8 @@ class Store:
 
 
 class Engine:
-    """What the controller uses of a CheckpointEngine: finish, records, store, scratch_dir, preempt."""
+    """What the run's end of a preemption save uses of a CheckpointEngine: finish, records, store, scratch_dir,
+    preempt."""
 
     def __init__(self, scratch_dir: str | None = None) -> None:
         self.saved: list[tuple[int, int, dict, str]] = []
@@ -58,9 +76,13 @@ class Engine:
 def controller(engine: Engine, agreement=None, **params) -> PreemptionController:
     """A controller catching SIGUSR1 (never armed here: requests come through ``watcher.trigger``)."""
     cfg = CkptConfig.from_params({"ckpt_preempt_signals": "SIGUSR1", "ckpt_deadline": "none", **params})
-    if agreement is None:
-        return PreemptionController(cfg, engine, OpsLog(None))
-    return PreemptionController(cfg, engine, OpsLog(None), agreement=agreement)
+    kwargs = {} if agreement is None else {"agreement": agreement}
+    return PreemptionController(cfg, OpsLog(None), on_saved=ends(engine, cfg), **kwargs)
+
+
+def ends(engine: Engine, cfg: CkptConfig):
+    """The run's ``on_saved``: its end of the preemption save, on this engine."""
+    return lambda saved: finish_preempted(saved, engine, cfg.preempt_exit_code, OpsLog(None))
 
 
 def test_one_process_answers_with_its_own_flag_at_every_step_without_a_collective() -> None:
@@ -73,7 +95,7 @@ def test_one_process_answers_with_its_own_flag_at_every_step_without_a_collectiv
 
 def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143() -> None:
     """When the workers agree on another worker's request, this one saves that step once (reason 'peer'),
-    joins the write, records it (pre.record), and exits with 143 (a peer's request counts as SIGTERM)."""
+    joins the write, records it (engine.preempt), and exits with 143 (a peer's request counts as SIGTERM)."""
     engine = Engine(scratch_dir="/tmp/scratch")
     agreement = ScriptedAgreement(at=2)
     pre = controller(engine, agreement)
@@ -83,7 +105,7 @@ def test_a_peers_request_saves_the_agreed_step_once_then_the_process_exits_143()
     assert exc.value.code == 143
     assert engine.saved == [(0, 2, {"loss": 0.5}, "peer")] and engine.finished == 1
     assert pre.saved_at == (0, 2) and pre.mid_epoch and agreement.stats()["points"] == 2
-    assert pre.record["reason"] == "peer" and pre.record["step"] == 2 and pre.record["exit_code"] == 143
+    assert engine.preempt["reason"] == "peer" and engine.preempt["step"] == 2 and engine.preempt["exit_code"] == 143
     assert pre.step_end(0, 3, engine.save(0, 3)) is True and engine.saved[1:] == []
 
 
@@ -95,7 +117,7 @@ def test_with_return_training_stops_and_fit_returns() -> None:
     assert pre.step_end(3, 7, engine.save(3, 7)) is True
     assert pre.step_end(3, 8, engine.save(3, 8)) is True
     assert engine.saved == [(3, 7, {}, "SIGUSR1")] and engine.finished == 1
-    assert pre.record["exit_code"] is None and pre.record["signal_to_commit_s"] >= 0
+    assert engine.preempt["exit_code"] is None and engine.preempt["signal_to_commit_s"] >= 0
 
 
 @pytest.mark.parametrize(
@@ -115,7 +137,7 @@ def test_the_exit_status_is_128_plus_the_signal_unless_one_is_given(setting, rea
     pre.watcher.trigger(reason, signum)
     with pytest.raises(SystemExit) as exc:
         pre.step_end(0, 1, engine.save(0, 1))
-    assert exc.value.code == code == pre.record["exit_code"]
+    assert exc.value.code == code == engine.preempt["exit_code"]
     assert exit_status("return", pre.watcher.pending) is None
 
 
@@ -162,17 +184,19 @@ def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
     """ckpt_save_steps=2: the fit callback's controller (step_saves) saves steps 2 and 4, not the last one."""
     engine = Engine()
     cfg = CkptConfig.from_params({"ckpt_save_steps": 2, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"})
-    pre = PreemptionController(cfg, engine, OpsLog(None), step_saves=True)
+    pre = PreemptionController(cfg, OpsLog(None), steps=StepPlan(cfg, engine, True))
     for step in range(1, 7):
         pre.step_end(0, step, engine.save(0, step), last=step == 6)
     assert [(s, r) for _, s, _, r in engine.saved] == [(2, "steps"), (4, "steps")]
-    assert not PreemptionController(cfg, Engine(), OpsLog(None)).enabled
+    assert not PreemptionController(cfg, OpsLog(None)).enabled
 
 
 def test_a_caught_signal_is_handed_to_the_agreement_at_once() -> None:
-    """arm() wires the signal handler to the agreement's request(): the other processes hear of a signal when
-    it comes, not at this process's next step end."""
+    """arm() wires the watcher to the agreement's request(), and the signal owner's handler to the watcher: the
+    other processes hear of a signal when it comes, not at this process's next step end."""
     import os
+
+    from candle_ckpt.engine.signals import SignalOwner
 
     class Asking(ScriptedAgreement):
         asked: list[str] = []
@@ -182,9 +206,12 @@ def test_a_caught_signal_is_handed_to_the_agreement_at_once() -> None:
 
     agreement = Asking(at=100)
     pre = controller(Engine(), agreement)
+    owner = SignalOwner()
     pre.arm()
+    lease = owner.watch(pre.watcher.signals, pre.watcher.notice)
     try:
         os.kill(os.getpid(), signal.SIGUSR1)
         assert agreement.asked == ["SIGUSR1"] and pre.watcher.pending.reason == "SIGUSR1"
     finally:
+        owner.end(lease)
         pre.close(ended=False)

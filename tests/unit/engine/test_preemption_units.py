@@ -1,4 +1,7 @@
-"""Issue 16's pure parts: the preemption parameters, the watcher, step checkpoints in the store (no keras)."""
+"""Issue 16's pure parts: the preemption parameters, the watcher's deadline, step checkpoints in the store (no keras).
+
+The signal handlers are tests/unit/engine/test_signals.py's.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.preempt import PreemptionWatcher
 from candle_ckpt.engine.resume import checkpoint_dir, select_checkpoint
-from candle_ckpt.engine.writer import AsyncWriter, SigtermExit
 from candle_ckpt.storage.store import CheckpointStore, FileSpec
 
 # -- parameters -----------------------------------------------------------------------------
@@ -108,59 +110,6 @@ def test_deadline_forms_resolve_to_epoch_seconds():
 # -- the watcher ----------------------------------------------------------------------------
 
 
-def test_watcher_records_a_real_signal_and_restores_the_previous_handler():
-    """A signal only records its name and time; disarm puts the handler back that was there before arm."""
-    previous = signal.SIG_IGN
-    old = signal.signal(signal.SIGUSR1, previous)
-    try:
-        watcher = PreemptionWatcher(signal_numbers(("SIGUSR1",)))
-        assert watcher.arm() == ["SIGUSR1"]
-        assert watcher.due() is None
-        before = time.monotonic()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        got = watcher.due()
-        assert got is not None and (got.reason, got.signum) == ("SIGUSR1", signal.SIGUSR1)
-        assert before <= got.at <= time.monotonic()
-        watcher.disarm()
-        assert signal.getsignal(signal.SIGUSR1) is previous
-        watcher.arm()
-        assert watcher.pending is None, "a new fit starts without the old request"
-        watcher.disarm()
-    finally:
-        signal.signal(signal.SIGUSR1, old)
-
-
-def test_a_released_watcher_hands_a_late_signal_to_the_previous_handler():
-    """After release() (fit ended without disarm), a signal gets the handler from before arm(), not a flag."""
-    old = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    try:
-        watcher = PreemptionWatcher(signal_numbers(("SIGUSR1",)))
-        watcher.arm()
-        watcher.release()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert watcher.pending is None
-        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGUSR1, old)
-
-
-def test_watcher_keeps_a_handler_the_program_installed():
-    """A Python handler the program installed is neither replaced nor removed; left_alone names the signal."""
-
-    def mine(signum, frame):
-        pass
-
-    old = signal.signal(signal.SIGUSR2, mine)
-    try:
-        watcher = PreemptionWatcher(signal_numbers(("SIGUSR2",)))
-        assert watcher.arm() == [] and watcher.left_alone == ["SIGUSR2"]
-        assert signal.getsignal(signal.SIGUSR2) is mine
-        watcher.disarm()
-        assert signal.getsignal(signal.SIGUSR2) is mine
-    finally:
-        signal.signal(signal.SIGUSR2, old)
-
-
 def test_watcher_deadline_is_due_within_the_needed_time_plus_margin():
     """The deadline is due once the time left is below the caller's step and save time plus the margin."""
     watcher = PreemptionWatcher((), deadline=time.time() + 10, margin=2)
@@ -168,22 +117,6 @@ def test_watcher_deadline_is_due_within_the_needed_time_plus_margin():
     got = watcher.due(need_s=9)
     assert got is not None and got.reason == "deadline" and got.signum is None
     assert watcher.trigger("peer") is got, "the first request is kept"
-
-
-def test_sigterm_exit_leaves_sigterm_to_the_watcher():
-    """With SIGTERM a preemption signal, the async writer's SigtermExit does not install its own handler."""
-    watcher = PreemptionWatcher(signal_numbers(("SIGTERM",)))
-    watcher.arm()
-    try:
-        guard = SigtermExit()
-        writer = AsyncWriter(timeout=5)
-        guard.arm(writer)
-        assert signal.getsignal(signal.SIGTERM) == watcher._handle
-        guard.disarm()
-        writer.close()
-    finally:
-        watcher.disarm()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 # -- step checkpoints in the store ----------------------------------------------------------

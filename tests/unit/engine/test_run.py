@@ -21,8 +21,9 @@ from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.notice import NoticeAgreement
-from candle_ckpt.engine.preempt import PreemptExit, end_early_catch
+from candle_ckpt.engine.preempt import PreemptExit
 from candle_ckpt.engine.run import TrainingRun, hold_signals
+from candle_ckpt.engine.signals import EXIT, WATCH, process_signals
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.testing.groups import ThreadGroup
 
@@ -66,7 +67,7 @@ def test_the_run_holds_the_lock_and_the_signals_from_begin_to_end(tmp_path: Path
     assert not locked(cfg)
     run.begin()
     assert locked(cfg)
-    assert handler(signal.SIGUSR1) == run.controller.watcher._handle
+    assert handler(signal.SIGUSR1) == run.signals._handle and run.signals.role(signal.SIGUSR1) == WATCH
     assert not run.epoch_end(1, {"val_loss": 1.0}, capture, last_epoch=False)
     run.end()
     assert handler(signal.SIGUSR1) == before and not locked(cfg)
@@ -75,14 +76,14 @@ def test_the_run_holds_the_lock_and_the_signals_from_begin_to_end(tmp_path: Path
 
 @pytest.mark.parametrize("signals", ["SIGTERM", "SIGUSR1"])
 def test_sigterm_has_one_owner_in_an_async_run(tmp_path: Path, signals: str) -> None:
-    """With asynchronous writes, SIGTERM is the watcher's when it is a preemption signal, else SigtermExit's;
-    after the run, its default action again."""
+    """With asynchronous writes, SIGTERM is the watcher's when it is a preemption signal, else it becomes
+    SystemExit; the one owner installs either; after the run, its default action again."""
     cfg = config(tmp_path, ckpt_preempt_signals=signals, ckpt_async=True)
     run = make_run(cfg)
     assert handler(signal.SIGTERM) == signal.SIG_DFL
     run.begin()
-    owner = run.controller.watcher._handle if signals == "SIGTERM" else run.sigterm._handle
-    assert handler(signal.SIGTERM) == owner
+    assert handler(signal.SIGTERM) == run.signals._handle
+    assert run.signals.role(signal.SIGTERM) == (WATCH if signals == "SIGTERM" else EXIT)
     run.end()
     assert handler(signal.SIGTERM) == signal.SIG_DFL
 
@@ -99,7 +100,7 @@ def test_a_signal_held_since_restart_is_saved_at_the_first_step(tmp_path: Path) 
         with pytest.raises(PreemptExit) as info:
             run.step_end(0, 1, {"val_loss": 0.5}, capture)
     finally:
-        end_early_catch(deliver=False)
+        process_signals().teardown(deliver=False)
     assert info.value.code == 128 + signal.SIGUSR1
     assert run.saved_at == (0, 1) and run.engine.stats()["preempt"]["reason"] == "SIGUSR1"
     assert handler(signal.SIGUSR1) == signal.SIG_DFL and not locked(cfg)
@@ -179,17 +180,18 @@ def test_each_run_of_a_group_meets_in_its_own_scope_and_leaves_no_key(tmp_path: 
 
 # The classes that install a handler, take the lock's release or watch a fit, and who may make them.
 OWNED = {
-    "SigtermExit",
+    "SignalOwner",
     "FitGuard",
     "InterruptNotice",
     "PreemptionController",
     "PreemptionWatcher",
-    "catch_early",
+    "StepPlan",
     "Watchdog",
 }
 ALLOWED = {
     "candle_ckpt/engine/run.py",  # the owner
     "candle_ckpt/engine/preempt_control.py",  # the controller makes its watcher
+    "candle_ckpt/engine/signals.py",  # the process's one signal owner
 }
 
 
