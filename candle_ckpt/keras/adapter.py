@@ -29,9 +29,10 @@ from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.keras.preflight import build_optimizer, check_model, read_optimizer_state
-from candle_ckpt.keras.sharded import load_sharded, train_state_part
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
+from candle_ckpt.multihost.load import load_sharded
+from candle_ckpt.multihost.save import train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import FileSpec
 
