@@ -257,6 +257,22 @@ def test_every_module_has_its_line_in_the_architecture_page() -> None:
     assert not missing, missing
 
 
+# A room's size, in lines of all its modules: keras/ is the one-process Keras 3 adapter (issue 46). The multi-process
+# share is multihost/; a room that grows past its bound is holding a second idea (docs/architecture.rst says why).
+ROOM_LINES = {"keras": 3000}
+
+
+def _room_lines(layer: str) -> int:
+    return sum(len(path.read_text().splitlines()) for path in (PACKAGE / layer).rglob("*.py"))
+
+
+@pytest.mark.parametrize("layer", sorted(ROOM_LINES))
+def test_a_room_stays_within_its_lines(layer: str) -> None:
+    """keras/ holds at most 3,000 lines: the one-process adapter, not the multi-process share beside it."""
+    lines = _room_lines(layer)
+    assert lines <= ROOM_LINES[layer], f"{layer}/ has {lines} lines, over its {ROOM_LINES[layer]}"
+
+
 # Exceptions that are not checkpoint errors, each with its reason.
 OWN_EXCEPTIONS = {
     "candle_ckpt.cli.common.CliError": "a usage error of the command line, turned into exit status 2",
