@@ -10,8 +10,9 @@ from candle_ckpt import __version__
 from candle_ckpt.cli import campaign, commands, consolidate, prune
 from candle_ckpt.cli.common import PROG, CliError
 from candle_ckpt.cli.console import DEMO_DIRECTORY
+from candle_ckpt.config.checkpoint_keys import KEEP_MODES
 from candle_ckpt.config.coerce import coerce
-from candle_ckpt.config.schema import KEEP_MODES, SPEC_BY_KEY
+from candle_ckpt.config.schema import SPEC_BY_KEY
 from candle_ckpt.core import layout as L
 
 EXIT_HELP = (

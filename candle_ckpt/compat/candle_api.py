@@ -22,10 +22,10 @@ from typing import Any
 
 import keras
 
+from candle_ckpt.config.argcheck import require_model, require_params
 from candle_ckpt.config.candle_params import develop_params
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.argcheck import require_model, require_params
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart as _restart
 

@@ -7,7 +7,7 @@ everything here works on any object, so error messages can always name it.
 
 from __future__ import annotations
 
-from candle_ckpt.config.schema import FALSE_STRINGS, MAX_REPR, NONE_STRINGS, TRUE_STRINGS
+from candle_ckpt.config.spec import FALSE_STRINGS, MAX_REPR, NONE_STRINGS, TRUE_STRINGS
 
 
 def describe(value: object) -> str:

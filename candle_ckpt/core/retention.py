@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from candle_ckpt.config.schema import KEEP_MODES
+from candle_ckpt.config.checkpoint_keys import KEEP_MODES
 
 __all__ = [
     "ABANDONED_OFFSET",

@@ -2,7 +2,7 @@
 agree or nothing (no framework here).
 
 The one choose-verify-load protocol of every multi-process job, over a :class:`~candle_ckpt.core.group.Group`:
-JAX processes (``keras/group_restart.py``, ``runner/job.py``) and ``tf.distribute`` workers
+JAX processes (``multihost/group_restart.py``, ``runner/job.py``) and ``tf.distribute`` workers
 (``distributed/worker_state.py``) alike. Call :func:`agree_on_checkpoint` on every process; the order:
 
 1. one meeting tells a shared ``ckpt_directory`` from node-local ones (:mod:`~candle_ckpt.engine.node_restore`,

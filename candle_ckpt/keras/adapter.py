@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from candle_ckpt.config.argcheck import require_model
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
@@ -24,14 +25,14 @@ from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.archive import weights_member_range, write_keras_archive
-from candle_ckpt.keras.argcheck import require_model
 from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.plan import make_plan
 from candle_ckpt.keras.preflight import build_optimizer, check_model, read_optimizer_state
-from candle_ckpt.keras.sharded import load_sharded, train_state_part
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
+from candle_ckpt.multihost.load import load_sharded
+from candle_ckpt.multihost.save import train_state_part
+from candle_ckpt.storage.keras_archive import weights_member_range, write_keras_archive
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.storage.store import FileSpec
 

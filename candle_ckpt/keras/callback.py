@@ -25,10 +25,10 @@ from candle_ckpt.keras.adapter import capture_model
 from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
-from candle_ckpt.keras.preflight import apply_optimizer_state
-from candle_ckpt.keras.sharded import SpareChunks, capture_sharded, keras_group
+from candle_ckpt.keras.preflight import apply_optimizer_state, build_optimizer
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState, unpack
+from candle_ckpt.multihost.save import SpareChunks, capture_sharded, keras_group
 from candle_ckpt.storage.store import FileSpec
 
 
@@ -223,7 +223,10 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             ended = [by, self._epoch + 1] if by else None  # in the sidecar too, as tf_keras records it
         if self.group.size > 1:  # this process's part: its shards and its training state (this fit's group)
             cfg = self.cfg if step is None else self._sync_cfg
-            cap = capture_sharded(self.model, cfg, self.run.fit_group, data, self._spare)
+            build_optimizer(self.model)  # its variables are listed with the model's (every process builds it)
+            cap = capture_sharded(
+                self.model, cfg, self.run.fit_group, data, self._spare, internals.serialize_model_as_json
+            )
         else:
             state = self._state or ModelState(self.model)
             cap = capture_model(state, self.cfg if step is None else self._sync_cfg)

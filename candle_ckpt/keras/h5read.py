@@ -14,49 +14,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from candle_ckpt.core.fileobj import SeekableFile
+from candle_ckpt.core.fileobj import BufferFile
 from candle_ckpt.keras import internals
-
-
-class BufferFile(SeekableFile, io.BytesIO):
-    """A read-only, seekable file over any buffer (bytes, mmap), without copying it.
-
-    ``io.BytesIO(data)`` copies anything but ``bytes`` whole; here h5py's
-    ``readinto`` copies each byte once, straight into its destination. It
-    subclasses ``BytesIO`` (left empty) because Keras's ``H5IOStore`` accepts
-    only that type; its seek/tell surface is :class:`SeekableFile`'s.
-    """
-
-    writable_file = False
-
-    def __init__(self, data) -> None:
-        io.BytesIO.__init__(self)
-        self._view = memoryview(data).cast("B")
-        self._pos = 0
-
-    def _extent(self) -> int:
-        return len(self._view)
-
-    def readinto(self, buf) -> int:
-        dst = memoryview(buf).cast("B")
-        n = max(0, min(len(dst), len(self._view) - self._pos))
-        dst[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        data = self._view[self._pos : end].tobytes() if end > self._pos else b""
-        self._pos += len(data)
-        return data
-
-    def write(self, data) -> int:
-        raise io.UnsupportedOperation("read-only")
-
-    def close(self) -> None:
-        if not self.closed:
-            self._view.release()  # so that an mmap behind it can be closed
-        super().close()
 
 
 def load_weights_bytes(obj: Any, weights, *, objects_to_skip=()) -> None:

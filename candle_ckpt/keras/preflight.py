@@ -27,8 +27,8 @@ import numpy as np
 
 from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch
+from candle_ckpt.core.fileobj import BufferFile
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.h5read import BufferFile
 from candle_ckpt.keras.plan import Entry, make_plan
 
 # How many differing variables an error names (the rest are counted).

@@ -24,9 +24,11 @@ from candle_ckpt.distributed.worker_state import WorkerTrainingState, multi_work
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import attach_resumed, checkpoint_dir
 from candle_ckpt.engine.run import hold_signals
+from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.compile_cache import use_compile_cache
-from candle_ckpt.keras.sharded import keras_group
+from candle_ckpt.keras.preflight import build_optimizer
+from candle_ckpt.multihost.save import keras_group
 
 
 def restart(
@@ -59,9 +61,14 @@ def restart(
         return _restart_through_worker(gParameters, model, adapter or KerasModelAdapter(model), logger, verbose)
     group = keras_group()
     if group.size > 1:  # several JAX processes: the primary chooses, all load the same one or none
-        from candle_ckpt.keras.group_restart import restart_group
+        from candle_ckpt.multihost.group_restart import restart_group
 
-        return restart_group(cfg, model, scoped(group, "restore"), logger, verbose)
+        # Nothing in the group's restore may create a Keras variable on only some processes (a collective under
+        # a distribution): the skip sets of the plan walk, and the optimizer's variables, are made here, on all.
+        internals.warm_skipsets()
+        if getattr(model, "optimizer", None) is not None:
+            build_optimizer(model)
+        return restart_group(cfg, model, scoped(group, "restore"), logger, verbose, KerasModelAdapter)
     return _restart_keras(cfg, model, logger, verbose)
 
 

@@ -33,7 +33,8 @@ from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import Chosen, Resumed
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras.compile_cache import use_compile_cache
-from candle_ckpt.keras.sharded import kept_parts, keras_group
+from candle_ckpt.multihost.load import kept_parts
+from candle_ckpt.multihost.save import keras_group
 from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
 from candle_ckpt.runner.sharded import reads as group_reads
 from candle_ckpt.runner.state import (  # noqa: F401 - STATE_* are this module's names too
@@ -166,15 +167,14 @@ class JobRunner:
     def _capture(self, epoch: int, step: int | None = None) -> Capture:
         if self.group.size > 1:  # this process's part: its shards and its own loop state
             copy = self.cfg.async_save and step is None  # a step checkpoint is written at once
-            return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group.rank, copy)
+            return capture_runner_sharded(self.objects, self.state, self.kinds, epoch, step, self.group, copy)
         return capture_runner(self.objects, self.state, self.kinds, epoch, step)
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
         """Load the verified checkpoint ``chosen`` into the objects and the loop state (all or nothing)."""
-        rank = self.group.rank
         if chosen.sidecar.model_file == MANIFEST:  # written by several processes (read here by any number)
             self._restored_at = restore_runner_sharded(
-                self.objects, self.state, self.kinds, chosen, log, where, rank, self._agree
+                self.objects, self.state, self.kinds, chosen, log, where, self.group, self._agree
             )
             return
         if self.group.size == 1:

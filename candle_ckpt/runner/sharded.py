@@ -1,6 +1,6 @@
 """A :class:`~candle_ckpt.runner.job.JobRunner` checkpoint written by every process of a multi-process JAX job.
 
-The same format as the callback's sharded checkpoint (:mod:`candle_ckpt.keras.sharded`):
+The same format as the callback's sharded checkpoint (:mod:`candle_ckpt.multihost.save`):
 every variable of every registered object is named ``<object name>/<variable.path>``
 (a Keras variable or seed generator of ``state``: ``loop_state/<key>``), and each
 process writes only the shards it holds with ``replica_id == 0`` into its part.
@@ -21,17 +21,12 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from candle_ckpt.core.errors import NoValidCheckpoint
+from candle_ckpt.core.group import Group, is_primary
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.keras.sharded import (
-    ORDER,
-    assign_all,
-    capture_chunks,
-    files_to_read,
-    read_all_or_none,
-    read_sharded,
-    state_variables,
-)
+from candle_ckpt.keras.preflight import build_optimizer
 from candle_ckpt.keras.state import KERAS_VERSION, backend_name
+from candle_ckpt.multihost.load import assign_all, files_to_read, read_all_or_none, read_sharded
+from candle_ckpt.multihost.save import ORDER, capture_chunks, state_variables
 from candle_ckpt.runner.state import (
     STATE_JSON,
     STATE_NPZ,
@@ -60,6 +55,7 @@ def runner_variables(objects: list[RunnerObject], state: Mapping[str, Any], kind
     found: dict[str, Any] = {}
     for o in objects:
         o.ensure_built()
+        build_optimizer(o.obj)  # a model's own optimizer, in its strategy's scope
         for path, v in state_variables(o.obj).items():
             found[f"{o.name}/{path}"] = v
     for key, value in state.items():
@@ -79,17 +75,17 @@ def capture_runner_sharded(
     kinds: Mapping[str, str],
     epoch: int,
     step: int | None,
-    rank: int,
+    group: Group,
     copy: bool,
 ) -> Capture:
     """This process's part of a runner checkpoint: its shards and its own loop state (on the training thread)."""
     start = time.perf_counter()
-    chunks, sharding = capture_chunks(runner_variables(objects, state, kinds), rank, copy=copy)
-    names = dict(zip((STATE_JSON, STATE_NPZ), loop_state_parts(rank), strict=True))
+    chunks, sharding = capture_chunks(runner_variables(objects, state, kinds), group, copy=copy)
+    names = dict(zip((STATE_JSON, STATE_NPZ), loop_state_parts(group.rank), strict=True))
     own = [FileSpec(names[f.name], f.write) for f in loop_state_files(_plain(state, kinds), kinds, epoch, step)]
 
     def parts(work: str) -> None:
-        write_part(work, rank, chunks, files=own)
+        write_part(work, group.rank, chunks, files=own)
 
     return Capture(
         files=[],
@@ -114,11 +110,12 @@ def files_for(objects: list[RunnerObject], state: Mapping[str, Any], kinds: Mapp
     return needed
 
 
-def _own_state(contents: Mapping[str, Any], rank: int, where: str, log: Any) -> dict[str, bytes]:
+def _own_state(contents: Mapping[str, Any], group: Group, where: str, log: Any) -> dict[str, bytes]:
     """This process's loop-state files (as ``loop_state.json`` / ``.npz``), or the primary's with a warning."""
+    rank = group.rank
     json_name, npz_name = loop_state_parts(rank)
     if json_name not in contents:
-        if rank == 0 or loop_state_parts(0)[0] not in contents:
+        if is_primary(group) or loop_state_parts(0)[0] not in contents:
             raise NoValidCheckpoint(
                 f"checkpoint {where} has no loop state ({json_name}); was it written by a JobRunner?"
             )
@@ -140,10 +137,10 @@ def restore_runner_sharded(
     chosen: Any,
     log: Any,
     where: str,
-    rank: int,
+    group: Group,
     agree: Callable[[bool], bool] | None,
 ) -> tuple[int, int] | None:
-    """Load a sharded runner checkpoint on process ``rank``; return (epoch, step) of a mid-epoch one.
+    """Load a sharded runner checkpoint on this process of ``group``; return (epoch, step) of a mid-epoch one.
 
     ``agree(ok)`` (several processes): True iff every process read its slices and its loop
     state. Only then is anything assigned, on every process or on none.
@@ -154,7 +151,7 @@ def restore_runner_sharded(
     """
 
     def read() -> tuple[dict, dict, dict]:
-        own = _own_state(chosen.contents, rank, where, log)
+        own = _own_state(chosen.contents, group, where, log)
         doc = read_loop_state(_plain(state, kinds), own, where)
         return own, doc, read_sharded(runner_variables(objects, state, kinds), where, chosen.contents)
 

@@ -16,10 +16,9 @@ from locations import PACKAGE
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
-# Modules that are tables, not logic: their length is their number of rows.
-TABLES = {
-    "config/schema.py": "the schema table: one row (default, choices, help) per ckpt_* parameter",
-}
+# Modules that are tables, not logic: their length is their number of rows. (The schema's table, once exempt, is two
+# tables of one idea each since issue 46: config/checkpoint_keys.py and config/cluster_keys.py, both under the limit.)
+TABLES: dict[str, str] = {}
 
 # Over a limit, and left for the change that owns the file (issue 16 is editing these).
 # "path" is the module's length; "path::Qualified.name" a function's.

@@ -25,10 +25,10 @@ from keras.src.saving import saving_lib  # noqa: E402
 from keras.src.utils import module_utils  # noqa: E402
 
 from candle_ckpt.core.checksum import CrcFile  # noqa: E402
-from candle_ckpt.keras.archive import weights_member_range, write_keras_archive  # noqa: E402
 from candle_ckpt.keras.h5read import load_weights_bytes, stored_view  # noqa: E402
 from candle_ckpt.keras.plan import make_plan  # noqa: E402
 from candle_ckpt.keras.state import ModelState  # noqa: E402
+from candle_ckpt.storage.keras_archive import weights_member_range, write_keras_archive  # noqa: E402
 
 
 def _rich_model(dtype: str | None = None) -> keras.Model:
@@ -316,7 +316,7 @@ def test_saving_lib_still_has_what_we_call():
     assert isinstance(lazy_tf, module_utils.LazyModule) and hasattr(lazy_tf, "_available")
 
 
-# -- the one-write model.keras archive (candle_ckpt.keras.archive) ----------------------------------------------
+# -- the one-write model.keras archive (candle_ckpt.storage.keras_archive) -----------------------------------------
 def _write_archive(model: keras.Model, path: Path) -> None:
     """A model.keras written as a default checkpoint writes it: h5py writing the weights member in place."""
     state = ModelState(model)

@@ -24,10 +24,10 @@ from locations import FIGURES
 from testkit import build_model  # noqa: E402
 
 from candle_ckpt.core import layout as L
-from candle_ckpt.keras.archive import weights_member_range
 from candle_ckpt.keras.callback import CandleCheckpointCallback
 from candle_ckpt.keras.restart import restart
 from candle_ckpt.keras.state import ModelState
+from candle_ckpt.storage.keras_archive import weights_member_range
 from candle_ckpt.storage.store import CheckpointStore
 from candle_ckpt.testing.crashsim import RecordingFS, RecordingNoSymlinkFS, materialize, state_digest
 

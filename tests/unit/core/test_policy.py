@@ -357,7 +357,7 @@ def test_prune_plan_retains_the_current_lineage_first(
 
 def test_every_keep_mode_of_the_schema_has_a_rule() -> None:
     """The schema's ckpt_keep_mode choices (also the CLI's --keep-mode) and the keep rules name the same modes."""
-    from candle_ckpt.config.schema import KEEP_MODES
+    from candle_ckpt.config.checkpoint_keys import KEEP_MODES
     from candle_ckpt.core.retention import _RULES, retention_policy
 
     assert set(_RULES) == set(KEEP_MODES)

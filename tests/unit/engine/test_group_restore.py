@@ -35,7 +35,7 @@ def _needed(rank: int):
 
 
 def _kept(rank: int):
-    """keep(names): the rank's own part, as ``keras.sharded.kept_parts`` gives it when the counts match."""
+    """keep(names): the rank's own part, as ``multihost.load.kept_parts`` gives it when the counts match."""
     return lambda names: {f"part-{rank:05d}.bin"} & set(names)
 
 

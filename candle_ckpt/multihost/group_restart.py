@@ -12,6 +12,9 @@ Call it on every process (the same script everywhere). The order:
 
 What is restored is attached to the model, as by the one-process ``restart()``,
 including this process's training state (``train.state.pRRRRR.npz``).
+
+keras/restart.py calls it with the one-process adapter (for a one-process checkpoint, which every process
+loads whole) after preparing the model through Keras's internals: this room reaches neither.
 """
 
 from __future__ import annotations
@@ -27,26 +30,27 @@ from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import Chosen, attach_resumed, checkpoint_dir
-from candle_ckpt.keras import internals
-from candle_ckpt.keras.adapter import KerasModelAdapter
-from candle_ckpt.keras.preflight import build_optimizer
-from candle_ckpt.keras.sharded import files_to_read, kept_parts, load_sharded, train_state_part
+from candle_ckpt.multihost.load import files_to_read, kept_parts, load_sharded
+from candle_ckpt.multihost.save import train_state_part
 from candle_ckpt.storage.sharded import MANIFEST
 
 
 class GroupModelAdapter:
-    """Restore one Keras model on one process of a group (see the module docstring)."""
+    """Restore one Keras model on one process of a group (see the module docstring).
 
-    def __init__(self, model: Any, group: Group, name: str) -> None:
-        self.model, self.group, self.name = model, group, name
-        self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *KerasModelAdapter.reads)))
+    ``one_process``: the one-process adapter's class (its ``reads``; made for a one-process checkpoint).
+    """
+
+    def __init__(self, model: Any, group: Group, name: str, one_process: Any) -> None:
+        self.model, self.group, self.name, self.one_process = model, group, name, one_process
+        self.reads = tuple(dict.fromkeys((train_state_part(group.rank), *one_process.reads)))
         self.pending = Pending()
         self.read_stats: dict[str, int] = {}  # what this process read (load_sharded's stats), for the load record
 
     def restore(self, chosen: Chosen, log: OpsLog, where: str) -> None:
         contents = chosen.contents
         if chosen.sidecar.model_file != MANIFEST:  # a one-process checkpoint: every process loads the same file
-            one = KerasModelAdapter(self.model)
+            one = self.one_process(self.model)
             one.restore(chosen, log, where)
             self.pending = one.pending
             self.group.barrier(f"{self.name}/loaded", group_timeout())
@@ -59,21 +63,24 @@ class GroupModelAdapter:
 
 
 def restart_group(
-    cfg: CkptConfig, model: Any, group: Group, logger: str | logging.Logger | None, verbose: bool
+    cfg: CkptConfig,
+    model: Any,
+    group: Group,
+    logger: str | logging.Logger | None,
+    verbose: bool,
+    one_process: Any,
 ) -> dict[str, Any] | None:
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring).
 
     ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
+    ``model``'s optimizer, if it has one, is built, on every process (nothing below may create a Keras
+    variable on only some processes: under a distribution that is a collective). ``one_process``: see
+    :class:`GroupModelAdapter`.
     """
     layout = L.Layout.of(cfg)
     log = OpsLog(layout.log if is_primary(group) else None, get_logger(logger, verbose))
-    # Nothing below may create a Keras variable on only some processes (a collective under a distribution):
-    # the skip sets of the plan walk, and the optimizer's variables, are made here, on every process.
-    internals.warm_skipsets()
-    if getattr(model, "optimizer", None) is not None:
-        build_optimizer(model)
     name = group.meeting("restore")
-    adapter = GroupModelAdapter(model, group, name)
+    adapter = GroupModelAdapter(model, group, name, one_process)
     attach_resumed(model, None)
     needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
     keep = lambda names: kept_parts(names, group.rank)  # noqa: E731

@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from candle_ckpt.keras.sharded import SpareChunks, capture_chunks
+from candle_ckpt.core.group import SOLO
+from candle_ckpt.multihost.save import SpareChunks, capture_chunks
 
 
 def _variables() -> dict[str, keras.Variable]:
@@ -17,13 +18,13 @@ def _variables() -> dict[str, keras.Variable]:
 
 def test_an_async_capture_reuses_written_buffers_and_never_busy_ones():
     variables, spare = _variables(), SpareChunks()
-    first, _ = capture_chunks(variables, 0, copy=True, spare=spare)
-    busy, _ = capture_chunks(variables, 0, copy=True, spare=spare)  # the first is not written yet: new buffers
+    first, _ = capture_chunks(variables, SOLO, copy=True, spare=spare)
+    busy, _ = capture_chunks(variables, SOLO, copy=True, spare=spare)  # the first is not written yet: new buffers
     assert [c.path for c in first] == ["dense/kernel", "dense/bias"]
     assert not any(np.shares_memory(a.data, b.data) for a, b in zip(first, busy, strict=True))
     spare.written()
     variables["dense/kernel"].assign(np.full((3, 4), 7.0, "float32"))
-    again, _ = capture_chunks(variables, 0, copy=True, spare=spare)
+    again, _ = capture_chunks(variables, SOLO, copy=True, spare=spare)
     assert all(np.shares_memory(a.data, b.data) for a, b in zip(busy, again, strict=True))
     assert np.array_equal(again[0].data, np.full((3, 4), 7.0, "float32"))
     assert np.array_equal(again[1].data, np.ones(5, "float32"))
@@ -34,8 +35,8 @@ def test_an_async_capture_reuses_written_buffers_and_never_busy_ones():
 
 def test_a_sync_capture_copies_nothing_and_leaves_the_spare_buffers_alone():
     variables, spare = _variables(), SpareChunks()
-    taken, _ = capture_chunks(variables, 0, copy=True, spare=spare)
+    taken, _ = capture_chunks(variables, SOLO, copy=True, spare=spare)
     spare.written()
-    capture_chunks(variables, 0, copy=False, spare=spare)
-    again, _ = capture_chunks(variables, 0, copy=True, spare=spare)
+    capture_chunks(variables, SOLO, copy=False, spare=spare)
+    again, _ = capture_chunks(variables, SOLO, copy=True, spare=spare)
     assert all(np.shares_memory(a.data, b.data) for a, b in zip(taken, again, strict=True))

@@ -148,7 +148,7 @@ def read_plan(variables: dict[str, Any], me: int) -> ReadPlan:
 
 @dataclass
 class ShardedRead:
-    """What :func:`~candle_ckpt.keras.sharded.read_sharded` read on this process, before the collective.
+    """What :func:`~candle_ckpt.multihost.load.read_sharded` read on this process, before the collective.
 
     Attributes:
         variables: The model's variables by their saved paths.

@@ -19,6 +19,9 @@ Layout::
 The first header is written last, once the weights' size and CRC-32 are
 known; the CRC comes from the per-write CRCs :class:`CrcFile` keeps, so no
 byte of the weights is read back.
+
+A file format, written without Keras (as :mod:`candle_ckpt.storage.sharded` is the sharded one): the
+Keras adapter hands it the weights' writer and the model's JSON (``keras/adapter.py``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.core.checksum import CrcFile
-from candle_ckpt.core.fileobj import SeekableFile
-from candle_ckpt.keras.h5read import BufferFile
+from candle_ckpt.core.fileobj import BufferFile, SeekableFile
 
 WEIGHTS_MEMBER = "model.weights.h5"  # the name keras.models.load_model looks for
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # the fixed part of a zip local file header
@@ -84,8 +86,8 @@ def write_keras_archive(f: CrcFile, write_weights: Callable[[Any], None], config
     Args:
         f: The new, empty checkpoint file.
         write_weights: Writes a standard ``.weights.h5`` into the seekable
-            file it is given (:meth:`HostSnapshot.write_h5`).
-        config_json: The model's ``config.json`` (``ModelState.full_model_parts``).
+            file it is given (``keras/state.py``'s ``HostSnapshot.write_h5``).
+        config_json: The model's ``config.json`` (``keras/state.py``'s ``ModelState.full_model_parts``).
         metadata_json: The archive's ``metadata.json``.
     """
     info = zipfile.ZipInfo(WEIGHTS_MEMBER, date_time=time.localtime()[:6])
