@@ -5,38 +5,24 @@ A *run* is one ``fit`` (the Keras 3 callback, the tf_keras callback) or one
 a model, where its callback list and input are, what a step and an epoch end
 are. :class:`TrainingRun` knows everything else, the same way for all three:
 
-- **the writer lock**: taken at :meth:`TrainingRun.begin`, released at
-  :meth:`TrainingRun.end` once the last write has landed, or by the fit guard
-  when ``fit`` raised (:mod:`candle_ckpt.engine.fit_guard`);
-- **the group of the run**: a fresh scope of the job's
-  :class:`~candle_ckpt.core.group.Group` per run (its meetings and keys,
-  deleted by the last meeting at the end), which the engine's saves and the
-  preemption agreement meet in;
+- **the writer lock**: taken at :meth:`TrainingRun.begin`, released at :meth:`TrainingRun.end` once the last
+  write has landed, or by the fit guard when ``fit`` raised (:mod:`candle_ckpt.engine.fit_guard`);
+- **the group of the run**: a fresh scope of the job's :class:`~candle_ckpt.core.group.Group` per run (its
+  meetings and keys, deleted by the last meeting at the end), which the saves and the preemption agreement meet in;
 - **the one preemption controller**, built from that group
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
-  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after
-  every step and every epoch end;
-- **every signal handler**, through the process's one owner
-  (:class:`~candle_ckpt.engine.signals.SignalOwner`): from ``restart()`` to ``begin``
-  the preemption signals are held (:func:`hold_signals`); from ``begin`` to the end
-  they are the controller's watcher's, and SIGTERM, if the watcher does not catch it
-  and writes are asynchronous, becomes ``SystemExit`` so that the exit hook commits
-  the write in flight; at the end every handler from before comes back, in one
-  teardown (the run's lease);
-- **the hang watchdog** (:class:`~candle_ckpt.engine.watchdog.Watchdog`, ``ckpt_hang_timeout``): armed and
-  stopped with the signal handlers (the same lease), told of every step's end, and of the saves and meetings
-  of the training thread (the run's group is a :class:`~candle_ckpt.engine.watchdog.WatchedGroup`); a run
-  with no progress for too long is ended with :data:`~candle_ckpt.engine.watchdog.HANG_EXIT` (124);
+  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and every epoch end;
+- **every signal handler and the hang watchdog**, through the process's one owner
+  (:class:`~candle_ckpt.engine.signals.SignalOwner`): held from ``restart()`` (:func:`hold_signals`), the
+  run's lease from ``begin`` to the end (the watcher's signals, SIGTERM as ``SystemExit`` with asynchronous
+  writes, the :class:`~candle_ckpt.engine.watchdog.Watchdog` told of every step, save and meeting: exit 124
+  on a hang), every handler back in one teardown;
 - **the end of a preemption save**: the controller saves and tells the run, which makes the write durable,
   records it and exits (:func:`~candle_ckpt.engine.preempt.finish_preempted`);
 - **the Ctrl-C line** at exit (:class:`~candle_ckpt.engine.interrupt.InterruptNotice`);
-- **resume adoption and the parked state**: what the restore driver
-  (:func:`~candle_ckpt.engine.restore.restore`) resumed, attached to the model by
-  ``restart()`` or handed over by ``JobRunner``
-  (:class:`~candle_ckpt.engine.resume.Resumed`), is adopted by the engine here
-  and only here (:func:`adopt`), once, and the state it could not apply yet (the
-  optimizer's, restored before ``compile()``; the training state, for the first
-  epoch) is handed out once;
+- **resume adoption and the parked state**: what the restore driver (:func:`~candle_ckpt.engine.restore.restore`)
+  resumed is adopted here and only here (:func:`adopt`), once, and the state it could not apply yet (the
+  optimizer's, the training state) is handed out once;
 - **the first step's time**: the first step of the process (or the first epoch
   end of a loop that reports no step) completes the start's breakdown
   (:func:`~candle_ckpt.engine.restart_history.first_step`).

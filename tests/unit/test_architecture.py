@@ -577,12 +577,9 @@ def test_the_folder_name_check_finds_each_spelling() -> None:
 # ``rank == 0`` elsewhere is a role decided beside the Group (issue 46: tf.distribute's engine chose its save mode
 # from ``is_chief``; the drain and the pull compared the rank a sidecar names with 0).
 RANK_HOME = "candle_ckpt/core/group.py"
-# Still comparing while another change of issue 46 moves them (the multi-process Keras code into its own room): the
-# merge of that change empties this list. A path that no longer exists is skipped, so the move does not fail here.
-FLAT_RANK_PENDING = {
-    "candle_ckpt/keras/sharded.py": "moved and fixed by issue 46's room change (item 5)",
-    "candle_ckpt/runner/sharded.py": "moved and fixed by issue 46's room change (item 5)",
-}
+# A module that may still compare a rank with 0 while a change moves it, and why (a path that no longer exists is
+# skipped). Empty since issue 46's merge.
+FLAT_RANK_PENDING: dict[str, str] = {}  # path -> why it may still compare (empty: none may)
 _RANKED = re.compile(r"(?:\brank|_rank|task_id|process_id|process_index\(\))$")
 
 

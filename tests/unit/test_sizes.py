@@ -1,4 +1,4 @@
-"""Size limits: no module of ``candle_ckpt`` over 500 lines, no function over 60.
+"""Size limits: no module of ``candle_ckpt`` over 400 lines (issue 46), no function over 60.
 
 Read with ``ast`` (nothing is imported). A module that is a table is exempt,
 and says why in :data:`TABLES`. :data:`PENDING` lists what is still over a
@@ -13,7 +13,7 @@ import pathlib
 
 from locations import PACKAGE
 
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 # Modules that are tables, not logic: their length is their number of rows. (The schema's table, once exempt, is two
@@ -59,7 +59,7 @@ def _oversized() -> dict[str, int]:
 
 
 def test_no_module_or_function_over_its_limit() -> None:
-    """Every module is at most 500 lines and every function at most 60, except the tables and PENDING."""
+    """Every module is at most 400 lines and every function at most 60, except the tables and PENDING."""
     over = {key: length for key, length in _oversized().items() if key not in PENDING}
     assert not over, f"over the limits ({MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function): {over}"
 
