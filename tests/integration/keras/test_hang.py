@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("jax")
+from locations import REPO  # noqa: E402
 from pace import wait_s  # noqa: E402
 
 from candle_ckpt.engine.watchdog import HANG_EXIT  # noqa: E402
@@ -29,7 +30,9 @@ JOB = Path(__file__).resolve().parents[1] / "jobs" / "hang_job.py"
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # The checkout's candle_ckpt, installed or not (as every job of the suite).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
 
 
 def _run(directory: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
