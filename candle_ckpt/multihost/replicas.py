@@ -90,11 +90,6 @@ def _blocks_and_plan(layout: Layout) -> tuple[tuple[Block, ...], Plan]:
     return tuple(blocks), plan_slices(blocks)
 
 
-def state_blocks(variables: dict[str, Any]) -> tuple[Block, ...]:
-    """Every block of every JAX array of ``variables`` and the processes holding it (from the shardings alone)."""
-    return _blocks_and_plan(_layout(variables))[0]
-
-
 def state_plan(variables: dict[str, Any]) -> Plan:
     """Who writes (and reads back) which slice of every block: the same on every process, no message needed.
     The result is shared between calls with the same layout: do not change it."""
