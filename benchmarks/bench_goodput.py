@@ -199,6 +199,14 @@ def contender_result(c: str, base: dict, run: dict, sched: dict, none_digests: d
     return out
 
 
+def overhead_rounds(none: list[dict], runs: list[dict]) -> dict:
+    """The overhead without failures over interleaved rounds: each round's training time against that round's job
+    without checkpointing, the median taken (``overhead``; each round's in ``overhead_each``)."""
+    each = [run["train_s"] / base["train_s"] - 1.0 for base, run in zip(none, runs, strict=True)]
+    walls = [run["wall_s"] / base["wall_s"] - 1.0 for base, run in zip(none, runs, strict=True)]
+    return {"overhead": statistics.median(each), "overhead_each": each, "overhead_wall": statistics.median(walls)}
+
+
 def bench(args: argparse.Namespace) -> dict:
     """Every contender, uninterrupted then under the schedule; the result dict."""
     if args.work_dir:
@@ -209,8 +217,12 @@ def bench(args: argparse.Namespace) -> dict:
     steps, cal_step_s = (args.steps, None) if args.steps else calibrate(work, args.epoch_s, loads)
     plan = [(s * args.interval_x, kind) for s, kind in G.schedule(args.schedule, args.seed)]
     names = dict.fromkeys(["none", *args.contenders])  # the run without checkpointing first: the baseline
-    runs = {c: uninterrupted(Runner(c, work, args.epochs, steps, loads, "whole")) for c in names}
-    base = runs["none"]
+    rounds: dict[str, list[dict]] = {c: [] for c in names}
+    for r in range(args.overhead_runs):  # interleaved: a slow minute of the machine falls on every contender alike
+        for c in names:
+            rounds[c].append(uninterrupted(Runner(c, work, args.epochs, steps, loads, f"whole{r or ''}")))
+    runs = {c: rounds[c][0] for c in names}
+    base = {**runs["none"], "wall_s": statistics.median(x["wall_s"] for x in rounds["none"])}
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "schedule": args.schedule,
@@ -243,6 +255,8 @@ def bench(args: argparse.Namespace) -> dict:
             continue
         sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched"), plan, cap)
         result["contenders"][c] = contender_result(c, base, runs[c], sched, base["digests"])
+        if args.overhead_runs > 1:
+            result["contenders"][c].update(overhead_rounds(rounds["none"], rounds[c]))
         print(R.line(c, result["contenders"][c]), file=sys.stderr, flush=True)
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["loadavg_1min_at_launches"] = {
@@ -302,6 +316,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10 epochs of ~1.5 s: a sanity run of a few minutes")
     parser.add_argument(
         "--max-wall-x", type=float, default=8.0, help="give up after this x the uninterrupted time (300 s at least)"
+    )
+    parser.add_argument(
+        "--overhead-runs",
+        type=int,
+        default=1,
+        help="uninterrupted runs of each contender, interleaved; the overhead is their median (default: 1)",
     )
     parser.add_argument("--out", default=None, help="the JSON (default: benchmarks/results/goodput-...json)")
     parser.add_argument("--work-dir", default=None, help="where the checkpoints and logs go (default: a temp dir)")

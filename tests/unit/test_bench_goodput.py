@@ -117,3 +117,24 @@ def test_the_events_of_a_finished_runs_rerun_resume_at_its_restored_step_and_a_c
     assert out["steps"] == [] and out["digests"] == {"a": "0"}
     path.write_text("\n".join([*lines[:3], '{"ev": "resumed", "t": 6.1, "epoch": 3, "step": 45}']))
     assert bench_goodput.read_events(path)["resumed"] == 45
+
+
+def test_the_overhead_over_interleaved_rounds_is_the_median_of_each_rounds_own_ratio() -> None:
+    import bench_goodput
+
+    none = [
+        {"train_s": 100.0, "wall_s": 110.0},
+        {"train_s": 120.0, "wall_s": 130.0},
+        {"train_s": 100.0, "wall_s": 110.0},
+    ]
+    runs = [
+        {"train_s": 101.0, "wall_s": 111.0},
+        {"train_s": 126.0, "wall_s": 136.0},
+        {"train_s": 103.0, "wall_s": 113.0},
+    ]
+    got = bench_goodput.overhead_rounds(none, runs)
+    assert got["overhead_each"] == pytest.approx([0.01, 0.05, 0.03])
+    assert got["overhead"] == pytest.approx(0.03)  # not 126/100 - 1: a slow round is compared with itself
+    assert got["overhead_wall"] == pytest.approx(3 / 110)
+    with pytest.raises(ValueError):
+        bench_goodput.overhead_rounds(none, runs[:2])
