@@ -11,7 +11,8 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   meetings and keys, deleted by the last meeting at the end), which the saves and the preemption agreement meet in;
 - **the one preemption controller**, built from that group
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
-  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and every epoch end;
+  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and epoch end (alone, without a
+  deadline: an epoch end only once a request is pending);
 - **every signal handler and the hang watchdog**, through the process's one owner
   (:class:`~candle_ckpt.engine.signals.SignalOwner`): held from ``restart()`` (:func:`hold_signals`), the
   run's lease from ``begin`` to the end (the watcher's signals, SIGTERM as ``SystemExit`` with asynchronous
@@ -251,7 +252,6 @@ class TrainingRun:
         Raises:
             PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
         """
-
         self.watchdog.last = time.monotonic()  # progress: the watchdog's one cost per step
 
         def save(reason: str) -> Sidecar | None:
