@@ -89,7 +89,9 @@ class PreemptionWatcher:
         self.signals = tuple(signals)
         self.deadline = deadline
         self.margin = margin
-        self._trigger: Trigger | None = None
+        # The request received so far, or None: a plain attribute, so that a caller may ask it at every epoch end
+        # without entering this module.
+        self.pending: Trigger | None = None
         # Called (in the signal handler) with the first signal's trigger: must only set a flag or an event.
         self.on_signal: Callable[[Trigger], None] | None = None
 
@@ -100,25 +102,20 @@ class PreemptionWatcher:
 
     def arm(self) -> None:
         """A run begins: forget the last run's request."""
-        self._trigger = None
+        self.pending = None
 
     def notice(self, trigger: Trigger) -> None:
         """A caught signal (the owner's handler calls it): the first one is kept and told to :attr:`on_signal`."""
-        if self._trigger is None:
-            self._trigger = trigger
+        if self.pending is None:
+            self.pending = trigger
             if self.on_signal is not None:
                 self.on_signal(trigger)
 
     def trigger(self, reason: str, signum: int | None = None) -> Trigger:
         """Record a stop request from another source (a peer worker, a test); the first one is kept."""
-        if self._trigger is None:
-            self._trigger = Trigger(reason, signum, time.monotonic())
-        return self._trigger
-
-    @property
-    def pending(self) -> Trigger | None:
-        """The request received so far, or None."""
-        return self._trigger
+        if self.pending is None:
+            self.pending = Trigger(reason, signum, time.monotonic())
+        return self.pending
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (negative once past), or None without one."""
@@ -131,11 +128,11 @@ class PreemptionWatcher:
             need_s: What the caller needs before the deadline besides the
                 margin: its measured time of one more step and one save.
         """
-        if self._trigger is None:
+        if self.pending is None:
             left = self.time_left()
             if left is not None and left < need_s + self.margin:
                 self.trigger("deadline")
-        return self._trigger
+        return self.pending
 
 
 def preempt_record(trigger: Trigger, epoch: int, step: int | None, path: str | None, exit_code: int | None) -> dict:

@@ -103,6 +103,9 @@ class PreemptionController:
         # The same configuration on every worker: all of them skip the agreement, or none does.
         self.watching = self.watcher.active
         self.enabled = self.watching or bool(steps is not None and steps.on)
+        # Whether epoch_end has anything to ask with no request pending (set by arm): a deadline to watch, or
+        # other processes to agree with. Without either, the run asks it only once the watcher holds a request.
+        self.asks_each_epoch = False
         self.saved_at: tuple[int, int] | None = None  # (epoch, steps done) of the preemption save
         self.mid_epoch = False  # that save was a step checkpoint: the epoch did not end
         self._last, self._step_s = time.monotonic(), 0.0
@@ -129,6 +132,7 @@ class PreemptionController:
         if warning:
             self.log.warning(warning)
         self.watcher.arm()
+        self.asks_each_epoch = self.watching and (self.agreement is not SOLO or self.watcher.deadline is not None)
         if not self.watching:
             return
         self.agreement.start()
@@ -205,7 +209,9 @@ class PreemptionController:
     def epoch_end(self, epoch: int, saved: bool, force: Callable[[str], Any], *, last_epoch: bool = False) -> bool:
         """After the checkpoint of ``epoch`` completed epochs: True once training must stop.
 
-        The workers agree at once (whatever ``ckpt_preempt_check`` says).
+        The workers agree at once (whatever ``ckpt_preempt_check`` says). A caller may skip the call while
+        :attr:`asks_each_epoch` is false and the watcher holds no request (``watcher.pending``): it returns
+        False then.
 
         Args:
             epoch: Completed epochs.

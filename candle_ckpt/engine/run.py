@@ -11,7 +11,8 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   meetings and keys, deleted by the last meeting at the end), which the saves and the preemption agreement meet in;
 - **the one preemption controller**, built from that group
   (:class:`~candle_ckpt.engine.preempt_control.PreemptionController` with a
-  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and every epoch end;
+  :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and epoch end (alone, without a
+  deadline: an epoch end only once a request is pending);
 - **every signal handler and the hang watchdog**, through the process's one owner
   (:class:`~candle_ckpt.engine.signals.SignalOwner`): held from ``restart()`` (:func:`hold_signals`), the
   run's lease from ``begin`` to the end (the watcher's signals, SIGTERM as ``SystemExit`` with asynchronous
@@ -162,7 +163,7 @@ class TrainingRun:
     @property
     def stopped(self) -> bool:
         """True once a preemption save stopped this run."""
-        return self.controller.stopped
+        return self.controller.saved_at is not None
 
     @property
     def saved_at(self) -> tuple[int, int] | None:
@@ -251,7 +252,6 @@ class TrainingRun:
         Raises:
             PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
         """
-
         self.watchdog.last = time.monotonic()  # progress: the watchdog's one cost per step
 
         def save(reason: str) -> Sidecar | None:
@@ -275,7 +275,7 @@ class TrainingRun:
             PreemptExit: as :meth:`step_end`.
             CheckpointSaveError: the save failed with ``ckpt_on_error=raise`` (the run has ended).
         """
-        if self.controller.stopped:
+        if self.controller.saved_at is not None:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
         restart_history.first_step(self.log, self._logs_start)  # a loop that reports no step: its first epoch
         with self._ended_by_errors():
@@ -288,6 +288,8 @@ class TrainingRun:
                 with self.watchdog.phase_of("save"):
                     return self.engine.save(done, logs, capture, reason=reason)
 
+            if self.controller.watcher.pending is None and not self.controller.asks_each_epoch:
+                return False  # one process, no deadline, no request: the controller has nothing to ask
             return self.controller.epoch_end(done, saved, force, last_epoch=last_epoch)
 
     def end(self, ok: bool = True) -> None:
@@ -309,8 +311,7 @@ class TrainingRun:
                         self.engine.finish()
                 except Exception as err:
                     self.log.warning(f"while stopping after an error: {err}")
-            # Every rank ended alike (or all were preempted at one step): they meet once more.
-            ended = ok or self.controller.stopped
+            ended = ok or self.stopped  # every rank ended alike (or all were preempted at one step): they meet again
         finally:
             self._end_signals(watchdog=False)  # the watchdog still watches the last meetings: stopped at release
             if ok:

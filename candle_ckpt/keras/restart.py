@@ -15,6 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import keras
+
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.group import scoped
@@ -49,7 +51,8 @@ def restart(
     """
     cfg = CkptConfig.from_params(gParameters)
     hold_signals(cfg)  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
-    use_compile_cache(cfg)  # on JAX, fit's compiles after a restart are read back (keras/compile_cache.py)
+    if keras.backend.backend() == "jax":
+        use_compile_cache(cfg)  # fit's compiles after a restart are read back (keras/compile_cache.py)
     if not cfg.restores():
         return None
     if adapter is None and is_tf_keras(model):

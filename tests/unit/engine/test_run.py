@@ -107,6 +107,28 @@ def test_a_signal_held_since_restart_is_saved_at_the_first_step(tmp_path: Path) 
     assert [p.name for p in (tmp_path / "run" / "ckpts" / "steps").iterdir()] == ["001"]
 
 
+def test_an_epoch_end_alone_without_a_deadline_asks_the_controller_only_with_a_request(tmp_path: Path) -> None:
+    """One process, no deadline: an epoch end does not ask the controller until a signal is pending
+    (docs/architecture.rst, "Walks"); then that epoch's checkpoint answers it. A deadline makes every epoch end ask."""
+    run = make_run(config(tmp_path, ckpt_preempt_signals="SIGUSR1"))
+    controller, asked = run.controller, []
+    real = controller.epoch_end
+    controller.epoch_end = lambda done, *args, **kwargs: asked.append(done) or real(done, *args, **kwargs)
+    run.begin()
+    assert not controller.asks_each_epoch
+    assert not run.epoch_end(1, {"val_loss": 1.0}, capture, last_epoch=False) and asked == []
+    signal.raise_signal(signal.SIGUSR1)
+    assert not run.step_end(1, 4, {"val_loss": 0.9}, capture, last=True)  # the epoch's last step: the epoch answers
+    with pytest.raises(PreemptExit) as info:
+        run.epoch_end(2, {"val_loss": 0.9}, capture, last_epoch=False)
+    assert info.value.code == 128 + signal.SIGUSR1 and asked == [2] and run.saved_at == (2, 0)
+    assert run.engine.stats()["preempt"]["reason"] == "SIGUSR1" and not locked(run.cfg)
+    timed = make_run(config(tmp_path / "timed", ckpt_preempt_signals="SIGUSR1", ckpt_deadline="+3600"))
+    timed.begin()
+    assert timed.controller.asks_each_epoch
+    timed.end()
+
+
 def test_hold_signals_holds_nothing_with_checkpointing_off(tmp_path: Path) -> None:
     assert hold_signals(config(tmp_path, ckpt_save_interval=0, ckpt_preempt_signals="SIGUSR1")) == []
     assert handler(signal.SIGUSR1) == signal.SIG_DFL
