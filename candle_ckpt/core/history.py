@@ -186,14 +186,18 @@ def last_failure(records: Iterable[Mapping[str, Any]]) -> str | None:
 def failure_rate(records: Iterable[Mapping[str, Any]], now: float | None = None) -> tuple[int, float]:
     """``(failures, seconds)``: the restarts after the first one, and the wall time they are spread over.
 
-    Every restart after the first means the process before it did not finish (preempted, killed, crashed). The
-    seconds run from the first restart to ``now``. ``(0, s)`` for a run that never failed.
+    Every restart after the first means the process before it did not finish (preempted, killed, crashed). So
+    does a first record that resumed a checkpoint: a fresh start writes no record where there is no persistent
+    tier (engine/restore.py: a job that never fails leaves no file), so the process that made that checkpoint
+    and then failed is counted from the resume alone. The seconds run from the first record to ``now``. ``(0, s)``
+    for a run that never failed.
     """
-    starts = [float(r["time"]) for r in restarts(records)]
+    starts = restarts(records)
     if not starts:
         return 0, 0.0
     end = time.time() if now is None else now
-    return len(starts) - 1, max(0.0, end - starts[0])
+    unrecorded = 1 if starts[0].get("resumed") is not None else 0  # the fresh start before it, that failed
+    return len(starts) - 1 + unrecorded, max(0.0, end - float(starts[0]["time"]))
 
 
 __all__ = [

@@ -73,6 +73,10 @@ def test_merge_is_a_union_by_id_in_time_order_and_rates_count_restarts_after_the
     assert [r["time"] for r in merged] == [10, 50, 90]
     assert H.failure_rate(merged, now=110) == (2, 100)
     assert H.failure_rate([], now=5) == (0, 0.0)
+    # A fresh start leaves no record without a persistent tier: a history that begins with a resume counts the
+    # failure of the process before it (the first relaunch knows of the first failure).
+    assert H.failure_rate([b, c], now=110) == (2, 60)
+    assert H.failure_rate([b], now=60) == (1, 10)
     failure = H.new_record("failure", error="hang", phase="input")
     assert H.last_failure([*merged, failure]) == "hang"
     assert H.last_failure(merged) is None
