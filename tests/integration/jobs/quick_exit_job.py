@@ -5,7 +5,8 @@ validation data) of 3 epochs with ``CandleCheckpointCallback`` at its defaults; 
 sends this process SIGTERM (a real signal, handled by candle_ckpt's handler), so that the next batch end commits a
 step checkpoint and ``fit`` raises ``PreemptExit``. Before ``fit`` the job leaves three witnesses of how it ends,
 each writing a line to ``MARKS`` when it runs: an ``atexit`` handler (``atexit``), a file opened for writing with a
-line in its buffer and never closed (``MARKS.buffered``: the line is there only if someone flushed it), and an
+line in its buffer and never closed (``MARKS.buffered``: the line is there only if someone flushed it; and
+``MARKS.gz``, a gzip file, readable only if someone closed it), and an
 object whose ``__del__`` only the interpreter's teardown of this module calls (``teardown``). ``--catch``: the
 script catches ``PreemptExit``, writes ``caught <status>`` and ends with ``sys.exit(0)``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gzip
 import os
 import sys
 
@@ -57,7 +59,9 @@ def main() -> None:
     atexit.register(mark, args.marks, "atexit")
     buffered = open(args.marks + ".buffered", "w")  # noqa: SIM115 (left open on purpose)
     buffered.write("buffered line\n")
-    globals()["BUFFERED"] = buffered
+    zipped = gzip.open(args.marks + ".gz", "wt")  # noqa: SIM115 (left open: only a close writes its trailer)
+    zipped.write("zipped line\n")
+    globals()["BUFFERED"], globals()["ZIPPED"] = buffered, zipped
 
     class Preempter(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
