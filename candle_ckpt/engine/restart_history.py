@@ -225,6 +225,15 @@ def current_start() -> dict[str, Any] | None:
     return dict(_START[0].breakdown) if _START else None
 
 
+def with_this_start(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` with this process's own ``restart`` record, if it has one not written yet (a resume's record
+    waits for its first step; the failure rate of a fit that begins before it counts this restart too)."""
+    record = _START[0].record if _START else None
+    if record is None or any(r.get("id") == record.get("id") for r in records):
+        return records
+    return [*records, record]
+
+
 def began(record: dict[str, Any], breakdown: dict[str, Any], history: History, *, written: bool = True) -> None:
     """A ``restart()`` of this process returned (the first one counts); ``record``: its ``restart`` record,
     ``written`` already or not (then written with a failure, if one comes)."""

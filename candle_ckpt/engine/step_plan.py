@@ -31,7 +31,7 @@ from typing import Any
 
 from candle_ckpt.core.history import failure_rate
 from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
-from candle_ckpt.engine.restart_history import History
+from candle_ckpt.engine.restart_history import History, with_this_start
 
 #: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
 REFRESH_STEPS = 16
@@ -69,7 +69,7 @@ class StepPlan:
                 records = History(self.cfg, self.engine.log, writes=False).records()
             except OSError:  # unreadable: the prior stands
                 records = []
-            self.policy.failures(*failure_rate(records, now))
+            self.policy.failures(*failure_rate(with_this_start(records), now))
             self._publish()
 
     def word(self, cost: float) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from hypothesis import given
@@ -182,3 +183,25 @@ def test_the_plan_reads_the_failures_of_the_persistent_tier_too(tmp_path) -> Non
     for step in (1, 2):
         steps.step_end(step, 0.1, lambda reason: None)
     assert engine.step_interval["mtbf_s"] == 100.0
+
+
+def test_the_first_relaunch_counts_its_own_restart_before_its_record_is_written(tmp_path, monkeypatch) -> None:
+    """A fresh start leaves no record, and a resume's record waits for its first step: the first relaunch's fit
+    begins with no history on disk, and still counts the failure before it (one in 50 s: an MTBF of 50 s)."""
+    from candle_ckpt.engine import restart_history
+
+    record = new_record("restart", resumed="epochs/001")
+    record["time"] = 1000.0
+    monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, None, record, False)])
+    engine = Engine(str(tmp_path))
+    steps = plan(engine)
+    steps.arm(1050.0)
+    engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
+    for step in (1, 2):
+        steps.step_end(step, 0.1, lambda reason: None)
+    assert not os.path.exists(Layout.at(str(tmp_path)).history)
+    assert engine.step_interval["mtbf_s"] == 50.0
+    monkeypatch.setattr(restart_history, "_START", [])  # no start of this process known: the prior stands
+    steps.arm(1050.0)
+    steps.step_end(3, 0.1, lambda reason: None)
+    assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
