@@ -101,6 +101,15 @@ def test_step_time_is_a_moving_average() -> None:
     assert policy.step_s == pytest.approx(0.3)
 
 
+@pytest.fixture(autouse=True)
+def no_start_of_this_process(monkeypatch) -> None:
+    """No restart() of this test process counts as the run's (another test may have made one in-process: the
+    plan adds this process's start to the history, engine/restart_history.with_this_start)."""
+    from candle_ckpt.engine import restart_history
+
+    monkeypatch.setattr(restart_history, "_START", [])
+
+
 class Engine:
     """What a StepPlan reads and writes of a CheckpointEngine."""
 
