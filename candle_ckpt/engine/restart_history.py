@@ -225,13 +225,17 @@ def current_start() -> dict[str, Any] | None:
     return dict(_START[0].breakdown) if _START else None
 
 
-def with_this_start(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` with this process's own ``restart`` record, if it has one not written yet (a resume's record
-    waits for its first step; the failure rate of a fit that begins before it counts this restart too)."""
-    record = _START[0].record if _START else None
-    if record is None or any(r.get("id") == record.get("id") for r in records):
+def with_this_start(records: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """``records`` (the history at ``path``) with this process's own ``restart`` record, if it has one of that
+    history not written yet (a resume's record waits for its first step; the failure rate of a fit that begins
+    before it counts this restart too). A start of another run's directory (one process training several) is not
+    this run's."""
+    start = _START[0] if _START else None
+    if start is None or start.record is None or start.history is None or start.history.path != path:
         return records
-    return [*records, record]
+    if any(r.get("id") == start.record.get("id") for r in records):
+        return records
+    return [*records, start.record]
 
 
 def began(record: dict[str, Any], breakdown: dict[str, Any], history: History, *, written: bool = True) -> None:

@@ -65,11 +65,12 @@ class StepPlan:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
         if self.on and self.policy.auto:
+            history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
-                records = History(self.cfg, self.engine.log, writes=False).records()
+                records = history.records()
             except OSError:  # unreadable: the prior stands
                 records = []
-            self.policy.failures(*failure_rate(with_this_start(records), now))
+            self.policy.failures(*failure_rate(with_this_start(records, history.path), now))
             self._publish()
 
     def word(self, cost: float) -> str:

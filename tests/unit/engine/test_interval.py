@@ -201,9 +201,15 @@ def test_the_first_relaunch_counts_its_own_restart_before_its_record_is_written(
 
     record = new_record("restart", resumed="epochs/001")
     record["time"] = 1000.0
-    monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, None, record, False)])
     engine = Engine(str(tmp_path))
     steps = plan(engine)
+    own = restart_history.History(steps.cfg, engine.log, writes=False)
+    other = restart_history.History(plan(Engine(str(tmp_path / "other"))).cfg, engine.log, writes=False)
+    monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, other, record, False)])
+    steps.arm(1050.0)  # a start of another run's directory (one process training several): not this run's
+    steps.step_end(1, 0.1, lambda reason: None)
+    assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
+    monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, own, record, False)])
     steps.arm(1050.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):
