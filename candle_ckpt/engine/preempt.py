@@ -281,11 +281,11 @@ def _interpreter_reads() -> bool:
 def _at_collection(phase: str, info: dict) -> None:
     if phase != "start" or not _armed or not sys.is_finalizing():
         return
-    _flush_open_files()
+    _close_open_files()
     os._exit(_armed[0])
 
 
-def _flush_open_files() -> None:
+def _close_open_files() -> None:
     """What the teardown would have done to every file object still open for writing when freeing it: close it
     (a ``gzip`` file writes its trailer then), or flush it if it is one of the standard streams."""
     std = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
