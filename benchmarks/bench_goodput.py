@@ -13,6 +13,8 @@ Every contender runs the same job (``goodput_job.py``: Keras 3 on JAX, CPU, 3 x 
 the same seeded schedule of interruptions (``goodput_lib.schedule``), restarted at once after each until it
 completes. The job timestamps itself into a JSON-lines file (process start before any import, model built,
 restore done, first batch end, every batch and epoch end), so the breakdown is measured the same way for all.
+A floor, ``write`` (every weight and optimizer variable written to one file and fsynced at each epoch end, nothing
+restored), runs uninterrupted only: the overhead that any checkpoint of every epoch costs on this machine.
 
 Reported per contender:
 
@@ -54,13 +56,15 @@ import goodput_report as R  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "goodput_job.py"
-CONTENDERS = ("none", "backup", "orbax", "candle")
+CONTENDERS = ("none", "backup", "orbax", "candle", "write")
 NAMES = {
     "none": "no checkpointing",
     "backup": "Keras BackupAndRestore",
     "orbax": "Keras OrbaxCheckpoint",
     "candle": "candle_ckpt (defaults)",
+    "write": "floor: state written + fsync each epoch",
 }
+FLOORS = ("write",)  # not checkpointers: measured uninterrupted only, for the overhead
 
 
 class Runner:
@@ -252,6 +256,19 @@ def bench(args: argparse.Namespace) -> dict:
                 "uninterrupted": {k: v for k, v in base.items() if k != "digests"},
                 "overhead": 0.0,
             }
+            continue
+        if c in FLOORS:
+            result["contenders"][c] = {
+                "name": NAMES[c],
+                "completed": False,
+                "floor": True,
+                "why": "a floor, not a checkpointer: run uninterrupted only",
+                "uninterrupted": {k: v for k, v in runs[c].items() if k != "digests"},
+                "overhead": runs[c]["train_s"] / base["train_s"] - 1.0,
+            }
+            if args.overhead_runs > 1:
+                result["contenders"][c].update(overhead_rounds(rounds["none"], rounds[c]))
+            print(R.line(c, result["contenders"][c]), file=sys.stderr, flush=True)
             continue
         sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched"), plan, cap)
         result["contenders"][c] = contender_result(c, base, runs[c], sched, base["digests"])

@@ -9,7 +9,10 @@ to ``--epochs``:
 - ``orbax``: ``keras.callbacks.OrbaxCheckpoint(dir)``, resumed as Keras's guide shows: ``model.load_weights(dir)``
   (the newest step) and ``initial_epoch`` = that step + 1 (the callback saves epoch ``e`` as step ``e``);
 - ``candle``: ``candle_ckpt.restart(params, model)`` and ``CandleCheckpointCallback(params)``, nothing set but
-  the directory and the epochs.
+  the directory and the epochs;
+- ``write``: no checkpointer, only a floor: at every epoch end every weight and optimizer variable is written to
+  one file and fsynced (:class:`BareWrite`), the least an epoch checkpoint that survives a power cut can cost. It
+  restores nothing; the benchmark runs it uninterrupted only, for the overhead.
 
 It timestamps itself (``time.time()``) into ``--events``, one JSON object a line, the same way for every
 contender: ``t0`` (its first line, before any import), ``built`` (model built and compiled: the restore
@@ -85,6 +88,22 @@ class Probe(keras.callbacks.Callback):
         self.events.write("epoch", epoch=epoch, step=self.step)
 
 
+class BareWrite(keras.callbacks.Callback):
+    """The floor of an epoch checkpoint: the state's bytes written to one file and fsynced, at every epoch end."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, "state.bin")
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        with open(self.path, "wb") as f:
+            for v in list(self.model.weights) + list(self.model.optimizer.variables):
+                f.write(np.ascontiguousarray(keras.ops.convert_to_numpy(v.value)).data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def data(steps: int) -> tuple:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((steps * BATCH, FEATURES)).astype("float32")
@@ -119,6 +138,8 @@ def restore(contender: str, model: keras.Model, directory: str, epochs: int) -> 
         params = {"ckpt_directory": directory, "epochs": epochs}
         info = candle_ckpt.restart(params, model)
         return (info["epoch"] if info else 0), [candle_ckpt.CandleCheckpointCallback(params)]
+    if contender == "write":
+        return 0, [BareWrite(directory)]
     return 0, []
 
 
@@ -131,7 +152,7 @@ def digests(model: keras.Model) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contender", choices=["none", "backup", "orbax", "candle"], required=True)
+    parser.add_argument("--contender", choices=["none", "backup", "orbax", "candle", "write"], required=True)
     parser.add_argument("--dir", required=True, help="the checkpoint directory")
     parser.add_argument("--events", required=True, help="the JSON-lines file of timestamps")
     parser.add_argument("--epochs", type=int, required=True)

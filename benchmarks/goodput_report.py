@@ -20,6 +20,8 @@ def cells(c: str, r: dict[str, Any]) -> list[str]:
     """One contender's row: name, goodput, interruptions, lost per interruption (total and parts), overhead,
     exact."""
     over = f"{100 * r['overhead']:+.1f}%" if r.get("overhead") is not None else "-"
+    if r.get("floor"):
+        return [r["name"], "-", "-", "-", *["-"] * len(PARTS), over, "-"]
     if not r.get("completed"):
         return [r["name"], "0", "-", r.get("why", "did not complete"), *["-"] * len(PARTS), over, "-"]
     per = r["per_interruption"]

@@ -138,3 +138,14 @@ def test_the_overhead_over_interleaved_rounds_is_the_median_of_each_rounds_own_r
     assert got["overhead_wall"] == pytest.approx(3 / 110)
     with pytest.raises(ValueError):
         bench_goodput.overhead_rounds(none, runs[:2])
+
+
+def test_the_write_floor_shows_its_overhead_and_no_goodput_and_is_left_out_of_the_plot() -> None:
+    import goodput_report as R
+
+    floor = {"name": "floor: state written + fsync each epoch", "completed": False, "floor": True, "overhead": 0.031}
+    row = R.cells("write", floor)
+    assert row[0] == floor["name"] and row[1] == "-" and row[-2] == "+3.1%" and row[-1] == "-"
+    assert len(row) == len(R.HEAD)
+    crashed = {"name": "Keras BackupAndRestore", "completed": False, "why": "crashed 5 times in a row", "overhead": 0.06}
+    assert R.cells("backup", crashed)[1] == "0"  # a checkpointer that never completes has goodput 0, not "-"
