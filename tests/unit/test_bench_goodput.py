@@ -147,5 +147,5 @@ def test_the_write_floor_shows_its_overhead_and_no_goodput_and_is_left_out_of_th
     row = R.cells("write", floor)
     assert row[0] == floor["name"] and row[1] == "-" and row[-2] == "+3.1%" and row[-1] == "-"
     assert len(row) == len(R.HEAD)
-    crashed = {"name": "Keras BackupAndRestore", "completed": False, "why": "crashed 5 times in a row", "overhead": 0.06}
+    crashed = {"name": "Keras BackupAndRestore", "completed": False, "why": "crashed 5 times", "overhead": 0.06}
     assert R.cells("backup", crashed)[1] == "0"  # a checkpointer that never completes has goodput 0, not "-"
