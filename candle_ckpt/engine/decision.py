@@ -156,6 +156,14 @@ def checkpointing_off(cfg: CkptConfig) -> bool:
     return cfg.save_interval == 0
 
 
+def saves_epoch(cfg: CkptConfig, done: int) -> bool:
+    """The end of epoch ``done`` (completed epochs) is saved whatever the metrics say (rules 1, 3, 5 and 6 of
+    :class:`SaveDecisionPolicy`; a new best may save an epoch that this says no to)."""
+    if checkpointing_off(cfg) or done < cfg.skip_epochs:
+        return False
+    return done == cfg.epochs or done % cfg.save_interval == 0
+
+
 def missing_metric_message(cfg: CkptConfig, epoch: int, logs: Mapping[str, Any]) -> str:
     """Why ``ckpt_save_best_metric`` is not in the logs, and the three ways out."""
     metric = cfg.save_best_metric

@@ -177,7 +177,9 @@ class PreemptionController:
         trigger = self.watcher.due(self.need_s()) if self.watching else None
         return trigger.reason if trigger is not None else None
 
-    def step_end(self, epoch: int, step: int, save: Callable[[str], Any], *, last: bool = False) -> bool:
+    def step_end(
+        self, epoch: int, step: int, save: Callable[[str], Any], *, last: bool = False, of: int | None = None
+    ) -> bool:
         """After step ``step`` (1-based) of epoch index ``epoch``: save and stop if due; True once training must stop.
 
         Call it on every worker after every step. With ``last`` (the epoch's
@@ -189,6 +191,7 @@ class PreemptionController:
             step: Steps done in this epoch.
             save: ``save(reason)`` commits the step checkpoint of this step; returns its sidecar (or None).
             last: This was the epoch's last step.
+            of: The epoch's steps (None: unknown), for the step checkpoints' spacing.
 
         Raises:
             PreemptExit: from ``on_saved``, after the save, unless ``ckpt_preempt_exit_code=return``.
@@ -203,7 +206,7 @@ class PreemptionController:
             self._stop(epoch, step, save)
             return True
         if self.steps is not None:
-            self.steps.step_end(step, self._step_s, save)
+            self.steps.step_end(step, self._step_s, save, epoch=epoch, of=of)
         return False
 
     def epoch_end(self, epoch: int, saved: bool, force: Callable[[str], Any], *, last_epoch: bool = False) -> bool:

@@ -242,12 +242,11 @@ class TrainingRun:
         return found.callback_list if found is not None else None
 
     def step_end(
-        self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False
+        self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False, of=None
     ) -> bool:
-        """After step ``step`` (1-based) of epoch index ``epoch``: True once training must stop.
-
-        ``capture`` takes the step checkpoint's files (called only when one is saved); ``last``: the epoch's
-        last step (a request there is answered by the epoch's checkpoint).
+        """After step ``step`` (1-based) of epoch index ``epoch`` (``of`` steps, None: unknown): True once
+        training must stop. ``capture`` takes the step checkpoint's files (called only when one is saved);
+        ``last``: the epoch's last step (a request there is answered by the epoch's checkpoint).
 
         Raises:
             PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
@@ -264,7 +263,7 @@ class TrainingRun:
         restart_history.first_step(self.log, self._logs_start)
 
         with self._ended_by_errors():
-            return self.controller.step_end(epoch, step, save, last=last)
+            return self.controller.step_end(epoch, step, save, last=last, of=of)
 
     def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
         """After ``done`` completed epochs: save it if the policy says so, then True once training must stop.

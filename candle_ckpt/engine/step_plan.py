@@ -9,8 +9,11 @@ failures from its restart history (``restarts.jsonl`` of both tiers, :func:`~can
 
 A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
 for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
-force. Step times left out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end:
-validation, the epoch's checkpoint) and the one after a step checkpoint.
+force; in an epoch whose end saves anyway, auto's steps are spread evenly over the epoch instead
+(:func:`~candle_ckpt.engine.interval.spread`: at most 1.5 intervals apart, never more saves). Step times left
+out: the first step of a fit (it compiles), the first of an epoch (it carries the epoch end: validation, the
+epoch's checkpoint) and the one after a step checkpoint. A fit resumed from a step checkpoint counts from that
+step; one process that has saved nothing yet takes the resumed checkpoint's save time as the probe's.
 
 **Several processes** decide as one, with no meeting of their own: the primary's interval (its measurements, the
 commit's own cost counted) travels with each commit's outcome
@@ -30,7 +33,8 @@ from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.core.history import failure_rate
-from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval
+from candle_ckpt.engine.decision import saves_epoch
+from candle_ckpt.engine.interval import SAVES_KEPT, Interval, StepInterval, spread
 from candle_ckpt.engine.restart_history import History, with_this_start
 
 #: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
@@ -56,6 +60,8 @@ class StepPlan:
         self._saved_at = 0  # the step of this epoch's last step checkpoint (0: none yet)
         self._measured = False  # a step checkpoint's blocked time was measured: commit records are no longer used
         self._now, self._steps = Interval(0, "unmeasured"), 0  # the interval in force, taken again _steps ago
+        self._every = 0  # the steps between two step checkpoints as taken (the interval, or spread())
+        self._first = True  # the next step is a fit's first: see _resumed_at
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -64,6 +70,7 @@ class StepPlan:
     def arm(self, now: float) -> None:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
+        self._first = True
         if self.on and self.policy.auto:
             history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
@@ -90,10 +97,16 @@ class StepPlan:
             self._agreed = (agreed, _parse(agreed))
         return self._agreed[1]
 
-    def step_end(self, step: int, step_s: float, save: Callable[[str], Any]) -> None:
-        """After step ``step`` of an epoch, which took ``step_s``: take the step checkpoint if one is due."""
+    def step_end(
+        self, step: int, step_s: float, save: Callable[[str], Any], *, epoch: int = 0, of: int | None = None
+    ) -> None:
+        """After step ``step`` of epoch index ``epoch`` (``of`` steps, None if unknown), which took ``step_s``:
+        take the step checkpoint if one is due (``auto`` in an epoch whose end saves anyway: :func:`spread`)."""
         if not self.on:
             return
+        if self._first:
+            self._first = False
+            self._resumed_at(step)
         if len(self.engine.records) != self._seen:
             self._observe_saves()
         if self._skip or step <= 1:
@@ -107,6 +120,10 @@ class StepPlan:
         if fresh or self._steps >= REFRESH_STEPS:
             self._publish()  # the moving step time, taken again now and then: a step costs microseconds
         every = self._now.steps
+        if every and of and self.policy.auto and saves_epoch(self.cfg, epoch + 1):
+            every = spread(every, of)
+        if every != self._every:
+            self._every = self.engine.step_interval["every"] = every
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             began = time.perf_counter()
             save("steps")
@@ -114,6 +131,19 @@ class StepPlan:
             self._measured, self._seen = True, len(self.engine.records)
             self._saved_at, self._skip = step, True
             self._publish()
+
+    def _resumed_at(self, step: int) -> None:
+        """At a fit's first step: a fit resumed from a step checkpoint counts its steps from that one, and one
+        process that has saved nothing yet takes the resumed checkpoint's own save time as the probe's (so a
+        relaunch is covered from its first steps, not from its first epoch end; several processes wait for the
+        primary's word, which only a commit carries)."""
+        resumed = getattr(self.engine, "resumed", None)
+        if resumed is None:
+            return
+        if resumed.step is not None and step > resumed.step:
+            self._saved_at = resumed.step
+        if self.policy.auto and not self.shared and not self.policy.saves and resumed.save_duration_s > 0:
+            self.policy.observe_save(float(resumed.save_duration_s))
 
     def _observe_saves(self) -> None:
         """Until a step checkpoint's blocked time is measured: the recorded costs of the commits since the last call
@@ -128,7 +158,7 @@ class StepPlan:
     def _publish(self) -> None:
         """The interval in force, taken again; ``stats()["steps"]``: it and why, with the measurements behind it."""
         self._now, self._steps = self.current(), 0
-        self.engine.step_interval = {**self._now.as_dict(), "setting": self.policy.setting}
+        self.engine.step_interval = {**self._now.as_dict(), "setting": self.policy.setting, "every": self._every}
 
 
 def _parse(word: str) -> Interval:

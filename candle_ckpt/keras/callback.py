@@ -197,7 +197,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         step, steps = batch + 1, (self.params or {}).get("steps")
         last = isinstance(steps, int) and step >= steps
-        if self.run.step_end(self._epoch, step, logs or {}, lambda: self._capture(step), last=last):
+        if self.run.step_end(self._epoch, step, logs or {}, lambda: self._capture(step), last=last, of=steps):
             self.model.stop_training = True
 
     def on_test_batch_end(self, batch: int, logs=None) -> None:

@@ -14,7 +14,8 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.history import append_local, new_record
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.engine.interval import OVERHEAD, PRIOR_MTBF_S, StepInterval, choose, mtbf
+from candle_ckpt.engine.decision import saves_epoch
+from candle_ckpt.engine.interval import OVERHEAD, PRIOR_MTBF_S, StepInterval, choose, mtbf, spread
 from candle_ckpt.engine.step_plan import StepPlan
 
 times = st.floats(min_value=1e-4, max_value=1e3, allow_nan=False, allow_infinity=False)
@@ -118,6 +119,7 @@ class Engine:
         self.store = type("Store", (), {"layout": Layout.at(root)})()
         self.group = type("Group", (), {"size": size})()
         self.agreed, self.note_out, self.step_interval = "", None, None
+        self.resumed = None
 
 
 def plan(engine: Engine, **params) -> StepPlan:
@@ -220,3 +222,107 @@ def test_the_first_relaunch_counts_its_own_restart_before_its_record_is_written(
     steps.arm(1050.0)
     steps.step_end(3, 0.1, lambda reason: None)
     assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
+
+
+@given(st.integers(min_value=1, max_value=100_000), st.integers(min_value=1, max_value=100_000))
+def test_spread_never_takes_more_saves_than_the_interval_and_keeps_gaps_under_one_and_a_half(every, steps) -> None:
+    """Within an epoch whose end saves anyway: equal parts, no more saves than every `every` steps would take (the
+    epoch end included), and no gap over 1.5 intervals unless the epoch itself is the one gap."""
+    gap = spread(every, steps)
+    parts = math.ceil(steps / gap)
+    assert parts <= math.ceil(steps / every)
+    assert gap <= max(1.5 * every + 1, steps) and (parts == 1 or gap <= 1.5 * every + 1)
+    if steps >= 1.5 * every:  # then at least two parts, evenly: the last one is not a sliver
+        assert parts >= 2 and steps - (parts - 1) * gap >= gap - parts
+
+
+def test_spread_examples() -> None:
+    assert spread(414, 416) == 416  # one part: the epoch's own checkpoint, no step checkpoint two steps before it
+    assert spread(300, 416) == 416  # 416 / 300 = 1.4: still one part
+    assert spread(200, 416) == 208  # two parts: 208 and the epoch end (not 200, 400 and 416)
+    assert spread(400, 4115) == 412  # ten parts
+    assert spread(1, 7) == 1
+
+
+def test_an_epoch_is_saved_whatever_the_metrics_per_interval_skip_and_last_epoch(tmp_path) -> None:
+    cfg = lambda **p: CkptConfig.from_params({"ckpt_directory": str(tmp_path), "epochs": 10, **p})  # noqa: E731
+    assert all(saves_epoch(cfg(), done) for done in range(1, 11))
+    assert [d for d in range(1, 11) if saves_epoch(cfg(ckpt_save_interval=3), d)] == [3, 6, 9, 10]
+    assert [d for d in range(1, 11) if saves_epoch(cfg(ckpt_skip_epochs=8), d)] == [8, 9, 10]
+    assert not any(saves_epoch(cfg(ckpt_save_interval=0), d) for d in range(1, 11))
+
+
+class Saves:
+    """A step checkpoint that blocks 0.08 s of the plan's clock (its own time is what the plan learns), and the
+    steps it was taken at."""
+
+    def __init__(self, monkeypatch) -> None:
+        import candle_ckpt.engine.step_plan as step_plan
+
+        self.at: list[int] = []
+        self.now, self.step = 0.0, 0
+        monkeypatch.setattr(step_plan, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: self.now)}))
+
+    def save(self, reason: str) -> None:
+        self.now += 0.08
+        self.at.append(self.step)
+
+    def run(self, steps: StepPlan, first: int, last: int, **where) -> list[int]:
+        self.at = []
+        for self.step in range(first, last + 1):
+            if self.step != where.get("of"):  # an epoch's last step: the controller leaves it to the epoch's save
+                steps.step_end(self.step, 0.01, self.save, **where)
+        return self.at
+
+
+def measured(engine: Engine, **params) -> StepPlan:
+    """A plan whose interval is 400 steps of 0.01 s (a 0.08-s save: the 2% bound, 4 s) from its first steps."""
+    steps = plan(engine, ckpt_mtbf=50.0, **params)
+    steps.arm(0.0)
+    engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.08})
+    return steps
+
+
+def test_auto_spreads_step_checkpoints_over_an_epoch_whose_end_saves_anyway(tmp_path, monkeypatch) -> None:
+    """An interval of 400 steps in epochs of 416: no step checkpoint two steps short of the epoch's own; in
+    epochs of 1000: two step checkpoints at 334 and 668 (three even parts), not at 400 and 800."""
+    engine, saves = Engine(str(tmp_path)), Saves(monkeypatch)
+    steps = measured(engine, epochs=10)
+    assert saves.run(steps, 1, 416, epoch=1, of=416) == []
+    assert engine.step_interval["interval"] == 400 and engine.step_interval["every"] == 416
+    assert saves.run(steps, 1, 1000, epoch=2, of=1000) == [334, 668]
+    assert engine.step_interval["every"] == 334
+    # Without the epoch's length (an input of unknown length): every 400 steps, as before.
+    assert saves.run(steps, 1, 1000, epoch=3) == [400, 800]
+
+
+def test_an_epoch_whose_end_does_not_save_keeps_the_interval_and_a_number_is_never_spread(tmp_path, monkeypatch):
+    saves = Saves(monkeypatch)
+    steps = measured(Engine(str(tmp_path)), epochs=10, ckpt_save_interval=2)
+    assert saves.run(steps, 1, 416, epoch=0, of=416) == [400]  # epoch index 0: its end (1 epoch done) is not saved
+    steps = plan(Engine(str(tmp_path / "fixed")), epochs=10, ckpt_save_steps=400)
+    steps.arm(0.0)
+    assert saves.run(steps, 1, 416, epoch=1, of=416) == [400]
+
+
+def test_a_relaunch_takes_its_probe_and_its_first_step_from_the_checkpoint_it_resumed(tmp_path, monkeypatch) -> None:
+    """A fit resumed from a step checkpoint (step 832 of 4115, written in 0.08 s) has saved nothing itself: it takes
+    step checkpoints from its first steps on, spaced from step 832, not from its first epoch end."""
+    engine, saves = Engine(str(tmp_path)), Saves(monkeypatch)
+    steps = plan(engine, epochs=10, ckpt_mtbf=50.0)
+    steps.arm(0.0)
+    engine.resumed = type("Side", (), {"step": 832, "save_duration_s": 0.08})()
+    at = saves.run(steps, 833, 4115, epoch=7, of=4115)
+    assert engine.step_interval["interval"] == 400 and engine.step_interval["every"] == spread(400, 4115) == 412
+    assert at == list(range(832 + 412, 4115, 412))
+    # Without the resumed checkpoint's time: nothing until this process's first save is measured (as before).
+    engine = Engine(str(tmp_path / "unmeasured"))
+    steps = plan(engine, epochs=10, ckpt_mtbf=50.0)
+    steps.arm(0.0)
+    assert saves.run(steps, 833, 4115, epoch=7, of=4115) == [] and engine.step_interval["reason"] == "unmeasured"
+    # Several processes wait for the primary's word: the resumed checkpoint's time is not taken as the probe.
+    engine = Engine(str(tmp_path / "mp"), size=2)
+    steps = plan(engine, epochs=10, ckpt_mtbf=50.0)
+    steps.arm(0.0)
+    engine.resumed = type("Side", (), {"step": 832, "save_duration_s": 0.08})()
+    assert saves.run(steps, 833, 1500, epoch=7, of=4115) == [] and engine.step_interval["reason"] == "unmeasured"
