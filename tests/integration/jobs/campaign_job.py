@@ -298,7 +298,10 @@ class Campaign:
             run.epoch, run.epoch_at = int(words[2]), now
             if run.epoch >= run.kill_after and run.kill_at is None and run.kills_left:
                 epoch_s = now - before if before is not None else 0.2
-                run.kill_at = now + self.rng.uniform(0.0, epoch_s)
+                # A late kill before (the report read late on a busy machine) can leave this one a single epoch:
+                # then at once, since a random moment of it could come after the run has ended (a kill missed).
+                late = self.epochs - run.epoch < 2
+                run.kill_at = now + (0.0 if late else self.rng.uniform(0.0, epoch_s))
         elif what == "reaped":
             status = int(words[2])
             run.statuses.append(status)
