@@ -62,6 +62,8 @@ class StepPlan:
         self._now, self._steps = Interval(0, "unmeasured"), 0  # the interval in force, taken again _steps ago
         self._every = 0  # the steps between two step checkpoints as taken (the interval, or spread())
         self._first = True  # the next step is a fit's first: see _resumed_at
+        self._saved_ends: frozenset[int] | None = None  # the epoch ends that save anyway (None: epochs unknown)
+        self._spread: tuple[int, Any] = (0, False)  # (interval, the epoch's steps if spread) behind _every
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -71,6 +73,8 @@ class StepPlan:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
         self._first = True
+        epochs = self.cfg.epochs  # the epoch ends saved whatever the metrics say, for spread(): decided once a fit
+        self._saved_ends = frozenset(d for d in range(1, epochs + 1) if saves_epoch(self.cfg, d)) if epochs else None
         if self.on and self.policy.auto:
             history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
@@ -120,10 +124,11 @@ class StepPlan:
         if fresh or self._steps >= REFRESH_STEPS:
             self._publish()  # the moving step time, taken again now and then: a step costs microseconds
         every = self._now.steps
-        if every and of and self.policy.auto and saves_epoch(self.cfg, epoch + 1):
-            every = spread(every, of)
-        if every != self._every:
-            self._every = self.engine.step_interval["every"] = every
+        spaced = bool(every and of and self.policy.auto and self._saved_ends and epoch + 1 in self._saved_ends)
+        if (every, spaced and of) != self._spread:  # taken again only when the interval or the epoch's kind moves
+            self._spread = (every, spaced and of)
+            self._every = self.engine.step_interval["every"] = spread(every, of) if spaced and of else every
+        every = self._every
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             began = time.perf_counter()
             save("steps")
