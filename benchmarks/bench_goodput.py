@@ -266,12 +266,9 @@ def bench(args: argparse.Namespace) -> dict:
                 "uninterrupted": {k: v for k, v in runs[c].items() if k != "digests"},
                 "overhead": runs[c]["train_s"] / base["train_s"] - 1.0,
             }
-            if args.overhead_runs > 1:
-                result["contenders"][c].update(overhead_rounds(rounds["none"], rounds[c]))
-            print(R.line(c, result["contenders"][c]), file=sys.stderr, flush=True)
-            continue
-        sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched"), plan, cap)
-        result["contenders"][c] = contender_result(c, base, runs[c], sched, base["digests"])
+        else:
+            sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched"), plan, cap)
+            result["contenders"][c] = contender_result(c, base, runs[c], sched, base["digests"])
         if args.overhead_runs > 1:
             result["contenders"][c].update(overhead_rounds(rounds["none"], rounds[c]))
         print(R.line(c, result["contenders"][c]), file=sys.stderr, flush=True)

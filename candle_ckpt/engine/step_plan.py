@@ -62,8 +62,8 @@ class StepPlan:
         self._now, self._steps = Interval(0, "unmeasured"), 0  # the interval in force, taken again _steps ago
         self._every = 0  # the steps between two step checkpoints as taken (the interval, or spread())
         self._first = True  # the next step is a fit's first: see _resumed_at
-        self._saved_ends: frozenset[int] | None = None  # the epoch ends that save anyway (None: epochs unknown)
-        self._spread: tuple[int, Any] = (0, False)  # (interval, the epoch's steps if spread) behind _every
+        self._ends: tuple[int | None, bool] = (None, False)  # (epoch index, whether its end saves anyway)
+        self._spread: tuple[int, int | None] = (0, None)  # (interval, the epoch's steps if spread) behind _every
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
         if self.shared:
             engine.note_out = self.word
@@ -72,9 +72,7 @@ class StepPlan:
     def arm(self, now: float) -> None:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
-        self._first = True
-        epochs = self.cfg.epochs  # the epoch ends saved whatever the metrics say, for spread(): decided once a fit
-        self._saved_ends = frozenset(d for d in range(1, epochs + 1) if saves_epoch(self.cfg, d)) if epochs else None
+        self._first, self._ends = True, (None, False)
         if self.on and self.policy.auto:
             history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
@@ -123,11 +121,13 @@ class StepPlan:
         fresh = self._now.reason == "unmeasured" or (self.shared and self.engine.agreed != self._agreed[0])
         if fresh or self._steps >= REFRESH_STEPS:
             self._publish()  # the moving step time, taken again now and then: a step costs microseconds
-        every = self._now.steps
-        spaced = bool(every and of and self.policy.auto and self._saved_ends and epoch + 1 in self._saved_ends)
-        if (every, spaced and of) != self._spread:  # taken again only when the interval or the epoch's kind moves
-            self._spread = (every, spaced and of)
-            self._every = self.engine.step_interval["every"] = spread(every, of) if spaced and of else every
+        if epoch != self._ends[0]:  # the save rule asked once an epoch, not at every step
+            self._ends = (epoch, saves_epoch(self.cfg, epoch + 1))
+        key = (self._now.steps, of if of and self.policy.auto and self._ends[1] else None)
+        if key != self._spread:  # spread() taken again only when the interval or the epoch's kind moves
+            self._spread = key
+            every, steps = key
+            self._every = self.engine.step_interval["every"] = spread(every, steps) if every and steps else every
         every = self._every
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             began = time.perf_counter()
@@ -142,7 +142,7 @@ class StepPlan:
         process that has saved nothing yet takes the resumed checkpoint's own save time as the probe's (so a
         relaunch is covered from its first steps, not from its first epoch end; several processes wait for the
         primary's word, which only a commit carries)."""
-        resumed = getattr(self.engine, "resumed", None)
+        resumed = self.engine.resumed
         if resumed is None:
             return
         if resumed.step is not None and step > resumed.step:
