@@ -53,13 +53,14 @@ class Store:
 
 class Engine:
     """What the run's end of a preemption save uses of a CheckpointEngine: finish, records, store, scratch_dir,
-    preempt."""
+    preempt, and the checkpoint resumed (none here)."""
 
     def __init__(self, scratch_dir: str | None = None) -> None:
         self.saved: list[tuple[int, int, dict, str]] = []
         self.finished = 0
         self.records: list[dict] = []
         self.store, self.scratch_dir, self.preempt = Store(), scratch_dir, None
+        self.resumed = None
 
     def save(self, epoch: int, step: int | None, logs: dict | None = None):
         """The ``save(reason)`` a training loop hands to the controller for this step."""
