@@ -14,6 +14,12 @@ Lines, each led by ID: ``started PID`` and ``reaped STATUS`` (the server);
 each epoch's checkpoint, ``done`` after the final weights are in ``OUT.npz``
 and the run's figures in ``OUT.json`` (the children).
 
+A run cannot end while the driving side still owes it a kill: while ``OUT.hold``
+exists, a child waits at its last epoch's end (before that epoch's checkpoint,
+at most ``HOLD_S``) for the file to go. On a busy machine the driver reads the
+lines late, and a kill planned from a late line could otherwise come after the
+run has ended (a run killed twice instead of three times).
+
 :class:`Campaign` is the driving side, shared by the test and the benchmark.
 """
 
@@ -32,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+HOLD_S = 600.0  # the longest a child waits at its last epoch's end for the driver's last kill
 
 
 def say(*words: object) -> None:
@@ -72,6 +80,9 @@ def run(job: str, fast: str, persistent: str, epochs: int, seed: int, out: str) 
 
         def on_epoch_end(self, epoch, logs=None):
             say(job, "epoch", epoch + 1)
+            hold, until = Path(out + ".hold"), time.monotonic() + HOLD_S
+            while epoch + 1 == epochs and hold.exists() and time.monotonic() < until:
+                time.sleep(0.05)  # a kill is still owed: it lands here, before the last checkpoint
             self.at = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -223,14 +234,23 @@ class Campaign:
         )
         assert self.line(timeout) == ["serving"], self.stderr.read_text()[-3000:]
 
+    _pending = b""  # what was read from the server past the last whole line
+
     def line(self, timeout: float) -> list[str] | None:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        got = self.proc.stdout.readline()
-        if not got:
-            raise RuntimeError(f"the campaign server exited; stderr:\n{self.stderr.read_text()[-3000:]}")
-        return got.split()
+        """The server's next line, waiting at most ``timeout``. Read straight from the pipe's descriptor into our
+        own buffer: select() cannot see lines already pulled into a file object's buffer (a readline() after a
+        burst of lines from 32 runs would leave the rest unread until new output came)."""
+        until = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            fd = self.proc.stdout.fileno()
+            if not select.select([fd], [], [], max(0.0, until - time.monotonic()))[0]:
+                return None
+            got = os.read(fd, 1 << 16)
+            if not got:
+                raise RuntimeError(f"the campaign server exited; stderr:\n{self.stderr.read_text()[-3000:]}")
+            self._pending += got
+        got, self._pending = self._pending.split(b"\n", 1)
+        return got.decode().split()
 
     def launch(self, run: Run) -> None:
         run.life += 1
@@ -241,6 +261,8 @@ class Campaign:
         else:  # an empty fast tier for every life, as on a new node
             fast, persistent = str(self.root / "fast" / f"run-{run.index:03d}-life-{run.life}"), str(self.shared(run))
         out = self.out(run) if run.index < 1000 else str(self.root / "out" / f"twin-{run.seed}")
+        if run.kills_left:
+            Path(out + ".hold").touch()  # removed with the last kill: until then the run cannot end
         self.proc.stdin.write(f"{run.job} {fast} {persistent} {self.epochs} {run.seed} {out}\n")
 
     def plan_kill(self, run: Run, resumed_epoch: int) -> None:
@@ -266,10 +288,18 @@ class Campaign:
                     os.kill(run.pid, signal.SIGKILL)
                     run.kill_at = None
                     run.kills_left -= 1
+                    if not run.kills_left:
+                        Path(self.out(run) + ".hold").unlink(missing_ok=True)
             words = self.line(0.01)
             if words is None:
                 if time.monotonic() - self._heard > silence_s:
-                    raise RuntimeError(f"no line from the campaign for {silence_s:.0f} s")
+                    waiting = [
+                        (r.index, r.life, r.epoch, r.kills_left, r.kill_after, r.pid) for r in everyone if not r.done
+                    ]
+                    raise RuntimeError(
+                        f"no line from the campaign for {silence_s:.0f} s; (run, life, epoch, kills owed, kill after "
+                        f"epoch, pid) of the runs not done: {waiting}"
+                    )
                 continue
             self._heard = time.monotonic()
             self.on_line(words)
@@ -298,10 +328,7 @@ class Campaign:
             run.epoch, run.epoch_at = int(words[2]), now
             if run.epoch >= run.kill_after and run.kill_at is None and run.kills_left:
                 epoch_s = now - before if before is not None else 0.2
-                # A late kill before (the report read late on a busy machine) can leave this one a single epoch:
-                # then at once, since a random moment of it could come after the run has ended (a kill missed).
-                late = self.epochs - run.epoch < 2
-                run.kill_at = now + (0.0 if late else self.rng.uniform(0.0, epoch_s))
+                run.kill_at = now + self.rng.uniform(0.0, epoch_s)  # a run with a kill owed holds at its end
         elif what == "reaped":
             status = int(words[2])
             run.statuses.append(status)
