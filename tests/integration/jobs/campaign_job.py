@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipe_lines import PipeLines
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -117,11 +118,13 @@ def serve() -> None:
     _ = candle_ckpt.restart, candle_ckpt.CandleCheckpointCallback  # resolve the lazy imports once
     jobs: dict[int, str] = {}
     say("serving")
-    open_stdin = True
+    requests, open_stdin = PipeLines(sys.stdin), True
     while open_stdin or jobs:
-        ready = select.select([sys.stdin], [], [], 0.02)[0] if open_stdin else time.sleep(0.02)
-        if ready:
-            line = sys.stdin.readline()
+        try:
+            line = requests.next(0.02) if open_stdin else time.sleep(0.02)
+        except EOFError:
+            line = ""
+        if line is not None:
             words = line.split()
             if len(words) != 6:
                 open_stdin = False
@@ -232,25 +235,15 @@ class Campaign:
             text=True,
             bufsize=1,
         )
+        self.lines = PipeLines(self.proc.stdout)
         assert self.line(timeout) == ["serving"], self.stderr.read_text()[-3000:]
 
-    _pending = b""  # what was read from the server past the last whole line
-
     def line(self, timeout: float) -> list[str] | None:
-        """The server's next line, waiting at most ``timeout``. Read straight from the pipe's descriptor into our
-        own buffer: select() cannot see lines already pulled into a file object's buffer (a readline() after a
-        burst of lines from 32 runs would leave the rest unread until new output came)."""
-        until = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            fd = self.proc.stdout.fileno()
-            if not select.select([fd], [], [], max(0.0, until - time.monotonic()))[0]:
-                return None
-            got = os.read(fd, 1 << 16)
-            if not got:
-                raise RuntimeError(f"the campaign server exited; stderr:\n{self.stderr.read_text()[-3000:]}")
-            self._pending += got
-        got, self._pending = self._pending.split(b"\n", 1)
-        return got.decode().split()
+        try:
+            got = self.lines.next(timeout)
+        except EOFError:
+            raise RuntimeError(f"the campaign server exited; stderr:\n{self.stderr.read_text()[-3000:]}") from None
+        return None if got is None else got.split()
 
     def launch(self, run: Run) -> None:
         run.life += 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from locations import REPO, job_script
 from pace import wait_s
+from pipe_lines import PipeLines
 
 QUIET_SILENCE_S = 60.0  # the longest a job is silent on a quiet machine, with margin (scaled by pace)
 
@@ -49,19 +49,18 @@ class JobServer:
             text=True,
             bufsize=1,
         )
+        self.lines = PipeLines(self.proc.stdout)
         assert self.line(wait_s(QUIET_SILENCE_S) * 3) == "serving"
 
     def line(self, timeout: float) -> str | None:
         """The server's next line, or None when it said nothing for ``timeout`` seconds; fails if it exited."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        got = self.proc.stdout.readline()
-        if not got:
+        try:
+            got = self.lines.next(timeout)
+        except EOFError:
             pytest.fail(
                 f"{self.script} exited; it said {self.own_lines[-5:]}; stderr:\n{self.stderr_path.read_text()[-3000:]}"
             )
-        return got.strip()
+        return None if got is None else got.strip()
 
     def run(
         self, *words: str, on_line: Callable[[str], None] | None = None, silence_s: float | None = None
