@@ -20,6 +20,7 @@ import pytest
 from locations import REPO
 from pace import slowdown as pace_factor
 from pace import wait_s
+from pipe_lines import PipeLines
 
 ROOT = REPO
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
@@ -172,7 +173,7 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
         while proc.poll() is None and time.monotonic() < deadline and "tensorflow" not in maps.read_text():
             time.sleep(0.05)
     elif moment == "fit-starts":
-        line = proc.stdout.readline()  # the demo's first line comes once Keras is loaded, just before fit
+        line = PipeLines(proc.stdout).next(SHORT_S)  # the demo's first line: once Keras is loaded, before fit
         assert line.startswith("demo: starting from scratch"), line
     else:
         while not os.path.lexists(last) and time.monotonic() < deadline and proc.poll() is None:

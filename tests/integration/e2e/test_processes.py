@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from locations import FIGURES, REPO
+from pace import wait_s
+from pipe_lines import PipeLines
 from testkit import build_model  # noqa: E402
 
 from candle_ckpt.core.errors import DirectoryLocked
@@ -87,10 +89,14 @@ def kill_pruner_at(root: Path, step: int | None) -> list[str]:
         env=ENV,
         text=True,
     )
-    steps = []
+    steps, lines = [], PipeLines(child.stdout)
     while True:
-        line = child.stdout.readline()
-        if not line or line.startswith("deleted"):
+        try:
+            line = lines.next(wait_s(60))
+        except EOFError:
+            break
+        assert line is not None, "the pruner said nothing for a minute"
+        if line.startswith("deleted"):
             break
         steps.append(line.split()[0])
         if len(steps) == step:
@@ -174,7 +180,7 @@ def test_second_writer_is_refused_and_a_killed_writers_lock_is_not_stale(tmp_pat
     root = tmp_path / "job"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdout=subprocess.PIPE, env=ENV, text=True)
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        assert PipeLines(holder.stdout).next(wait_s(60)) == "locked"
         second = subprocess.run([sys.executable, "-c", SECOND, str(root)], capture_output=True, env=ENV, text=True)
         assert second.returncode == 3, second.stdout + second.stderr
         assert f"in use by another writer (pid {holder.pid} on" in second.stdout

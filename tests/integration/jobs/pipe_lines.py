@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Iterator
 from typing import IO
 
 
@@ -36,3 +37,18 @@ class PipeLines:
             self.pending += got
         line, self.pending = self.pending.split(b"\n", 1)
         return line.decode(errors="replace")
+
+    def each(self, silence: float) -> Iterator[str]:
+        """Every line until the pipe closes.
+
+        Raises:
+            TimeoutError: No line came for ``silence`` seconds (the child hangs: the caller kills it and fails).
+        """
+        while True:
+            try:
+                line = self.next(silence)
+            except EOFError:
+                return
+            if line is None:
+                raise TimeoutError(f"no line for {silence:.0f} s")
+            yield line

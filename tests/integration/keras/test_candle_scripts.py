@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from locations import REPO, job_script
+from pace import wait_s
+from pipe_lines import PipeLines
 
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -50,7 +52,7 @@ def run(generation: str, workdir: Path, out: Path, kill_after: int | None = None
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
     lines = []
     try:
-        for line in child.stdout:
+        for line in PipeLines(child.stdout).each(wait_s(120)):
             lines.append(line.strip())
             if kill_after is not None and line.strip() == f"committed {kill_after}":
                 wait_for_commit(generation, workdir, kill_after)
@@ -124,7 +126,7 @@ def test_uno_sigterm_mid_epoch_adopts_the_step_checkpoint_and_ends_bit_identical
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         try:
             lines = []
-            for line in child.stdout:
+            for line in PipeLines(child.stdout).each(wait_s(120)):
                 lines.append(line.strip())
                 if line.strip() == sigterm_at:
                     os.kill(child.pid, signal.SIGTERM)

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("jax")
 from locations import REPO  # noqa: E402
 from pace import wait_s  # noqa: E402
+from pipe_lines import PipeLines  # noqa: E402
 
 from candle_ckpt.engine.watchdog import HANG_EXIT  # noqa: E402
 
@@ -72,7 +73,7 @@ def _hang(tmp_path: Path, block: str, timeout: float | str) -> tuple[Path, str, 
     )  # fmt: skip
     try:
         blocked = None
-        for line in proc.stdout:
+        for line in PipeLines(proc.stdout).each(wait_s(180)):  # a job that hangs before blocking fails, bounded
             if line.strip() == "blocking":
                 blocked = time.monotonic()
                 break
