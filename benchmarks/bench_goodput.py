@@ -56,12 +56,14 @@ import goodput_report as R  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "goodput_job.py"
-CONTENDERS = ("none", "backup", "orbax", "candle", "write")
+CONTENDERS = ("none", "backup", "orbax", "candle", "write", "candle-mtbf")
+DEFAULT_CONTENDERS = CONTENDERS[:-1]  # candle-mtbf on request: a setting, not the defaults
 NAMES = {
     "none": "no checkpointing",
     "backup": "Keras BackupAndRestore",
     "orbax": "Keras OrbaxCheckpoint",
     "candle": "candle_ckpt (defaults)",
+    "candle-mtbf": "candle_ckpt, ckpt_mtbf = the schedule's mean interval",
     "write": "floor: state written + fsync each epoch",
 }
 FLOORS = ("write",)  # not checkpointers: measured uninterrupted only, for the overhead
@@ -70,9 +72,12 @@ FLOORS = ("write",)  # not checkpointers: measured uninterrupted only, for the o
 class Runner:
     """Launches the job's processes for one contender and reads back their timestamps."""
 
-    def __init__(self, contender: str, work: Path, epochs: int, steps: int, loads: list[float], tag: str) -> None:
+    def __init__(
+        self, contender: str, work: Path, epochs: int, steps: int, loads: list[float], tag: str, mtbf: float
+    ) -> None:
         self.contender, self.work, self.epochs, self.steps, self.loads = contender, work, epochs, steps, loads
         self.count, self.tag = 0, tag  # the files of launch n: <contender>-<tag><n>.jsonl and .log
+        self.mtbf = mtbf  # candle-mtbf's ckpt_mtbf: the schedule's mean interval (stretched as the schedule is)
 
     def launch(self, directory: Path, plan: tuple[float, str] | None) -> dict:
         """One process; ``plan``: ``(seconds after launch, "TERM" | "KILL")`` or None (run to its end)."""
@@ -81,6 +86,8 @@ class Runner:
         log = open(self.work / f"{self.contender}-{self.tag}{self.count}.log", "w")  # noqa: SIM115
         cmd = [sys.executable, str(JOB), "--contender", self.contender, "--dir", str(directory)]
         cmd += ["--events", str(events), "--epochs", str(self.epochs), "--steps", str(self.steps)]
+        if self.contender == "candle-mtbf":
+            cmd += ["--mtbf", f"{self.mtbf:.1f}"]
         env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
         self.loads.append(os.getloadavg()[0])
         launch = time.time()
@@ -175,7 +182,7 @@ def _tail(runner: Runner) -> str:
 
 def calibrate(work: Path, epoch_s: float, loads: list[float]) -> tuple[int, float]:
     """Steps per epoch for ``epoch_s`` seconds, from a short run's median step time."""
-    p = Runner("none", work, 2, 40, loads, "calibrate").launch(work / "calibrate", None)
+    p = Runner("none", work, 2, 40, loads, "calibrate", 0.0).launch(work / "calibrate", None)
     step_s = G.step_time([{"steps": [s for s in p["steps"] if s[1] > 40]}])
     return max(1, round(epoch_s / step_s)), step_s
 
@@ -220,11 +227,12 @@ def bench(args: argparse.Namespace) -> dict:
     load_start = [round(x, 2) for x in os.getloadavg()]
     steps, cal_step_s = (args.steps, None) if args.steps else calibrate(work, args.epoch_s, loads)
     plan = [(s * args.interval_x, kind) for s, kind in G.schedule(args.schedule, args.seed)]
+    mtbf = statistics.mean(G.SCHEDULES[args.schedule]["every_s"]) * args.interval_x
     names = dict.fromkeys(["none", *args.contenders])  # the run without checkpointing first: the baseline
     rounds: dict[str, list[dict]] = {c: [] for c in names}
     for r in range(args.overhead_runs):  # interleaved: a slow minute of the machine falls on every contender alike
         for c in names:
-            rounds[c].append(uninterrupted(Runner(c, work, args.epochs, steps, loads, f"whole{r or ''}")))
+            rounds[c].append(uninterrupted(Runner(c, work, args.epochs, steps, loads, f"whole{r or ''}", mtbf)))
     runs = {c: rounds[c][0] for c in names}
     base = {**runs["none"], "wall_s": statistics.median(x["wall_s"] for x in rounds["none"])}
     result = {
@@ -267,7 +275,7 @@ def bench(args: argparse.Namespace) -> dict:
                 "overhead": runs[c]["train_s"] / base["train_s"] - 1.0,
             }
         else:
-            sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched"), plan, cap)
+            sched = under_schedule(Runner(c, work, args.epochs, steps, loads, "sched", mtbf), plan, cap)
             result["contenders"][c] = contender_result(c, base, runs[c], sched, base["digests"])
         if args.overhead_runs > 1:
             result["contenders"][c].update(overhead_rounds(rounds["none"], rounds[c]))
@@ -322,7 +330,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="default: the schedule's (A: 60, B: 10)")
     parser.add_argument("--epoch-s", type=float, default=None, help="seconds per epoch (A: 2, B: 20), via steps")
     parser.add_argument("--steps", type=int, default=None, help="steps per epoch (instead of calibrating --epoch-s)")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS,
+        default=list(DEFAULT_CONTENDERS),
+        help="default: all but candle-mtbf (candle_ckpt with ckpt_mtbf set to the schedule's mean interval)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--interval-x", type=float, default=1.0, help="stretch the intervals (a slow, shared machine's start-up)"

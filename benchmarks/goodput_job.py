@@ -10,6 +10,8 @@ to ``--epochs``:
   (the newest step) and ``initial_epoch`` = that step + 1 (the callback saves epoch ``e`` as step ``e``);
 - ``candle``: ``candle_ckpt.restart(params, model)`` and ``CandleCheckpointCallback(params)``, nothing set but
   the directory and the epochs;
+- ``candle-mtbf``: the same with ``ckpt_mtbf`` given (``--mtbf``: the schedule's mean interval), as an operator
+  who knows the cluster's failure rate sets it: the first process is covered before any failure is recorded;
 - ``write``: no checkpointer, only a floor: at every epoch end every weight and optimizer variable is written to
   one file and fsynced (:class:`BareWrite`), the least an epoch checkpoint that survives a power cut can cost. It
   restores nothing; the benchmark runs it uninterrupted only, for the overhead.
@@ -123,7 +125,9 @@ def build() -> keras.Model:
     return model
 
 
-def restore(contender: str, model: keras.Model, directory: str, epochs: int) -> tuple[int, list]:
+def restore(
+    contender: str, model: keras.Model, directory: str, epochs: int, mtbf: float | None = None
+) -> tuple[int, list]:
     """The contender's documented restore; ``(initial_epoch, callbacks)``."""
     if contender == "backup":
         return 0, [keras.callbacks.BackupAndRestore(directory)]
@@ -132,10 +136,12 @@ def restore(contender: str, model: keras.Model, directory: str, epochs: int) -> 
         if steps:
             model.load_weights(directory)  # Keras reads the newest step of an Orbax directory
         return (max(steps) + 1 if steps else 0), [keras.callbacks.OrbaxCheckpoint(directory)]
-    if contender == "candle":
+    if contender in ("candle", "candle-mtbf"):
         import candle_ckpt
 
         params = {"ckpt_directory": directory, "epochs": epochs}
+        if mtbf is not None:
+            params["ckpt_mtbf"] = mtbf
         info = candle_ckpt.restart(params, model)
         return (info["epoch"] if info else 0), [candle_ckpt.CandleCheckpointCallback(params)]
     if contender == "write":
@@ -152,7 +158,10 @@ def digests(model: keras.Model) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contender", choices=["none", "backup", "orbax", "candle", "write"], required=True)
+    parser.add_argument(
+        "--contender", choices=["none", "backup", "orbax", "candle", "candle-mtbf", "write"], required=True
+    )
+    parser.add_argument("--mtbf", type=float, default=None, help="candle-mtbf: ckpt_mtbf in seconds")
     parser.add_argument("--dir", required=True, help="the checkpoint directory")
     parser.add_argument("--events", required=True, help="the JSON-lines file of timestamps")
     parser.add_argument("--epochs", type=int, required=True)
@@ -163,7 +172,7 @@ def main() -> None:
     x, y, val = data(args.steps)
     model = build()
     events.write("built")
-    initial_epoch, callbacks = restore(args.contender, model, args.dir, args.epochs)
+    initial_epoch, callbacks = restore(args.contender, model, args.dir, args.epochs, args.mtbf)
     probe = Probe(events, args.steps)  # "restored": at fit's on_train_begin, for every contender (see the docs)
     model.fit(
         x,

@@ -89,7 +89,13 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 6))
     mtbfs = [5 * 1.05**k for k in range(int(1 + (3.3 / 0.0212)))]  # 5 s to ~10,000 s
-    colours = {"backup": "tab:orange", "orbax": "tab:green", "candle": "tab:blue", "none": "tab:gray"}
+    colours = {
+        "backup": "tab:orange",
+        "orbax": "tab:green",
+        "candle": "tab:blue",
+        "candle-mtbf": "tab:purple",
+        "none": "tab:gray",
+    }
     styles = ["-", "--", ":"]
     for i, result in enumerate(results):
         for c, r in result["contenders"].items():
