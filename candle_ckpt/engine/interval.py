@@ -1,7 +1,8 @@
 """The automatic step-checkpoint interval (``ckpt_save_steps=auto``): a pure policy, fed with measurements.
 
 The rule, in seconds of training between two step checkpoints, with ``C`` the cost of one step checkpoint to
-the training thread (the time ``save_step`` blocks the caller) and ``M`` the mean time between failures:
+the training thread (the time ``save_step`` blocks the caller, and the slowdown of the steps right after it)
+and ``M`` the mean time between failures:
 
 - **overhead bound**: ``C / 0.02``, so that checkpointing costs at most 2% of training time without failures;
 - **Young/Daly**: ``sqrt(2 x C x M)``, the interval that loses the least time to saves and failures together;
@@ -134,6 +135,11 @@ class StepInterval:
         """A checkpoint would block (or blocked) training ``seconds`` as a step checkpoint."""
         if seconds >= 0:
             self.saves = [*self.saves, seconds][-SAVES_KEPT:]
+
+    def revise_save(self, seconds: float) -> None:
+        """The newest save cost ``seconds`` in all: its blocked time and the slowdown of the steps after it."""
+        if self.saves and seconds >= 0:
+            self.saves = [*self.saves[:-1], seconds]
 
     def failures(self, failures: int, seconds: float) -> None:
         """The run's failures so far and the wall time they are spread over (``history.failure_rate``)."""

@@ -39,6 +39,9 @@ from candle_ckpt.engine.restart_history import History, with_this_start
 
 #: Steps between two evaluations of the interval (and after each save, or a new word of the primary).
 REFRESH_STEPS = 16
+#: Steps after a step checkpoint whose time beyond the moving step time counts in its cost: the write slows the
+#: steps after it too (about a third of its blocked time again, over 10 to 30 steps, on a 2-core machine).
+AFTER_STEPS = 32
 
 
 class StepPlan:
@@ -65,6 +68,7 @@ class StepPlan:
         self._ends: tuple[int | None, bool] = (None, False)  # (epoch index, whether its end saves anyway)
         self._spread: tuple[int, int | None] = (0, None)  # (interval, the epoch's steps if spread) behind _every
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
+        self._after: list[float] | None = None  # after a step checkpoint: [blocked, step time before, cost, left]
         if self.shared:
             engine.note_out = self.word
         self._publish()
@@ -73,6 +77,8 @@ class StepPlan:
         """At the start of a fit (``now``: Unix seconds): the next step compiles; the failures so far are read."""
         self._skip, self._saved_at = True, 0
         self._first, self._ends = True, (None, False)
+        if self._after is not None:  # the last fit's last save: counted so far
+            self._count_after(None)
         if self.on and self.policy.auto:
             history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
@@ -117,6 +123,10 @@ class StepPlan:
             self.policy.observe_step(step_s)
         if step <= self._saved_at:  # a new epoch: its steps count from its beginning
             self._saved_at = 0
+            if self._after is not None:  # its first step carries the epoch end, not the save's cost: counted so far
+                self._count_after(None)
+        elif self._after is not None:
+            self._count_after(step_s)
         self._steps += 1
         fresh = self._now.reason == "unmeasured" or (self.shared and self.engine.agreed != self._agreed[0])
         if fresh or self._steps >= REFRESH_STEPS:
@@ -130,11 +140,30 @@ class StepPlan:
             self._every = self.engine.step_interval["every"] = spread(every, steps) if every and steps else every
         every = self._every
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
+            if self._after is not None:  # the next save came first: its cost so far
+                self._count_after(None)
             began = time.perf_counter()
             save("steps")
-            self.policy.observe_save(time.perf_counter() - began)  # what it blocked training, all of it
+            blocked = time.perf_counter() - began
+            self.policy.observe_save(blocked)  # what it blocked training, all of it; the steps after it below
+            if self.policy.step_s is not None:
+                self._after = [blocked, self.policy.step_s, 0.0, AFTER_STEPS]
             self._measured, self._seen = True, len(self.engine.records)
             self._saved_at, self._skip = step, True
+            self._publish()
+
+    def _count_after(self, step_s: float | None) -> None:
+        """One of the steps after a step checkpoint took ``step_s`` (the first includes the save): what it took
+        beyond the step time before the save counts in the save's cost. After :data:`AFTER_STEPS` such steps
+        (``None``: the next save, an epoch or a fit came first) the save's cost is revised to the total so far, at
+        least its blocked time."""
+        blocked, before, cost, left = self._after
+        if step_s is not None:
+            cost, left = cost + step_s - before, left - 1
+            self._after = [blocked, before, cost, left]
+        if step_s is None or left <= 0:
+            self._after = None
+            self.policy.revise_save(max(blocked, cost))
             self._publish()
 
     def _resumed_at(self, step: int) -> None:

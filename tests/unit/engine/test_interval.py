@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core.history import append_local, new_record
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine import step_plan
 from candle_ckpt.engine.decision import saves_epoch
 from candle_ckpt.engine.interval import OVERHEAD, PRIOR_MTBF_S, StepInterval, choose, mtbf, spread
 from candle_ckpt.engine.step_plan import StepPlan
@@ -326,3 +328,67 @@ def test_a_relaunch_takes_its_probe_and_its_first_step_from_the_checkpoint_it_re
     steps.arm(0.0)
     engine.resumed = type("Side", (), {"step": 832, "save_duration_s": 0.08})()
     assert saves.run(steps, 833, 1500, epoch=7, of=4115) == [] and engine.step_interval["reason"] == "unmeasured"
+
+
+class Clock:
+    """``time.perf_counter`` for step_plan: a save advances it by what it blocks."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def saving_plan(tmp_path, monkeypatch, blocked: float) -> tuple[StepPlan, list, Callable[[str], None]]:
+    """A plan every 50 steps whose saves block ``blocked`` seconds, after 49 steps of 10 ms (the moving step time)."""
+    clock = Clock()
+    monkeypatch.setattr(step_plan, "time", clock)
+    saved: list = []
+
+    def save(reason: str) -> None:
+        saved.append(reason)
+        clock.now += blocked
+
+    steps = plan(Engine(str(tmp_path)), ckpt_save_steps=50)
+    steps.arm(0.0)
+    for step in range(1, 50):
+        steps.step_end(step, 0.010, save)
+    return steps, saved, save
+
+
+def test_a_save_costs_its_blocked_time_and_the_slowdown_of_the_steps_after_it(tmp_path, monkeypatch) -> None:
+    """A save that blocks 40 ms and slows the next 10 steps by 2 ms each costs 60 ms once 32 steps have passed."""
+    steps, saved, save = saving_plan(tmp_path, monkeypatch, 0.040)
+    steps.step_end(50, 0.010, save)
+    assert saved == ["steps"] and steps.policy.saves[-1] == pytest.approx(0.040)
+    steps.step_end(51, 0.040 + 0.012, save)  # the step after the save: its time includes the save's
+    for step in range(52, 61):
+        steps.step_end(step, 0.012, save)
+    assert steps.policy.saves[-1] == pytest.approx(0.040)  # 10 of 32 steps counted: not yet revised
+    for step in range(61, 83):
+        steps.step_end(step, 0.010, save)
+    assert steps.policy.saves[-1] == pytest.approx(0.060)
+
+
+def test_an_epoch_end_inside_the_window_is_not_charged_to_the_save(tmp_path, monkeypatch) -> None:
+    """Five slowed steps after a save, then a new epoch whose first step carries validation and the epoch's
+    checkpoint (0.5 s): the save costs its blocked time and the five steps' slowdown, not the epoch end."""
+    steps, saved, save = saving_plan(tmp_path, monkeypatch, 0.040)
+    steps.step_end(50, 0.010, save)
+    steps.step_end(51, 0.040 + 0.013, save)
+    for step in range(52, 56):
+        steps.step_end(step, 0.013, save)
+    steps.step_end(1, 0.5, save)
+    assert saved == ["steps"]
+    assert steps.policy.saves[-1] == pytest.approx(0.055)
+
+
+def test_a_save_never_counts_less_than_it_blocked(tmp_path, monkeypatch) -> None:
+    """Steps after a save that happen to run faster than before do not make the save cheaper than its blocked time."""
+    steps, saved, save = saving_plan(tmp_path, monkeypatch, 0.040)
+    steps.step_end(50, 0.010, save)
+    for step in range(51, 83):
+        steps.step_end(step, 0.005, save)
+    assert saved == ["steps"]
+    assert steps.policy.saves[-1] == pytest.approx(0.040)
