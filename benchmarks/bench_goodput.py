@@ -73,7 +73,7 @@ class Runner:
     """Launches the job's processes for one contender and reads back their timestamps."""
 
     def __init__(
-        self, contender: str, work: Path, epochs: int, steps: int, loads: list[float], tag: str, mtbf: float
+        self, contender: str, work: Path, epochs: int, steps: int, loads: list[float], tag: str, mtbf: float = 0.0
     ) -> None:
         self.contender, self.work, self.epochs, self.steps, self.loads = contender, work, epochs, steps, loads
         self.count, self.tag = 0, tag  # the files of launch n: <contender>-<tag><n>.jsonl and .log
@@ -182,7 +182,7 @@ def _tail(runner: Runner) -> str:
 
 def calibrate(work: Path, epoch_s: float, loads: list[float]) -> tuple[int, float]:
     """Steps per epoch for ``epoch_s`` seconds, from a short run's median step time."""
-    p = Runner("none", work, 2, 40, loads, "calibrate", 0.0).launch(work / "calibrate", None)
+    p = Runner("none", work, 2, 40, loads, "calibrate").launch(work / "calibrate", None)
     step_s = G.step_time([{"steps": [s for s in p["steps"] if s[1] > 40]}])
     return max(1, round(epoch_s / step_s)), step_s
 

@@ -2,10 +2,11 @@
 
 The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule) to the run: the
 :class:`~candle_ckpt.engine.preempt_control.PreemptionController` hands each step's time to
-:meth:`StepPlan.step_end`, which times each step checkpoint it takes (the seconds it blocked training: the save
-cost ``C``). Before the first, the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``:
-a step checkpoint is written synchronously, so all of it blocks). At the start of each fit it reads the run's
-failures from its restart history (``restarts.jsonl`` of both tiers, :func:`~candle_ckpt.core.history.failure_rate`).
+:meth:`StepPlan.step_end`, which times each step checkpoint it takes: the save cost ``C`` is the seconds it blocked
+training plus what the :data:`AFTER_STEPS` steps after it took beyond the step time before it. Before the first,
+the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``: a step checkpoint is written
+synchronously, so all of it blocks). At the start of each fit it reads the run's failures from its restart history
+(``restarts.jsonl`` of both tiers, :func:`~candle_ckpt.core.history.failure_rate`).
 
 A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
 for a number N, steps N, 2N, ...; for ``auto``, whose interval moves, a kill never loses more than the interval in
@@ -68,7 +69,8 @@ class StepPlan:
         self._ends: tuple[int | None, bool] = (None, False)  # (epoch index, whether its end saves anyway)
         self._spread: tuple[int, int | None] = (0, None)  # (interval, the epoch's steps if spread) behind _every
         self._agreed: tuple[str, Interval] = ("", Interval(0, "unmeasured"))
-        self._after: list[float] | None = None  # after a step checkpoint: [blocked, step time before, cost, left]
+        self._after: tuple[float, float, float] | None = None  # after a step checkpoint: (blocked, step time
+        # before it, its cost so far), until AFTER_STEPS steps past _saved_at
         if self.shared:
             engine.note_out = self.word
         self._publish()
@@ -78,7 +80,7 @@ class StepPlan:
         self._skip, self._saved_at = True, 0
         self._first, self._ends = True, (None, False)
         if self._after is not None:  # the last fit's last save: counted so far
-            self._count_after(None)
+            self._close_after()
         if self.on and self.policy.auto:
             history = History(self.cfg, self.engine.log, writes=False)
             try:  # both tiers' copies: a run moved to an empty node keeps the failures seen on the others
@@ -124,9 +126,9 @@ class StepPlan:
         if step <= self._saved_at:  # a new epoch: its steps count from its beginning
             self._saved_at = 0
             if self._after is not None:  # its first step carries the epoch end, not the save's cost: counted so far
-                self._count_after(None)
+                self._close_after()
         elif self._after is not None:
-            self._count_after(step_s)
+            self._count_after(step, step_s)
         self._steps += 1
         fresh = self._now.reason == "unmeasured" or (self.shared and self.engine.agreed != self._agreed[0])
         if fresh or self._steps >= REFRESH_STEPS:
@@ -141,30 +143,33 @@ class StepPlan:
         every = self._every
         if every and step - self._saved_at >= every:  # a number N: steps N, 2N, ...; auto: as N moves, too
             if self._after is not None:  # the next save came first: its cost so far
-                self._count_after(None)
+                self._close_after()
             began = time.perf_counter()
             save("steps")
             blocked = time.perf_counter() - began
             self.policy.observe_save(blocked)  # what it blocked training, all of it; the steps after it below
             if self.policy.step_s is not None:
-                self._after = [blocked, self.policy.step_s, 0.0, AFTER_STEPS]
+                self._after = (blocked, self.policy.step_s, 0.0)
             self._measured, self._seen = True, len(self.engine.records)
             self._saved_at, self._skip = step, True
             self._publish()
 
-    def _count_after(self, step_s: float | None) -> None:
-        """One of the steps after a step checkpoint took ``step_s`` (the first includes the save): what it took
-        beyond the step time before the save counts in the save's cost. After :data:`AFTER_STEPS` such steps
-        (``None``: the next save, an epoch or a fit came first) the save's cost is revised to the total so far, at
-        least its blocked time."""
-        blocked, before, cost, left = self._after
-        if step_s is not None:
-            cost, left = cost + step_s - before, left - 1
-            self._after = [blocked, before, cost, left]
-        if step_s is None or left <= 0:
-            self._after = None
-            self.policy.revise_save(max(blocked, cost))
-            self._publish()
+    def _count_after(self, step: int, step_s: float) -> None:
+        """Step ``step``, one of those after a step checkpoint, took ``step_s`` (the first includes the save):
+        what it took beyond the step time before the save counts in the save's cost, until :data:`AFTER_STEPS`
+        steps have passed."""
+        blocked, before, cost = self._after
+        self._after = (blocked, before, cost + step_s - before)
+        if step - self._saved_at >= AFTER_STEPS:
+            self._close_after()
+
+    def _close_after(self) -> None:
+        """The window after a step checkpoint closes (its steps counted, or the next save, an epoch or a fit came
+        first): the save's cost is revised to what was counted, at least its blocked time."""
+        blocked, _, cost = self._after
+        self._after = None
+        self.policy.revise_save(max(blocked, cost))
+        self._publish()
 
     def _resumed_at(self, step: int) -> None:
         """At a fit's first step: a fit resumed from a step checkpoint counts its steps from that one, and one
