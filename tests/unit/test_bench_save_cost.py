@@ -1,4 +1,4 @@
-"""benchmarks/bench_step_cost.py's analysis: odd epochs paired with their even neighbours, drift cancelled.
+"""benchmarks/bench_save_cost.py's analyses: saving stretches paired with their neighbours, drift cancelled.
 
 No Keras, no process: the rows are what its job prints.
 """
@@ -12,7 +12,7 @@ from locations import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import bench_step_cost as B  # noqa: E402
+import bench_save_cost as B  # noqa: E402
 
 
 def _rows(times: list[float], saves: int = 3, blocked: float = 0.04, counted: float = 0.05) -> list[dict]:
@@ -51,3 +51,19 @@ def test_a_cost_counted_short_shows_as_an_overhead_above_the_bound() -> None:
 def test_too_few_epochs_to_pair_is_said() -> None:
     with pytest.raises(ValueError, match="--epochs >= 5"):
         B.analyse(_rows([12.0, 8.3, 8.0]))
+
+
+def test_an_epoch_checkpoints_cost_is_a_saving_blocks_excess_over_its_neighbours_despite_drift() -> None:
+    """Blocks of 4 epochs: block 0 compiles (left out), odd blocks save, each saving epoch 0.05 s longer; the
+    machine drifts 0.01 s an epoch. Pairs: blocks 3 and 5 (block 1 lacks a whole left neighbour); the run's last
+    epoch (always saved) is in no block."""
+    times = [3.0] * 4 + [2.0 + 0.01 * e + (0.05 if (e // 4) % 2 else 0.0) for e in range(4, 28)] + [2.5]
+    out = B.analyse_blocks(times, 4)
+    assert out["pairs"] == 2
+    assert out["paired_s"] == pytest.approx(0.05) and out["paired_mean_s"] == pytest.approx(0.05)
+    assert out["overhead"] == pytest.approx(0.05 / out["epoch_s"])
+
+
+def test_too_few_blocks_to_pair_is_said() -> None:
+    with pytest.raises(ValueError, match="--epochs >= 21"):
+        B.analyse_blocks([2.0] * 17, 4)
