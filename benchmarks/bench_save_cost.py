@@ -57,13 +57,27 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OVERHEAD = 0.02  # engine/interval.OVERHEAD, repeated so that analysis needs no import of the package
 
-STEP_JOB = r"""
+PRELUDE = r"""
 import json, os, sys, time
 os.environ.setdefault("KERAS_BACKEND", "jax")
-sys.path[:0] = [sys.argv[5], sys.argv[6]]
+sys.path[:0] = sys.argv[-2:]  # benchmarks/ and the repository (run() passes them last)
 import goodput_job as gj
 import keras
 import candle_ckpt
+
+
+class Stateless(keras.callbacks.Callback):
+    # a timing callback: nothing to save with a checkpoint (so candle_ckpt does not warn about its attributes)
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+"""
+
+STEP_JOB = (
+    PRELUDE
+    + r"""
 from candle_ckpt.engine import step_plan
 
 every, steps, epochs, directory = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -89,7 +103,7 @@ def step_end(self, step, step_s, save, *, epoch=0, of=None):
 step_plan.StepPlan.step_end = step_end
 
 
-class Times(keras.callbacks.Callback):
+class Times(Stateless):
     def on_epoch_begin(self, epoch, logs=None):
         self.began = time.perf_counter()
 
@@ -97,12 +111,6 @@ class Times(keras.callbacks.Callback):
         row = {"epoch": epoch, "s": time.perf_counter() - self.began, "saves": saves.get(epoch, 0),
                "blocked": blocked.get(epoch, []), "counted": counted.get(epoch, [])}
         print("ROW " + json.dumps(row), flush=True)
-
-    def get_state(self):
-        return {}
-
-    def set_state(self, state):
-        pass
 
 
 x, y, validation = gj.data(steps)
@@ -112,15 +120,12 @@ candle_ckpt.restart(params, model)
 model.fit(x, y, batch_size=gj.BATCH, epochs=epochs, validation_data=validation, verbose=0,
           callbacks=[Times(), candle_ckpt.CandleCheckpointCallback(params)])
 """
+)
 
 
-EPOCH_JOB = r"""
-import json, os, statistics, sys, time
-os.environ.setdefault("KERAS_BACKEND", "jax")
-sys.path[:0] = [sys.argv[6], sys.argv[7]]
-import goodput_job as gj
-import keras
-import candle_ckpt
+EPOCH_JOB = (
+    PRELUDE
+    + r"""
 from candle_ckpt.keras import callback
 
 mode, steps, epochs, block, directory = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -151,18 +156,12 @@ class Floor(gj.BareWrite):
 begins = []
 
 
-class Times(keras.callbacks.Callback):
+class Times(Stateless):
     def on_epoch_begin(self, epoch, logs=None):
         begins.append(time.perf_counter())
 
     def on_train_end(self, logs=None):
         begins.append(time.perf_counter())
-
-    def get_state(self):
-        return {}
-
-    def set_state(self, state):
-        pass
 
 
 x, y, validation = gj.data(steps)
@@ -177,6 +176,7 @@ else:
 model.fit(x, y, batch_size=gj.BATCH, epochs=epochs, validation_data=validation, verbose=0, callbacks=callbacks)
 print("EPOCHS " + json.dumps([b - a for a, b in zip(begins, begins[1:])]), flush=True)
 """
+)
 
 
 def analyse(rows: list[dict]) -> dict:
