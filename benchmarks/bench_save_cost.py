@@ -29,7 +29,9 @@ automatic interval's 2% bound (``interval = counted / 0.02``) costs when a save 
 
 ``--kind epoch``: the epoch checkpoint, ``ckpt_save_steps=0`` (no step checkpoint), one process per mode:
 ``sync`` (``ckpt_async=false``), ``async`` (``ckpt_async=true``) and ``floor`` (no checkpointer: every weight
-and optimizer variable written to one file and fsynced, ``goodput_job.BareWrite``). Blocks of ``--block``
+and optimizer variable written to one file and fsynced, ``goodput_job.BareWrite``); on request Keras's own
+``modelcheckpoint`` (``ModelCheckpoint`` to one ``.keras`` file) and ``orbax`` (``OrbaxCheckpoint``, at its
+defaults: asynchronous). Blocks of ``--block``
 epochs alternate between saving every epoch end and saving none (the first block compiles and is left out;
 the last epoch is always saved, as a run's end is). An epoch is timed from its beginning to the next one's,
 so a save's effect on the steps after it counts. Reported per mode: ``paired`` (a saving block's mean epoch
@@ -56,6 +58,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OVERHEAD = 0.02  # engine/interval.OVERHEAD, repeated so that analysis needs no import of the package
+MODES = ["sync", "async", "floor", "modelcheckpoint", "orbax"]
 
 PRELUDE = r"""
 import json, os, sys, time
@@ -147,10 +150,21 @@ def _save(self, epoch, logs):
 callback.CandleCheckpointCallback._save = _save
 
 
-class Floor(gj.BareWrite):
-    def on_epoch_end(self, epoch, logs=None):
-        if saving(epoch):
-            super().on_epoch_end(epoch, logs)
+def toggled(cls):
+    # a Keras callback that saves at epoch ends, made to save only in saving epochs
+    class Toggled(cls):
+        def on_epoch_end(self, epoch, logs=None):
+            if saving(epoch):
+                super().on_epoch_end(epoch, logs)
+
+    return Toggled
+
+
+KERAS = {
+    "floor": lambda: toggled(gj.BareWrite)(directory),
+    "modelcheckpoint": lambda: toggled(keras.callbacks.ModelCheckpoint)(os.path.join(directory, "model.keras")),
+    "orbax": lambda: toggled(keras.callbacks.OrbaxCheckpoint)(directory),
+}
 
 
 begins = []
@@ -167,8 +181,8 @@ class Times(Stateless):
 x, y, validation = gj.data(steps)
 model = gj.build()
 callbacks = [Times()]
-if mode == "floor":
-    callbacks.append(Floor(directory))
+if mode in KERAS:
+    callbacks.append(KERAS[mode]())
 else:
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_save_steps": 0, "ckpt_async": mode == "async"}
     candle_ckpt.restart(params, model)
@@ -261,7 +275,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kind", choices=["step", "epoch"], required=True, help="which checkpoint to cost")
     parser.add_argument("--every", type=int, default=430, help="step: ckpt_save_steps (default 430: about 2.5 s)")
-    parser.add_argument("--modes", nargs="+", choices=["sync", "async", "floor"], default=["sync", "async", "floor"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, default=MODES[:3], help="epoch: what saves (default: %(default)s)"
+    )
     parser.add_argument("--block", type=int, default=4, help="epoch: epochs a block (default 4)")
     parser.add_argument("--steps", type=int, default=None, help="train steps an epoch (step 1720, epoch 389)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs (step 17, epoch 85)")
