@@ -57,12 +57,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-OVERHEAD = 0.02  # engine/interval.OVERHEAD, repeated so that analysis needs no import of the package
+sys.path[:0] = [str(HERE), str(REPO)]  # the jobs' paths too: goodput_job, and this checkout's candle_ckpt
+
+from bench_goodput import machine  # noqa: E402
+
+from candle_ckpt.engine.interval import OVERHEAD  # noqa: E402
+
 MODES = ["sync", "async", "floor", "modelcheckpoint", "orbax"]
 
 PRELUDE = r"""
 import json, os, sys, time
-os.environ.setdefault("KERAS_BACKEND", "jax")
 sys.path[:0] = sys.argv[-2:]  # benchmarks/ and the repository (run() passes them last)
 import goodput_job as gj
 import keras
@@ -230,11 +234,9 @@ def analyse_blocks(epochs_s: list[float], block: int) -> dict:
     """``--kind epoch``'s figures from one job's epoch times (beginning to beginning; the last epoch's to the
     end of ``fit``): blocks of ``block`` epochs, odd blocks saving. Raises ValueError when no saving block has
     two whole neighbours after the first block."""
-    means = {}
-    for index in range(1, len(epochs_s) // block):  # block 0 compiles; the run's last epoch saves in any block
-        part = epochs_s[index * block : (index + 1) * block]
-        if len(part) == block and (index + 1) * block < len(epochs_s):
-            means[index] = statistics.mean(part)
+    # block 0 compiles; a block is whole without the run's last epoch (saved in any block)
+    whole = (len(epochs_s) - 1) // block
+    means = {index: statistics.mean(epochs_s[index * block : (index + 1) * block]) for index in range(1, whole)}
     pairs = [means[k] - (means[k - 1] + means[k + 1]) / 2 for k in means if k % 2 and k - 1 in means and k + 1 in means]
     if not pairs:
         raise ValueError(f"no saving block between two whole blocks: give --epochs >= {5 * block + 1}")
@@ -291,7 +293,7 @@ def main() -> None:
     if not step and (args.block < 1 or args.epochs < 5 * args.block + 1):
         parser.error("--block must be >= 1 and --epochs >= 5 x --block + 1")
     began = time.time()
-    result: dict = {"args": vars(args)}
+    result: dict = {"args": vars(args), "machine": machine()}
     if step:
         rows = step_rows(args.every, args.steps, args.epochs)
         result.update(rows=rows, **analyse(rows))
