@@ -28,6 +28,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_EXAMPLES = {
     ("exactness.rst", "WARNING the run is finished"): "tests/integration/keras/test_exact_resume.py",
     ("performance.rst", "WARNING epoch 2: training waited"): "tests/integration/engine/test_async.py",
+    ("async.rst", "WARNING epoch 1: the host copy"): "tests/integration/engine/test_async.py",
     ("campaigns.rst", "INFO restart: tier: persistent:"): "tests/integration/storage/test_tiers_keras.py",
     ("preemption.rst", "ERROR restart: refused:"): "tests/integration/keras/test_crash_loop.py",
     ("preemption.rst", "INFO start:"): "tests/integration/keras/test_crash_loop.py",

@@ -41,7 +41,7 @@ CLUSTER_SPECS: tuple[Spec, ...] = (
         default=None,
         help=(
             "Write checkpoints in a background thread so that training is not blocked by disk I/O "
-            "(auto, the default: on in a multi-process job, off in one process)."
+            "(auto, the default: on, except for a save whose host copy would not fit in memory)."
         ),
         allowed="boolean, or auto",
         optional=True,

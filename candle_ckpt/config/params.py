@@ -93,7 +93,7 @@ class CkptConfig:
     restart_epoch: int | None = None
     max_no_progress_restarts: int = 3
     on_error: str = "raise"
-    async_save: bool | None = None  # None: "auto", decided by resolved() once the job's size is known
+    async_save: bool | None = None  # None: "auto" (asynchronous), decided by resolved()
     async_timeout: float = 600.0
     upload_url: str | None = None
     upload_mode: str = "every"
@@ -207,16 +207,14 @@ class CkptConfig:
         """``ckpt_drain``, else the deprecated ``ckpt_upload_mode`` (``every`` or ``end``)."""
         return self.drain if self.drain is not None else self.upload_mode
 
-    def resolved(self, processes: int) -> CkptConfig:
-        """This configuration with ``ckpt_async=auto`` (None) decided for a job of ``processes`` processes.
+    def resolved(self) -> CkptConfig:
+        """This configuration with ``ckpt_async=auto`` (None) decided: asynchronous, in one process as in many.
 
-        Auto means async in a multi-process job, sync in one process: a multi-process save's write is
-        slower than one process's (every process meets twice), and an asynchronous writer hides it behind
-        the next epoch (docs/async.rst says what that trades). A value the user gave is kept.
+        An epoch checkpoint then stalls training for a host copy of the state, not for the write; a save whose
+        copy would not fit in the memory left is written synchronously instead (:mod:`candle_ckpt.core.hostmem`).
+        docs/async.rst says what that trades. A value the user gave is kept.
         """
-        if self.async_save is not None:
-            return self
-        return self.replace(async_save=processes > 1)
+        return self if self.async_save is not None else self.replace(async_save=True)
 
     def restores(self, epoch: int | None = None) -> bool:
         """Whether a restart looks for a checkpoint at all.

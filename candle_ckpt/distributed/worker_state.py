@@ -113,7 +113,7 @@ class WorkerTrainingState:
         if not (number and collective_timeout_s > 0):
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
         self.timeout_s = float(collective_timeout_s)
-        self.cfg = self.cfg.resolved(self.info.num_workers)  # ckpt_async=auto: async with several workers
+        self.cfg = self.cfg.resolved()  # ckpt_async=auto: asynchronous
         self.layout = Layout.of(self.cfg)
         # Non-chief scratch space: a ".tmp-*" name is debris to the store and never read by a restart.
         scratch = os.path.join(self.layout.ckpts, f".tmp-worker-{self.info.task_id}")

@@ -29,3 +29,6 @@ class Capture:
     parts: Callable[[str], Any] | None = None
     sharding: dict[str, str] = field(default_factory=dict)
     manifest_extra: dict[str, Any] = field(default_factory=dict)  # kept in a sharded checkpoint's manifest
+    # Set when an asynchronous save could not copy the state (it would not fit in host memory): the files write
+    # from the live variables, so the engine commits this one before training goes on, and says why, once.
+    inline_why: str | None = None

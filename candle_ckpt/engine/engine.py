@@ -35,7 +35,7 @@ from candle_ckpt.engine.on_error import failed_at_exit, save_failed, upload_fail
 from candle_ckpt.engine.restart_history import current_start
 from candle_ckpt.engine.sidecar_template import new_lineage, save_template
 from candle_ckpt.engine.topology import MirroredWorkers, Topology, parts_of
-from candle_ckpt.engine.writer import make_writer, slow_writer_message
+from candle_ckpt.engine.writer import inline_write_message, make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -100,10 +100,9 @@ class CheckpointEngine:
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.preempt: dict[str, Any] | None = None  # the preemption save of this run (stats()["preempt"])
-        # (epoch, bytes, perf_counter) of the last write handed to the writer, and
-        # whether "the writer cannot keep up" has been said (once per engine).
+        # (epoch, bytes, perf_counter) of the last write handed to the writer.
         self._submitted: tuple[int, int, float] | None = None
-        self._slow_said = False
+        self._said: set[str] = set()  # what is said once per engine: "slow" (the writer), "inline" (no copy)
         self.start_time = time.time()
         # Hook: called with each committed sidecar, on the writer's thread, after
         # the commit and the prune. The drain to the persistent tier (ckpt_persistent_url) uses it.
@@ -193,10 +192,15 @@ class CheckpointEngine:
             template = self.template(epoch, cap, logs, reason, best)
             self.policy.submitted(best)
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
-            self.writer.submit(
-                lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
-            )
-            if not self.writer.is_async:
+            if cap.inline_why and self.writer.is_async and "inline" not in self._said:  # a copy that did not fit
+                self._said.add("inline")
+                self.log.warning(inline_write_message(epoch, cap.inline_why))
+            if self.writer.is_async and cap.inline_why is None:
+                self.writer.submit(
+                    lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
+                )
+            else:  # synchronous, or written from the variables (no copy): committed before training goes on
+                self._commit(epoch, cap, template, best)
                 self._adopt()
         except _SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
@@ -293,8 +297,8 @@ class CheckpointEngine:
         """Wait for the write in flight; the first time training has to wait for it, say so (once)."""
         busy, start = self.writer.in_flight(), time.perf_counter()
         self.writer.wait()
-        if busy and not self._slow_said and self._submitted is not None:
-            self._slow_said = True
+        if busy and "slow" not in self._said and self._submitted is not None:
+            self._said.add("slow")
             self.log.warning(slow_writer_message(epoch, *self._submitted, start, time.perf_counter()))
 
     def _check_writer(self) -> bool:
@@ -353,12 +357,9 @@ class CheckpointEngine:
             self._check_remote()
 
     def open(self) -> None:
-        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held).
-
-        Only the topology's primary writes the store (not a non-chief worker, not a
-        non-primary rank), and with checkpointing off (``ckpt_save_interval=0``)
-        nothing is written at all.
-        """
+        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held). Only the topology's
+        primary writes the store (not a non-chief worker, not a non-primary rank), and with checkpointing off
+        (``ckpt_save_interval=0``) nothing is written at all."""
         if self.topology.primary and not self.policy.off:
             self.store.open_for_write()
 

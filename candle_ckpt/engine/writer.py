@@ -221,6 +221,14 @@ def slow_writer_message(
     )
 
 
+def inline_write_message(epoch: int, why: str) -> str:
+    """What to log, once, when an asynchronous save could not copy the state and is written synchronously."""
+    return (
+        f"epoch {epoch}: {why}: this save, and each later one whose copy does not fit, is written before "
+        "training goes on, as with ckpt_async=false (said once per run)"
+    )
+
+
 def _amount(n: float) -> str:
     """``n`` with a decimal prefix and three significant digits: "805 M", "1.23 G", "512 k"."""
     for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):

@@ -70,6 +70,7 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
         keras_version=KERAS_VERSION,
         backend=backend_name(),
         extra=dict(extra or {}),
+        inline_why=snap.inline_why,
     )
 
 

@@ -84,7 +84,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         self.cfg = CkptConfig.from_params(gParameters, require_epochs=True)
         # Several JAX processes: each writes its part of every checkpoint; process 0 locks, commits and logs.
         self.group = keras_group()  # SOLO in one process
-        self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
+        self.cfg = self.cfg.resolved()  # ckpt_async=auto: asynchronous
         use_compile_cache(self.cfg)  # before fit compiles: a restart reads its steps back (JAX only)
         primary = is_primary(self.group)
         self.log = OpsLog(Layout.of(self.cfg).log if primary else None, get_logger(logger, verbose))

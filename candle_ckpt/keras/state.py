@@ -18,6 +18,7 @@ import h5py
 import keras
 import numpy as np
 
+from candle_ckpt.core import hostmem
 from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import load_weights_bytes
@@ -146,6 +147,9 @@ class HostSnapshot:
     # True from the copy until write_h5 is done with the arrays; ModelState
     # reuses the buffers of a snapshot that is no longer busy.
     busy: bool = False
+    # Why a copy was asked for and not taken (it would not fit in host memory): this view snapshot must be
+    # written before training goes on (Capture.inline_why).
+    inline_why: str | None = None
 
     def materialize(self) -> None:
         """Turn the JAX host arrays of an accelerator snapshot (:func:`to_pinned_host`) into NumPy arrays.
@@ -187,6 +191,26 @@ class HostSnapshot:
         finally:
             self.busy = False
             self.keepalive.clear()
+
+
+def _copied(entries: list, owned: set[int], spare: HostSnapshot | None) -> list:
+    """``entries`` with each view copied into a host buffer: the spare's where its shape and dtype match, a new one
+    otherwise. A view already a copy of its own (its id in ``owned``) is taken as it is, its spare buffer unused."""
+    old = spare.arrays() if spare is not None else []
+    copied, i = [], 0
+    for path, metadata, items in entries:
+        out = []
+        for k, view in items:
+            if id(view) not in owned:
+                dst = old[i] if i < len(old) and old[i].shape == view.shape and old[i].dtype == view.dtype else None
+                if dst is None:
+                    dst = np.empty(view.shape, view.dtype)
+                np.copyto(dst, view)
+                view = dst
+            out.append((k, view))
+            i += 1
+        copied.append((path, metadata, out))
+    return copied
 
 
 class ModelState:
@@ -250,26 +274,15 @@ class ModelState:
         if not copy:
             return HostSnapshot(entries, extra, keepalive)
         spare = self._spare if self._spare is not None and not self._spare.busy else None
-        old = spare.arrays() if spare is not None else []
+        if spare is None:  # new buffers: do they fit beside training?
+            need = sum(view.nbytes for _, _, items in entries for _, view in items if id(view) not in owned)
+            refused = hostmem.copy_refused(need)
+            if refused is not None:  # written from the variables, before training goes on (the engine does so)
+                return HostSnapshot(entries, extra, keepalive, inline_why=refused)
         self._spare = None  # a busy spare is dropped, never written over
-        copied, i = [], 0
-        for path, metadata, items in entries:
-            out = []
-            for k, view in items:
-                if id(view) in owned:  # already a copy of its own: taken as it is, its spare buffer unused
-                    out.append((k, view))
-                    i += 1
-                    continue
-                dst = old[i] if i < len(old) and old[i].shape == view.shape and old[i].dtype == view.dtype else None
-                if dst is None:
-                    dst = np.empty(view.shape, view.dtype)
-                np.copyto(dst, view)
-                out.append((k, dst))
-                i += 1
-            copied.append((path, metadata, out))
+        copied = _copied(entries, owned, spare)
         del keepalive, entries  # the views (and TF's copy-on-write hold) go now
-        snap = HostSnapshot(copied, extra, busy=True)
-        self._spare = snap
+        snap = self._spare = HostSnapshot(copied, extra, busy=True)
         return snap
 
     def extra_variables(self, plan: list[Entry] | None = None) -> list[Any]:

@@ -260,7 +260,7 @@ class JobRunner:
             NoValidCheckpoint: an exact epoch, or ``required`` mode, and no valid checkpoint.
         """
         self.group = scoped(keras_group(), "train") if self.strategy is None else SOLO  # this train()'s own keys
-        self.cfg = self.cfg.resolved(self.group.size)  # ckpt_async=auto: async in a multi-process job
+        self.cfg = self.cfg.resolved()  # ckpt_async=auto: asynchronous
         if self.group.size > 1:  # several JAX processes: each writes its part; process 0 locks, commits and logs
             layout = L.Layout.of(self.cfg)
             self.log = OpsLog(layout.log if is_primary(self.group) else None, get_logger(self.logger, self.verbose))
@@ -271,7 +271,7 @@ class JobRunner:
                 self.params, strategy=self.strategy, adapter=self, logger=self.logger, verbose=self.verbose, fs=self.fs
             )
             self.log, self.engine = self.workers.log, self.workers.engine  # a non-chief logs to the logger only
-            self.cfg = self.workers.cfg  # ckpt_async=auto decided for the cluster's size
+            self.cfg = self.workers.cfg  # ckpt_async=auto decided as the workers decided it
             logs = self._resume()  # every worker loads the chief's choice
         else:
             logs = self._resume()

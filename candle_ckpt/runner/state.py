@@ -205,11 +205,12 @@ def capture_runner(
     """Snapshot every object and the loop state (at ``epoch``, and ``step`` of a mid-epoch checkpoint)."""
     start = time.perf_counter()
     files: list[FileSpec] = []
-    nbytes = 0
+    nbytes, inline_why = 0, None
     for o in objects:
         o.ensure_built()
         snap = o.state.snapshot()
         nbytes += snap.nbytes
+        inline_why = inline_why or snap.inline_why  # a copy that did not fit: written before training goes on
         files.append(FileSpec(o.file, snap.write_h5))
         if snap.extra:
             files.append(FileSpec(o.extra_file, snap.write_extra))
@@ -222,6 +223,7 @@ def capture_runner(
         keras_version=KERAS_VERSION,
         backend=backend_name(),
         extra={"runner": {"objects": {o.name: o.file for o in objects}, "state": sorted(state)}},
+        inline_why=inline_why,
     )
 
 

@@ -234,7 +234,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
                 verbose=self._verbose,
                 fs=self._fs,
             )
-            self.cfg = state.cfg  # ckpt_async=auto decided for the cluster's size: capture as the writer writes
+            self.cfg = state.cfg  # ckpt_async=auto decided by the worker state: capture as the writer writes
             self.run = TrainingRun(
                 self.cfg,
                 state.engine,

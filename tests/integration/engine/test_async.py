@@ -532,3 +532,49 @@ def test_restart_loads_from_a_mapped_file_and_unmaps_it(tmp_path):
     assert info["epoch"] == 1
     for a, b in zip(ModelState(trained).snapshot().arrays(), ModelState(fresh).snapshot().arrays(), strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_copy_that_does_not_fit_in_memory_is_written_synchronously_and_said_once(tmp_path, monkeypatch):
+    """At the defaults (ckpt_async=auto), while the host copy would take more than half of the memory left, each
+    epoch's checkpoint is committed from the variables before its epoch end returns, on the training thread, and
+    ckpt.log says so once; once memory is there again the saves are copied and written in the background; a
+    restart loads the last one bit for bit."""
+    from candle_ckpt import restart
+    from candle_ckpt.core import hostmem
+
+    room = {"bytes": 1000}  # far less than two copies of the model's state
+    monkeypatch.setattr(hostmem, "available", lambda root="/": room["bytes"])
+
+    class AtEpochBegin(keras.callbacks.Callback):  # the checkpoint callback saves after every epoch end's hooks
+        committed: list[int | None] = []
+
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.committed.append(last_epoch(tmp_path))
+            if epoch == 2:
+                room["bytes"] = 1 << 40  # memory is there again from epoch 3's save on
+
+    fs = ScriptedFS()
+    cb = CandleCheckpointCallback(params(tmp_path, 4, ckpt_async="auto"), verbose=False, fs=fs)
+    trained = build_model(7)
+    trained.fit(X, Y, epochs=4, batch_size=8, shuffle=False, verbose=0, callbacks=[cb, AtEpochBegin()])
+    assert AtEpochBegin.committed[:3] == [None, 1, 2]  # committed before the next epoch began
+    writers = [thread for op, path, thread in fs.log if op == "create" and path.endswith(L.WEIGHTS_FILE)]
+    assert writers[:2] == ["MainThread", "MainThread"]
+    assert writers[2:] == ["candle_ckpt-writer", "candle_ckpt-writer"], writers
+    assert cb.stats()["async"] is True and [s["epoch"] for s in cb.stats()["saves"]] == [1, 2, 3, 4]
+    log = Path(L.Layout.at(str(tmp_path)).log).read_text().splitlines()
+    said = [line for line in log if "would take more than half of the memory" in line]
+    assert len(said) == 1, log
+    assert_log_example("async.rst", said[0])
+    assert re.search(
+        r"WARNING epoch 1: the host copy of an asynchronous save \([\d.]+ [kMG]?B\) would take more than half of "
+        r"the memory this process may still use \(1\.0 kB, within its cgroup's limit\): this save, and each "
+        r"later one whose copy does not fit, is written before training goes on, as with ckpt_async=false "
+        r"\(said once per run\)$",
+        said[0],
+    ), said[0]
+    fresh = build_model(8)
+    assert restart(params(tmp_path, 4), fresh, logger=None)["epoch"] == 4
+    mine, theirs = trained.weights + trained.optimizer.variables, fresh.weights + fresh.optimizer.variables
+    for a, b in zip(mine, theirs, strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path

@@ -86,14 +86,19 @@ def run_job(directory: str, width: int, epochs: int) -> None:
             say(f"begin {epoch + 1}")
 
     class Committed(keras.callbacks.Callback):
-        # The checkpoint callback saves epoch N after every callback's on_epoch_end
-        # of epoch N, so "committed" is said at the next epoch's begin (or the end).
+        # The checkpoint callback saves epoch N after every callback's on_epoch_end of epoch N, and writes it in
+        # the background (ckpt_async=auto): "committed" is said at the first epoch begin (or the end) after its
+        # commit is recorded in stats()["saves"].
+        said = start
+
         def on_epoch_begin(self, epoch, logs=None) -> None:
-            if epoch > start:
-                say(f"committed {epoch}")
+            for record in ckpt.stats()["saves"]:
+                if record["epoch"] > self.said:
+                    self.said = record["epoch"]
+                    say(f"committed {self.said}")
 
         def on_train_end(self, logs=None) -> None:
-            say(f"committed {len(self.model.history.epoch) + start}")
+            self.on_epoch_begin(None)
 
     ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None)
     say(f"ready {start}")

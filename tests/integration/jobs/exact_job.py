@@ -1,7 +1,7 @@
 """Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` in fresh processes.
 
 Like ``crash_job.py --serve``: the server imports TensorFlow once, then for
-every line ``SETUP PHASE DIR OUT [async]`` on stdin forks a child that runs
+every line ``SETUP PHASE DIR OUT [async|sync]`` on stdin forks a child that runs
 one job and prints ``reaped <status>`` when it is gone. The server never runs
 a TensorFlow op, so each child starts from a clean runtime.
 
@@ -153,17 +153,13 @@ def other_callbacks(setup: str) -> tuple[list, list]:
     return [], []
 
 
-def params(directory: str, use_async: bool) -> dict:
-    return {
-        "epochs": EPOCHS,
-        "ckpt_directory": directory,
-        "ckpt_save_best_metric": "loss",
-        "ckpt_keep_limit": 2,
-        "ckpt_async": use_async,
-    }
+def params(directory: str, use_async: bool | None) -> dict:
+    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto)."""
+    gp = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 2}
+    return gp if use_async is None else {**gp, "ckpt_async": use_async}
 
 
-def run(setup: str, phase: str, directory: str, out: str, use_async: bool) -> None:
+def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None) -> None:
     """Run one job of ``setup`` (see the module docstring)."""
     import keras
     import numpy as np
@@ -245,15 +241,16 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     lines (each led by ``ID``) and ``ID reaped <status>``.
 
     The id lets the test side match every line to its request and drop a late
-    one (a job it gave up on). ``handle(words)`` runs one job in the child
-    (default: :func:`run`, ``async`` among the words); a ``SystemExit`` it
-    raises is the child's exit status, any other error status 1.
+    one (a job it gave up on). ``handle(words)`` runs one job in the child (default: :func:`run`; ``async``
+    or ``sync`` among the words sets ``ckpt_async``, else it is left at its default); a ``SystemExit`` it raises
+    is the child's exit status, any other error status 1.
     """
     baseline = import_once()
     if handle is None:
 
         def handle(words: list[str]) -> None:
-            run(words[0], words[1], words[2], words[3], "async" in words[4:])
+            mode = words[4:]
+            run(words[0], words[1], words[2], words[3], True if "async" in mode else False if "sync" in mode else None)
 
     say("serving")
     for line in sys.stdin:

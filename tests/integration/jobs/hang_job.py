@@ -60,8 +60,12 @@ def main() -> None:
             return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
 
     class StuckFS(LocalFS):
+        # The save of epoch EPOCH is the first to create a file after epoch EPOCH - 1 is renamed into place (its
+        # write may run on the background writer while training is in epoch EPOCH + 1: ckpt_async=auto).
         def hook(self, op: str, path: str) -> None:
-            if args.block == "save" and state["epoch"] == args.at and op == "create":
+            if op == "rename" and path.endswith(os.path.join("epochs", f"{args.at - 1:03d}")):
+                state["before_saved"] = True
+            elif args.block == "save" and state.get("before_saved") and op == "create":
                 say("blocking")
                 FOREVER.wait()
 

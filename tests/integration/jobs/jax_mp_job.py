@@ -212,7 +212,7 @@ def main() -> None:
     }
     if flag(flags, "hang-timeout"):  # ckpt_hang_timeout (the default: auto)
         params["ckpt_hang_timeout"] = flag(flags, "hang-timeout")
-    if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous in a multi-process job)
+    if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous)
         params["ckpt_async"] = "--async" in flags
     if flag(flags, "mtbf"):
         params["ckpt_mtbf"] = float(flag(flags, "mtbf"))

@@ -134,8 +134,8 @@ def params(directory: str, epochs: int, **overrides: Any) -> dict[str, Any]:
     return p
 
 
-def run(directory: str, epochs: int, *, sleep_s: float = 0.0, **overrides: Any):
-    """Run the loop under a JobRunner; return (loop, runner, logs)."""
+def run(directory: str, epochs: int, *, sleep_s: float = 0.0, fs: Any = None, **overrides: Any):
+    """Run the loop under a JobRunner (``fs``: its file-system seam); return (loop, runner, logs)."""
     from candle_ckpt import JobRunner
 
     loop = GanLoop()
@@ -154,6 +154,7 @@ def run(directory: str, epochs: int, *, sleep_s: float = 0.0, **overrides: Any):
         objects=loop.objects(),
         state=loop.state,
         logger=None,
+        fs=fs,
     )
     logs = runner.train()
     return loop, runner, logs

@@ -11,9 +11,9 @@ with an ``EarlyStopping`` (patience 3, ends the run after epoch 4, in the middle
 the rate it set); ``sequence``: a
 ``tf_keras.utils.Sequence`` that shuffles its index in place with ``np.random.shuffle`` and draws a target shift
 from TensorFlow's global generator in ``on_epoch_end`` (fit also shuffles its batch order with Python's
-``random``). PHASE ``kill`` sends
-itself SIGKILL after the second batch of epoch 3; ``full`` and ``resume`` run to the end, write the final
-weights, optimizer variables and learning rate to OUT and print ``done START ran N`` (N: the epochs this fit began).
+``random``). PHASE ``kill`` sends itself SIGKILL after the second batch of epoch 3, once epoch 2's checkpoint is
+committed; ``full`` and ``resume`` run to the end, write the final weights, optimizer variables and learning
+rate to OUT and print ``done START ran N`` (N: the epochs this fit began).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,12 +68,19 @@ def run(words: list[str]) -> None:
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             if phase == "kill" and self.epoch + 1 == KILL_AT and batch == 1:
+                # The epoch before is written in the background (ckpt_async=auto): these tests resume after it,
+                # so the kill waits (bounded) for its commit.
+                for _ in range(600):
+                    if any(s["epoch"] == KILL_AT - 1 for s in ckpt.stats()["saves"]):
+                        break
+                    time.sleep(0.1)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     x, y, _ = data()
     x, y, val = x[:-10], y[:-10], (x[-10:], y[-10:])  # 54 samples: the last batch is a partial one
     kill = KillMidEpoch()
-    callbacks = [kill, CandleCheckpointCallback(params, logger=None)]
+    ckpt = CandleCheckpointCallback(params, logger=None)
+    callbacks = [kill, ckpt]
     if setup in ("early_stopping", "plateau"):  # no loss is ever 1e9 better than the first: patience runs out
         callbacks.append(
             tf_keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=setup_patience(setup))

@@ -580,4 +580,4 @@ def test_report_final_and_stats(tmp_path):
         assert rec["save_s"] == side["save_duration_s"] > 0
         assert rec["mb_per_s"] == side["save_mb_per_s"] > 0
     assert callback.stats()["errors"] == []
-    assert callback.stats()["async"] is False  # ckpt_async's default (auto) in one process: synchronous saves
+    assert callback.stats()["async"] is True  # ckpt_async's default (auto): asynchronous, in one process too

@@ -315,3 +315,33 @@ def test_importing_the_runner_keeps_restart_a_function() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_a_runner_whose_copy_does_not_fit_writes_on_the_training_thread_and_resumes_exactly(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """At the defaults (asynchronous), a JobRunner whose objects' host copies would not fit in the memory left
+    commits each epoch on the training thread (never from live variables on the writer's), says so once, and a
+    resumed run still ends bit-identical."""
+    import threading
+
+    from candle_ckpt.core import hostmem
+    from candle_ckpt.core.fs import LocalFS
+
+    monkeypatch.setattr(hostmem, "available", lambda root="/": 10)  # bytes: no copy of any variable fits
+    writers: list[str] = []
+
+    class Threads(LocalFS):
+        def hook(self, op: str, path: str) -> None:
+            if op == "create":
+                writers.append(threading.current_thread().name)
+
+    ref, _, _ = RL.run(str(tmp_path / "ref"), 4)
+    d = str(tmp_path / "run")
+    RL.run(d, 2, fs=Threads())
+    loop, runner, _ = RL.run(d, 4, fs=Threads())
+    assert runner.stats()["async"] is True and runner.resumed_from == 2
+    assert writers and set(writers) == {"MainThread"}, writers
+    assert_same(ref.final_arrays(), loop.final_arrays())
+    said = [line for line in (Path(d) / "ckpt.log").read_text().splitlines() if "does not fit" in line]
+    assert len(said) == 2 and "would take more than half of the memory" in said[0], said  # once per run

@@ -613,15 +613,15 @@ def test_choice_message_lists_choices() -> None:
         CkptConfig.from_params({"ckpt_keep_mode": "foo"})
 
 
-def test_ckpt_async_auto_is_the_default_and_decides_by_the_job_size() -> None:
-    """ckpt_async is 'auto' unless given: async in a multi-process job, sync in one process; a given value stays."""
+def test_ckpt_async_auto_is_the_default_and_means_asynchronous() -> None:
+    """ckpt_async is 'auto' unless given: asynchronous, in one process as in many; a given value stays."""
     for params in ({}, {"ckpt_async": "auto"}, {"ckpt_async": " AUTO "}, {"ckpt_async": None}):
         config = CkptConfig.from_params(params)
         assert config.async_save is None
-        assert config.resolved(1).async_save is False
-        assert config.resolved(2).async_save is True
-    assert CkptConfig.from_params({"ckpt_async": False}).resolved(8).async_save is False
-    assert CkptConfig.from_params({"ckpt_async": "yes"}).resolved(1).async_save is True
+        assert config.resolved().async_save is True
+    assert CkptConfig.from_params({"ckpt_async": False}).resolved().async_save is False
+    assert CkptConfig.from_params({"ckpt_async": "no"}).resolved().async_save is False
+    assert CkptConfig.from_params({"ckpt_async": "yes"}).resolved().async_save is True
     with pytest.raises(ValueError, match=r"ckpt_async must be a boolean \(true/false.*\) or auto; got 'sometimes'"):
         CkptConfig.from_params({"ckpt_async": "sometimes"})
     parser = ckpt_parser(argparse.ArgumentParser())

@@ -36,7 +36,7 @@ def capture() -> Capture:
 
 def config(tmp_path: Path, **params) -> CkptConfig:
     base = {"ckpt_directory": str(tmp_path / "run"), "ckpt_save_interval": 1, "ckpt_deadline": "none"}
-    return CkptConfig.from_params({**base, **params}).resolved(1)
+    return CkptConfig.from_params({**base, **params}).resolved()
 
 
 def make_run(cfg: CkptConfig, group=SOLO, **kwargs) -> TrainingRun:

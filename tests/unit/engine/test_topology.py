@@ -24,7 +24,7 @@ def capture() -> Capture:
 
 def config(tmp_path: Path) -> CkptConfig:
     params = {"ckpt_directory": str(tmp_path / "run"), "ckpt_save_interval": 1, "ckpt_async": False}
-    return CkptConfig.from_params({**params, "ckpt_deadline": "none"}).resolved(1)
+    return CkptConfig.from_params({**params, "ckpt_deadline": "none"}).resolved()
 
 
 def test_each_shape_says_who_commits_and_whether_the_saves_meet() -> None:
