@@ -210,8 +210,8 @@ class CkptConfig:
     def resolved(self) -> CkptConfig:
         """This configuration with ``ckpt_async=auto`` (None) decided: asynchronous, in one process as in many.
 
-        An epoch checkpoint then stalls training for a host copy of the state, not for the write; a save whose
-        copy would not fit in the memory left is written synchronously instead (:mod:`candle_ckpt.core.hostmem`).
+        An epoch checkpoint then stalls training for a host copy of the state, not for the write; a save whose copy
+        would not fit in the memory left is written synchronously (:func:`candle_ckpt.engine.writer.copy_refused`).
         docs/async.rst says what that trades. A value the user gave is kept.
         """
         return self if self.async_save is not None else self.replace(async_save=True)

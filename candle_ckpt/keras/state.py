@@ -18,8 +18,8 @@ import h5py
 import keras
 import numpy as np
 
-from candle_ckpt.core import hostmem
 from candle_ckpt.core.checksum import CrcFile
+from candle_ckpt.engine.writer import copy_refused
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import load_weights_bytes
 from candle_ckpt.keras.plan import Entry, make_plan
@@ -276,7 +276,7 @@ class ModelState:
         spare = self._spare if self._spare is not None and not self._spare.busy else None
         if spare is None:  # new buffers: do they fit beside training?
             need = sum(view.nbytes for _, _, items in entries for _, view in items if id(view) not in owned)
-            refused = hostmem.copy_refused(need)
+            refused = copy_refused(need)
             if refused is not None:  # written from the variables, before training goes on (the engine does so)
                 return HostSnapshot(entries, extra, keepalive, inline_why=refused)
         self._spare = None  # a busy spare is dropped, never written over

@@ -540,10 +540,10 @@ def test_a_copy_that_does_not_fit_in_memory_is_written_synchronously_and_said_on
     ckpt.log says so once; once memory is there again the saves are copied and written in the background; a
     restart loads the last one bit for bit."""
     from candle_ckpt import restart
-    from candle_ckpt.core import hostmem
+    from candle_ckpt.engine import writer
 
     room = {"bytes": 1000}  # far less than two copies of the model's state
-    monkeypatch.setattr(hostmem, "available", lambda root="/": room["bytes"])
+    monkeypatch.setattr(writer, "available_memory", lambda root="/": room["bytes"])
 
     class AtEpochBegin(keras.callbacks.Callback):  # the checkpoint callback saves after every epoch end's hooks
         committed: list[int | None] = []

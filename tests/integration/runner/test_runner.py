@@ -57,7 +57,9 @@ def test_ctrl_c_during_train_keeps_the_traceback_and_says_once_what_is_committed
     Python ends it (its traceback, status -SIGINT), and one line at exit, last in ckpt.log, names the checkpoint
     `last` points to (this job logs to ckpt.log only: logger=None)."""
     d = tmp_path / "job"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # PYTHONFAULTHANDLER: once in the whole suite (2026-11-29, -n 2) the child died of SIGSEGV here with no
+    # traceback, not reproduced in 30 runs under load since; a next one will say where.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(JOB), str(d), "1000", str(tmp_path / "out.npz"), "0.2"],
         env=env,
@@ -325,10 +327,10 @@ def test_a_runner_whose_copy_does_not_fit_writes_on_the_training_thread_and_resu
     resumed run still ends bit-identical."""
     import threading
 
-    from candle_ckpt.core import hostmem
     from candle_ckpt.core.fs import LocalFS
+    from candle_ckpt.engine import writer
 
-    monkeypatch.setattr(hostmem, "available", lambda root="/": 10)  # bytes: no copy of any variable fits
+    monkeypatch.setattr(writer, "available_memory", lambda root="/": 10)  # bytes: no copy of any variable fits
     writers: list[str] = []
 
     class Threads(LocalFS):
