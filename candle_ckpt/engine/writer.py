@@ -305,10 +305,10 @@ def _number(text: str | None) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _cgroup_room(root: str) -> list[int | None]:
-    """Limit minus usage for each memory-limited cgroup from this process's up to the root (v2, else v1)."""
+def _cgroup_room(root: str) -> list[int]:
+    """Limit minus usage for each memory-limited cgroup from this process's up to the root (v2 and v1)."""
     text = _read(os.path.join(root, "proc/self/cgroup")) or ""
-    rooms: list[int | None] = []
+    rooms: list[int] = []
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3:
