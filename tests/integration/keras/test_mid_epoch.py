@@ -53,10 +53,13 @@ def test_skip_steps_takes_the_first_steps_of_one_epoch_only():
     assert batches.seen == [(0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
 
 
-def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp_path):
+@pytest.mark.parametrize("async_save", ["auto", False])
+def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp_path, async_save):
     """ckpt_save_steps=3 with 8 steps per epoch saves after steps 3 and 6 (one kept at a time), each epoch commit
-    removes it, and stats() records every step save beside the epoch saves."""
+    removes it, and stats() records every step save beside the epoch saves. Synchronous, the epoch commit is done
+    when the next epoch begins; asynchronous (the default), it may still run during that epoch's first steps."""
     params = {"ckpt_directory": str(tmp_path), "epochs": 2, "ckpt_save_best_metric": "loss", "ckpt_save_steps": 3}
+    params["ckpt_async"] = async_save
     seen = []
 
     class Look(keras.callbacks.Callback):
@@ -66,7 +69,10 @@ def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp
 
     ckpt = CandleCheckpointCallback(params, logger=None)
     build_model(0).fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[ckpt, Look()])
-    assert seen == [0, 0, 1, 1, 1, 1, 1, 1] * 2
+    if async_save is False:
+        assert seen == [0, 0, 1, 1, 1, 1, 1, 1] * 2
+    else:  # epoch 1's commit removes its step checkpoint during epoch 2's steps 1-2 at the latest (the next save waits)
+        assert seen[:8] == [0, 0, 1, 1, 1, 1, 1, 1] and seen[10:] == [1] * 6 and set(seen[8:10]) <= {0, 1}, seen
     assert not list((tmp_path / "ckpts" / "steps").iterdir())
     saves = ckpt.stats()["saves"]
     assert [(s["epoch"], s.get("step")) for s in saves] == [(0, 3), (0, 6), (1, None), (1, 3), (1, 6), (2, None)]
