@@ -104,7 +104,8 @@ def dump(model, path: str) -> None:
 def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=None, intervals: int = 0):
     """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled);
     ``every``: it also sleeps that long after every batch (a real model's step time); ``intervals`` (with ``ckpt``,
-    the checkpoint callback): at least the auto interval's seconds x ``intervals`` / steps of an epoch."""
+    the checkpoint callback): at least the auto interval's seconds x ``intervals`` / steps of an epoch. With a walk
+    (CANDLE_WALK_OUT) and ``ckpt``, the walk starts once ``ckpt``'s background write in flight is done."""
     import keras
 
     class _Pause(keras.callbacks.Callback):
@@ -113,6 +114,10 @@ def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=N
 
         def on_train_batch_end(self, b, logs=None):
             if self.epoch == epoch and b == batch and WALK is not None:
+                # The walk counts the flow from this step on, not the tail of the last epoch's background commit
+                # (under load its writer may still be finishing it): wait for it first, bounded.
+                if ckpt is not None:
+                    ckpt.engine.writer.wait(120)
                 WALK.start()
             interval_s = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
             time.sleep(max(every, interval_s * intervals / self.params["steps"]))
@@ -223,7 +228,7 @@ def main() -> None:
     callbacks = [candle_ckpt.CandleCheckpointCallback(params, verbose=verbose)]
     pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
     if pause is not None:
-        callbacks.append(Pause(*(int(s) for s in pause.split(":"))))
+        callbacks.append(Pause(*(int(s) for s in pause.split(":")), ckpt=callbacks[0]))
     at_end = next((f.split("=")[1] for f in flags if f.startswith("--pause-epoch-end=")), None)
     if at_end is not None:
         callbacks.append(PauseAtEpochEnd(int(at_end)))
