@@ -94,11 +94,11 @@ assert "save" in original.__code__.co_varnames, "StepPlan.step_end(step, step_s,
 
 
 def step_end(self, step, step_s, save, *, epoch=0, of=None):
-    def measured(kind):
+    def measured(kind, **how):  # how: background=True (a periodic one, written as an epoch's)
         saves[epoch] = saves.get(epoch, 0) + 1
         if epoch % 2:  # odd epochs save; even ones pass the same steps without the save
             began = time.perf_counter()
-            save(kind)
+            save(kind, **how)
             blocked.setdefault(epoch, []).append(time.perf_counter() - began)
 
     if epoch % 2 == 0 and epoch not in counted and saves.get(epoch - 1):

@@ -14,7 +14,7 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.log import OpsLog, counted, human_bytes
+from candle_ckpt.core.log import OpsLog, counted, human_bytes, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.core.stats import mb_per_s
@@ -34,6 +34,16 @@ def save_record(what: dict[str, Any], cap: Capture, side: Sidecar) -> dict[str, 
         "save_s": side.save_duration_s,
         "mb_per_s": side.save_mb_per_s,
     }
+
+
+def saved_line(what: dict[str, Any], side: Sidecar) -> str:
+    """The ``ckpt.log`` line of a commit (``what``: its epoch, a step checkpoint's step, the reason)."""
+    step = what.get("step")
+    name = L.epoch_name(what["epoch"]) if step is None else L.step_name(side.generation)
+    return (
+        f"{position(what['epoch'], step)}: saved {name} ({what['reason']}) {human_bytes(side.total_bytes)} "
+        f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
+    )
 
 
 def part_record(what: dict[str, Any], cap: Capture, start: float) -> dict[str, Any]:

@@ -5,12 +5,11 @@ epoch runner, so both have the same guarantees. Knows nothing about Keras:
 the caller passes a ``capture`` function that returns the files to write.
 
 The engine makes the sidecar of each save (:meth:`CheckpointEngine.template`).
-A commit that fails on the writer's thread is wrapped in :class:`_SaveFailure`,
-so the training thread learns which epoch failed. A step (mid-epoch)
-checkpoint (:meth:`CheckpointEngine.save_step`, for a preemption save and for
-``ckpt_save_steps``) is committed at once, synchronously, into ``ckpts/steps/GGG``
-(see :mod:`candle_ckpt.storage.steps`), after the write in flight: the
-checkpoints' order is kept.
+A commit that fails on the writer's thread is wrapped in a
+:class:`~candle_ckpt.engine.writer.SaveFailure`, so the training thread learns which
+epoch failed. A step (mid-epoch) checkpoint (:meth:`CheckpointEngine.save_step`) goes
+to ``ckpts/steps/GGG`` after the write in flight (the order is kept): a preemption's
+at once, a periodic one as an epoch's.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from dataclasses import replace
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.core import layout as L
 from candle_ckpt.core.group import SOLO, Group
-from candle_ckpt.core.log import OpsLog, human_bytes, position
+from candle_ckpt.core.log import OpsLog, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine.aftercommit import prune_after_commit, report_summary, save_record, supersede_steps
+from candle_ckpt.engine.aftercommit import prune_after_commit, report_summary, save_record, saved_line, supersede_steps
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
 from candle_ckpt.engine.group_commit import group_timeout
@@ -35,17 +33,8 @@ from candle_ckpt.engine.on_error import failed_at_exit, save_failed, upload_fail
 from candle_ckpt.engine.restart_history import current_start
 from candle_ckpt.engine.sidecar_template import new_lineage, save_template
 from candle_ckpt.engine.topology import MirroredWorkers, Topology, parts_of
-from candle_ckpt.engine.writer import inline_write_message, make_writer, slow_writer_message
+from candle_ckpt.engine.writer import SaveFailure, inline_write_message, make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
-
-
-class _SaveFailure(Exception):
-    """Carries the epoch of a failed commit from the writer to the caller."""
-
-    def __init__(self, epoch: int, err: BaseException) -> None:
-        super().__init__(str(err))
-        self.epoch = epoch
-        self.err = err
 
 
 class CheckpointEngine:
@@ -100,12 +89,10 @@ class CheckpointEngine:
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.preempt: dict[str, Any] | None = None  # the preemption save of this run (stats()["preempt"])
-        # (epoch, bytes, perf_counter) of the last write handed to the writer.
-        self._submitted: tuple[int, int, float] | None = None
+        self._submitted: tuple[int, int, float] | None = None  # (epoch, bytes, perf_counter) of the last submit
         self._said: set[str] = set()  # what is said once per engine: "slow" (the writer), "inline" (no copy)
         self.start_time = time.time()
-        # Hook: called with each committed sidecar, on the writer's thread, after
-        # the commit and the prune. The drain to the persistent tier (ckpt_persistent_url) uses it.
+        # Called with each committed sidecar (writer's thread, after the prune): the drain to the persistent tier.
         self.after_commit: list[Callable[[Sidecar], None]] = []
         self.remote = None
         # The step interval of a multi-process job (engine.step_plan): the primary's word (note_out()) travels with
@@ -192,17 +179,14 @@ class CheckpointEngine:
             template = self.template(epoch, cap, logs, reason, best)
             self.policy.submitted(best)
             self._submitted = (epoch, cap.nbytes, time.perf_counter())
-            if cap.inline_why and self.writer.is_async and "inline" not in self._said:  # a copy that did not fit
-                self._said.add("inline")
-                self.log.warning(inline_write_message(epoch, cap.inline_why))
+            self._say_inline(epoch, cap)
+            commit = lambda: self._commit(epoch, lambda: self._commit_now(epoch, cap, template, best))  # noqa: E731
             if self.writer.is_async and cap.inline_why is None:
-                self.writer.submit(
-                    lambda: self._commit(epoch, cap, template, best), label=f"the checkpoint write of epoch {epoch}"
-                )
+                self.writer.submit(commit, label=f"the checkpoint write of epoch {epoch}")
             else:  # synchronous, or written from the variables (no copy): committed before training goes on
-                self._commit(epoch, cap, template, best)
+                commit()
                 self._adopt()
-        except _SaveFailure as failure:
+        except SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
             return False
         except Exception as err:
@@ -229,7 +213,14 @@ class CheckpointEngine:
         )  # fmt: skip
 
     def save_step(
-        self, epoch: int, step: int, logs: Mapping[str, Any], capture: Callable[[], Capture], reason: str
+        self,
+        epoch: int,
+        step: int,
+        logs: Mapping[str, Any],
+        capture: Callable[..., Capture],
+        reason: str,
+        *,
+        background: bool = False,
     ) -> Sidecar | None:
         """Commit the step checkpoint of ``step`` steps into the epoch after ``epoch`` (completed epochs).
 
@@ -237,14 +228,16 @@ class CheckpointEngine:
             epoch: Completed epochs (the sidecar's ``epoch``, as ``initial_epoch`` takes it).
             step: Training steps done in the current epoch (the sidecar's ``step``).
             logs: The latest batch logs (kept in the sidecar; best tracking is not touched).
-            capture: Returns the :class:`~candle_ckpt.engine.capture.Capture` (called on this thread).
+            capture: Returns the :class:`~candle_ckpt.engine.capture.Capture` (called on this thread; with
+                ``copy=True`` for a periodic one that may be written in the background).
             reason: Recorded in the sidecar: ``"SIGTERM"``, ``"deadline"``, ``"steps"``...
+            background: A periodic one: with asynchronous writes in one process, committed on the writer's thread
+                when the capture copied (:attr:`Capture.copied`).
 
         Returns:
-            The committed sidecar (on every process of a multi-process JAX
-            job), or None when nothing was committed: a non-chief worker (it
-            writes its scratch copy only) or a failure under ``ckpt_on_error=warn``.
-            (The topology decides which: :meth:`~candle_ckpt.engine.topology.Topology.commit_step`.)
+            The committed sidecar (on every process of a multi-process JAX job), or None when nothing was
+            committed here and now: a non-chief worker (it writes its scratch copy only), a commit handed to the
+            writer, or a failure under ``ckpt_on_error=warn`` (:meth:`~.topology.Topology.commit_step`).
 
         Raises:
             CheckpointSaveError: the save (or the previous async one) failed and ``ckpt_on_error=raise``.
@@ -258,23 +251,30 @@ class CheckpointEngine:
         self._adopt()
         self._check_writer()
         what = {"epoch": epoch, "step": step, "reason": reason}
+        background = background and self.writer.is_async and self.topology.background_steps
         try:
-            cap = self.topology.capture(capture)
+            cap = self.topology.capture((lambda: capture(copy=True)) if background else capture)
             template = replace(self.template(epoch, cap, logs, reason, self.policy.best), step=step)
-            side, committer = self.topology.commit_step(self, what, cap, template)
+            self._say_inline(epoch, cap)
+            if background and cap.copied:
+                job = lambda: self._commit(epoch, lambda: self._commit_step(what, cap, template))  # noqa: E731
+                self.writer.submit(job, label=f"the step checkpoint at {position(epoch, step)}")
+                self._submitted = None  # an epoch end that waits for a step's write is not told the writer is slow
+                return None
+            side = self._commit_step(what, cap, template)
             self._adopt()
         except Exception as err:
             self._failed(epoch, err)
             return None
-        if not committer:
-            return side
-        self.records.append(save_record(what, cap, side))
-        if self.remote is not None:
-            self.remote.step_committed(side)
-        self.log.info(
-            f"{position(epoch, step)}: saved {L.step_name(side.generation)} ({reason}) "
-            f"{human_bytes(side.total_bytes)} in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
-        )
+        return side
+
+    def _commit_step(self, what: dict[str, Any], cap: Capture, template: Sidecar) -> Sidecar | None:
+        side, committer = self.topology.commit_step(self, what, cap, template)
+        if committer:
+            self.records.append(save_record(what, cap, side))
+            if self.remote is not None:
+                self.remote.step_committed(side)
+            self.log.info(saved_line(what, side))
         return side
 
     def note(self, cap: Capture) -> tuple[Callable[[], str], Callable[[str], None]] | None:
@@ -305,35 +305,38 @@ class CheckpointEngine:
         """Surface a finished async job's failure; True if one was reported (warn mode)."""
         try:
             self.writer.check()
-        except _SaveFailure as failure:
+        except SaveFailure as failure:
             self._failed(failure.epoch, failure.err)
             return True
         return False
 
     def _exit_error(self, err: BaseException) -> None:
         """The last async write failed and the process is exiting: log it, loudly."""
-        epoch, cause = (err.epoch, err.err) if isinstance(err, _SaveFailure) else (None, err)
+        epoch, cause = (err.epoch, err.err) if isinstance(err, SaveFailure) else (None, err)
         failed_at_exit(self.log, self.errors, epoch, cause)
 
-    def _commit(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
+    def _say_inline(self, epoch: int, cap: Capture) -> None:  # a copy that did not fit: written inline, said once
+        if cap.inline_why and self.writer.is_async and "inline" not in self._said:
+            self._said.add("inline")
+            self.log.warning(inline_write_message(epoch, cap.inline_why))
+
+    def _commit(self, epoch: int, commit: Callable[[], Any]) -> None:
+        """Run ``commit`` (on the writer's thread, or inline), its failure marked with ``epoch``."""
         try:
-            self._commit_now(epoch, cap, template, best)
+            commit()
         except BaseException as err:
-            raise _SaveFailure(epoch, err) from err
+            raise SaveFailure(epoch, err) from err
 
     def _commit_now(self, epoch: int, cap: Capture, template: Sidecar, best: BestState) -> None:
         best_epoch = best.epoch if self.cfg.save_best else None
         side = self.topology.commit_epoch(self, epoch, cap, template, best_epoch)
-        if side is None:  # this process's share (its part, its scratch copy) is written: nothing else is its
-            self.policy.committed(best)
-            return
-        self.records.append(save_record({"epoch": epoch, "reason": template.reason}, cap, side))
         self.policy.committed(best)
+        if side is None:  # this process's share (its part, its scratch copy) is written: nothing else is its
+            return
+        what = {"epoch": epoch, "reason": template.reason}
+        self.records.append(save_record(what, cap, side))
         supersede_steps(self.store, self.log, epoch)
-        self.log.info(
-            f"epoch {epoch}: saved {L.epoch_name(epoch)} ({template.reason}) {human_bytes(side.total_bytes)} "
-            f"in {side.save_duration_s:.3f} s ({side.save_mb_per_s:.1f} MB/s)"
-        )
+        self.log.info(saved_line(what, side))
         prune_after_commit(self.store, self.cfg, self.log, self.retention, [self.resumed.epoch] if self.resumed else [])
         for hook in self.after_commit:
             hook(side)

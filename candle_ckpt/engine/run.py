@@ -68,7 +68,7 @@ from candle_ckpt.engine.signals import Lease, SignalOwner, process_signals
 from candle_ckpt.engine.step_plan import StepPlan
 from candle_ckpt.engine.watchdog import Watchdog, WatchedGroup
 
-Capturer = Callable[[], Capture]
+Capturer = Callable[..., Capture]  # a step checkpoint's is called with copy= (CheckpointEngine.save_step)
 
 
 def hold_signals(cfg: CkptConfig) -> list[str]:
@@ -253,9 +253,9 @@ class TrainingRun:
         """
         self.watchdog.last = time.monotonic()  # progress: the watchdog's one cost per step
 
-        def save(reason: str) -> Sidecar | None:
+        def save(reason: str, background: bool = False) -> Sidecar | None:  # background: a periodic one
             with self.watchdog.phase_of("save"):
-                side = self.engine.save_step(epoch, step, logs, capture, reason)
+                side = self.engine.save_step(epoch, step, logs, capture, reason, background=background)
             if self.engine.records:
                 restart_history.committed()  # this start made progress (once: a progress record)
             return side

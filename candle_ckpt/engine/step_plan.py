@@ -4,8 +4,9 @@ The wiring of :class:`~candle_ckpt.engine.interval.StepInterval` (the pure rule)
 :class:`~candle_ckpt.engine.preempt_control.PreemptionController` hands each step's time to
 :meth:`StepPlan.step_end`, which times each step checkpoint it takes: the save cost ``C`` is the seconds it blocked
 training plus what the :data:`AFTER_STEPS` steps after it took beyond the step time before it. Before the first,
-the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``: a step checkpoint is written
-synchronously, so all of it blocks). At the start of each fit it reads the run's failures from its restart history
+the engine's records of the epoch checkpoints estimate it (``snapshot_s + save_s``: all of it blocks a step
+checkpoint written at once; for one written in the background, the copy blocks and the write slows the steps after
+it, which the first one measures). At the start of each fit it reads the run's failures from its restart history
 (``restarts.jsonl`` of both tiers, :func:`~candle_ckpt.core.history.failure_rate`).
 
 A step checkpoint is due once ``interval`` steps have passed since the last one of the epoch (or its beginning):
@@ -108,7 +109,7 @@ class StepPlan:
         return self._agreed[1]
 
     def step_end(
-        self, step: int, step_s: float, save: Callable[[str], Any], *, epoch: int = 0, of: int | None = None
+        self, step: int, step_s: float, save: Callable[..., Any], *, epoch: int = 0, of: int | None = None
     ) -> None:
         """After step ``step`` of epoch index ``epoch`` (``of`` steps, None if unknown), which took ``step_s``:
         take the step checkpoint if one is due (``auto`` in an epoch whose end saves anyway: :func:`spread`)."""
@@ -145,7 +146,7 @@ class StepPlan:
             if self._after is not None:  # the next save came first: its cost so far
                 self._close_after()
             began = time.perf_counter()
-            save("steps")
+            save("steps", background=True)  # written as an epoch's is (CheckpointEngine.save_step)
             blocked = time.perf_counter() - began
             self.policy.observe_save(blocked)  # what it blocked training, all of it; the steps after it below
             if self.policy.step_s is not None:

@@ -42,9 +42,12 @@ class Topology:
         scratch_dir: Where this process writes its scratch copies instead of committing (a non-chief worker),
             else None.
         meets: Whether the saves meet through :attr:`group` (each run gives them its scope of it).
+        background_steps: Whether a periodic step checkpoint may be committed on the writer's thread, as an epoch's
+            is (one process only: the shapes of several keep their step checkpoints on the training thread).
     """
 
     meets = False
+    background_steps = True
     scratch_dir: str | None = None
 
     def __init__(self, group: Group = SOLO) -> None:
@@ -77,6 +80,7 @@ class SharedParts(Topology):
     """Several processes write each checkpoint together, each its part; the primary publishes it (module docstring)."""
 
     meets = True
+    background_steps = False
 
     @property
     def primary(self) -> bool:
@@ -118,6 +122,8 @@ class MirroredWorkers(Topology):
             :data:`~candle_ckpt.core.group.SOLO` (a run's preemption agreement meets over the workers all the same).
         scratch_dir: This worker's scratch directory, or None on the chief.
     """
+
+    background_steps = False
 
     def __init__(self, workers: Group, scratch_dir: str | None) -> None:
         super().__init__(SOLO)

@@ -40,6 +40,15 @@ Job = Callable[[], None]
 Log = Callable[[str, int], None]
 
 
+class SaveFailure(Exception):
+    """Carries the epoch of a failed commit from the writer to the caller (the engine wraps each commit in it)."""
+
+    def __init__(self, epoch: int, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.epoch = epoch
+        self.err = err
+
+
 class SyncWriter:
     """Runs each job on the caller's thread."""
 

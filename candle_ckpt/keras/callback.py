@@ -197,7 +197,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         step, steps = batch + 1, (self.params or {}).get("steps")
         last = isinstance(steps, int) and step >= steps
-        if self.run.step_end(self._epoch, step, logs or {}, lambda: self._capture(step), last=last, of=steps):
+        capture = lambda copy=False: self._capture(step, copy)  # noqa: E731
+        if self.run.step_end(self._epoch, step, logs or {}, capture, last=last, of=steps):
             self.model.stop_training = True
 
     def on_test_batch_end(self, batch: int, logs=None) -> None:
@@ -212,8 +213,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
     def _after_epoch(self, epoch: int, logs: Any = None) -> None:
         self._save(epoch, self._logs)  # the logs the callbacks saw (the list's own conversion of them)
 
-    def _capture(self, step: int | None = None):
-        """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied)."""
+    def _capture(self, step: int | None = None, copy: bool = False):
+        """The files of a save, taken on this thread; ``step``: a step checkpoint's (written at once, uncopied,
+        unless ``copy``: a periodic one, written in the background as an epoch's is)."""
         if step is not None:
             internals.sync_jax_state(self.model)  # JAX keeps the state outside the variables: put it back first
         data, ended = None, None
@@ -229,7 +231,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             )
         else:
             state = self._state or ModelState(self.model)
-            cap = capture_model(state, self.cfg if step is None else self._sync_cfg)
+            cap = capture_model(state, self.cfg if step is None or copy else self._sync_cfg)
             if data is not None:
                 cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
                 cap.nbytes += len(data)

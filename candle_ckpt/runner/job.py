@@ -244,7 +244,7 @@ class JobRunner:
             return False
         epoch, step = self.epoch, self.step
         try:
-            return self.run.step_end(epoch, step, plain_logs(logs), lambda: self._capture(epoch, step))
+            return self.run.step_end(epoch, step, plain_logs(logs), lambda copy=False: self._capture(epoch, step))
         finally:  # set before an exit with ckpt_preempt_exit_code too
             self.preempted = self.run.saved_at
 

@@ -304,7 +304,7 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         last = isinstance(steps, int) and done >= steps  # a request is answered by the epoch checkpoint
         if self._skipped is not None and self._skipped[0] == epoch:
             done += self._skipped[1]
-        capture = lambda: self.state.adapter.capture(self.cfg)  # noqa: E731
+        capture = lambda copy=False: self.state.adapter.capture(self.cfg)  # noqa: E731  (copies when async)
         if self.run.step_end(epoch, done, plain_logs(logs), capture, last=last):
             self.model.stop_training = True
 

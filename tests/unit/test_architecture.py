@@ -277,6 +277,8 @@ def test_a_room_stays_within_its_lines(layer: str) -> None:
 OWN_EXCEPTIONS = {
     "candle_ckpt.cli.common.CliError": "a usage error of the command line, turned into exit status 2",
     "candle_ckpt.testing.crashsim.OutsideRoot": "an AssertionError of the crash simulator",
+    "candle_ckpt.engine.writer.SaveFailure": "the engine's wrapper of a commit's error on the writer's thread, never "
+    "raised to the user (the engine reports the error it carries, by ckpt_on_error)",
 }
 
 

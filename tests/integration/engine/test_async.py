@@ -578,3 +578,35 @@ def test_a_copy_that_does_not_fit_in_memory_is_written_synchronously_and_said_on
     mine, theirs = trained.weights + trained.optimizer.variables, fresh.weights + fresh.optimizer.variables
     for a, b in zip(mine, theirs, strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
+
+
+@pytest.mark.parametrize("async_save", ["auto", False])
+def test_periodic_step_checkpoints_are_written_while_training_goes_on(tmp_path, async_save):
+    """At the defaults (ckpt_async=auto) a periodic step checkpoint (ckpt_save_steps) costs training its copy, as
+    an epoch's does: training goes on to its next step while the first one is still being written (held here), and
+    every step checkpoint is committed by the writer thread; with ckpt_async=false each is committed on the
+    training thread before its step ends. Either way the run ends with its last epoch committed."""
+    entered, release = threading.Event(), threading.Event()
+    held = {}
+
+    def hold() -> None:  # the first commit's weights file: the step checkpoint after step 2 of epoch 1
+        entered.set()
+        held["released_by_training"] = release.wait(WAIT if async_save else 0.5)
+
+    class NextStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            if batch == 2 and entered.is_set():  # step 3 trained while step 2's checkpoint was being written
+                release.set()
+
+    fs = ScriptedFS({("create", 1): hold})
+    extra = {"ckpt_async": async_save, "ckpt_save_steps": 2}
+    cb = CandleCheckpointCallback(params(tmp_path, 2, **extra), verbose=False, fs=fs)
+    fit(build_model(9), cb, 2, NextStep())
+    assert held["released_by_training"] is (async_save == "auto")
+    renames = [(path, thread) for op, path, thread in fs.log if op == "rename"]
+    steps = [thread for path, thread in renames if os.sep + "steps" + os.sep in path]
+    assert steps, renames
+    assert set(steps) == {"candle_ckpt-writer" if async_save == "auto" else "MainThread"}, renames
+    assert cb.stats()["async"] is (async_save == "auto")
+    assert [(s["epoch"], s.get("step")) for s in cb.stats()["saves"]][:2] == [(0, 2), (1, None)]
+    assert last_epoch(tmp_path) == 2

@@ -56,8 +56,9 @@ def test_skip_steps_takes_the_first_steps_of_one_epoch_only():
 @pytest.mark.parametrize("async_save", ["auto", False])
 def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp_path, async_save):
     """ckpt_save_steps=3 with 8 steps per epoch saves after steps 3 and 6 (one kept at a time), each epoch commit
-    removes it, and stats() records every step save beside the epoch saves. Synchronous, the epoch commit is done
-    when the next epoch begins; asynchronous (the default), it may still run during that epoch's first steps."""
+    removes it, and stats() records every step save beside the epoch saves. Synchronous, each commit is done when
+    its step (or epoch) ends; asynchronous (the default), the writer commits each during the steps after it, one at a
+    time (the next save waits for it), so a step may see the new one renamed in before the old one is removed."""
     params = {"ckpt_directory": str(tmp_path), "epochs": 2, "ckpt_save_best_metric": "loss", "ckpt_save_steps": 3}
     params["ckpt_async"] = async_save
     seen = []
@@ -71,8 +72,8 @@ def test_save_steps_writes_step_checkpoints_that_the_epoch_commit_supersedes(tmp
     build_model(0).fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[ckpt, Look()])
     if async_save is False:
         assert seen == [0, 0, 1, 1, 1, 1, 1, 1] * 2
-    else:  # epoch 1's commit removes its step checkpoint during epoch 2's steps 1-2 at the latest (the next save waits)
-        assert seen[:8] == [0, 0, 1, 1, 1, 1, 1, 1] and seen[10:] == [1] * 6 and set(seen[8:10]) <= {0, 1}, seen
+    else:
+        assert seen[:2] == [0, 0] and max(seen) <= 2 and 1 in seen[2:8] and 1 in seen[10:], seen
     assert not list((tmp_path / "ckpts" / "steps").iterdir())
     saves = ckpt.stats()["saves"]
     assert [(s["epoch"], s.get("step")) for s in saves] == [(0, 3), (0, 6), (1, None), (1, 3), (1, 6), (2, None)]

@@ -124,6 +124,11 @@ class Engine:
         self.resumed = None
 
 
+def into(saved: list) -> Callable[..., None]:
+    """A save that notes its reason (a periodic one is asked with ``background=True``)."""
+    return lambda reason, background=False: saved.append(reason)
+
+
 def plan(engine: Engine, **params) -> StepPlan:
     return StepPlan(CkptConfig.from_params({"ckpt_directory": engine.root, **params}), engine, True)
 
@@ -134,15 +139,15 @@ def test_the_plan_saves_after_a_measured_save_and_reports_why(tmp_path) -> None:
     steps = plan(engine, ckpt_mtbf=100.0)
     steps.arm(0.0)
     for step in range(1, 6):
-        steps.step_end(step, 0.01, saved.append)
+        steps.step_end(step, 0.01, into(saved))
     assert saved == [] and engine.step_interval["reason"] == "unmeasured"
     engine.records.append({"epoch": 1, "snapshot_s": 0.01, "save_s": 0.09})  # an epoch checkpoint: 0.1 s
     for step in range(1, 500):
-        steps.step_end(step, 0.01, saved.append)
+        steps.step_end(step, 0.01, into(saved))
     # max(0.1 / 0.02, sqrt(2 x 0.1 x 100)) = max(5, 4.47) s = 500 steps of 0.01 s
     assert engine.step_interval["interval"] == 500 and engine.step_interval["reason"] == "overhead"
     assert saved == []
-    steps.step_end(500, 0.01, saved.append)
+    steps.step_end(500, 0.01, into(saved))
     assert saved == ["steps"]
     # The step checkpoint's own blocked time (here a list append) now counts beside the probe's 0.1 s.
     assert engine.step_interval["save_s"] < 0.1 and engine.step_interval["interval"] < 500
@@ -160,7 +165,7 @@ def test_the_plan_learns_the_mtbf_from_the_restart_history(tmp_path) -> None:
     steps.arm(1200.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):  # the first step of a fit compiles: its time is left out
-        steps.step_end(step, 0.1, lambda reason: None)
+        steps.step_end(step, 0.1, lambda reason, background=False: None)
     assert engine.step_interval["mtbf_s"] == 100.0
     assert engine.step_interval["reason"] == "overhead"  # sqrt(2 x 0.5 x 100) = 10 s < 25 s
 
@@ -172,13 +177,13 @@ def test_several_processes_use_the_agreed_word_not_their_own_times(tmp_path) -> 
     assert engine.note_out is not None
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.1})
     for step in range(1, 10):
-        steps.step_end(step, 0.01, saved.append)
+        steps.step_end(step, 0.01, into(saved))
     assert saved == [] and engine.step_interval["reason"] == "unmeasured"
     word = json.loads(engine.note_out(0.1))  # a commit that cost 0.1 s so far
     assert word["interval"] > 9
     engine.agreed = json.dumps({"interval": 3, "reason": "young-daly"})
     for step in range(1, 10):
-        steps.step_end(step, 0.01, saved.append)
+        steps.step_end(step, 0.01, into(saved))
     assert len(saved) == 3 and engine.step_interval["interval"] == 3
 
 
@@ -194,7 +199,7 @@ def test_the_plan_reads_the_failures_of_the_persistent_tier_too(tmp_path) -> Non
     steps.arm(1200.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):
-        steps.step_end(step, 0.1, lambda reason: None)
+        steps.step_end(step, 0.1, lambda reason, background=False: None)
     assert engine.step_interval["mtbf_s"] == 100.0
 
 
@@ -211,18 +216,18 @@ def test_the_first_relaunch_counts_its_own_restart_before_its_record_is_written(
     other = restart_history.History(plan(Engine(str(tmp_path / "other"))).cfg, engine.log, writes=False)
     monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, other, record, False)])
     steps.arm(1050.0)  # a start of another run's directory (one process training several): not this run's
-    steps.step_end(1, 0.1, lambda reason: None)
+    steps.step_end(1, 0.1, lambda reason, background=False: None)
     assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
     monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, own, record, False)])
     steps.arm(1050.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):
-        steps.step_end(step, 0.1, lambda reason: None)
+        steps.step_end(step, 0.1, lambda reason, background=False: None)
     assert not os.path.exists(Layout.at(str(tmp_path)).history)
     assert engine.step_interval["mtbf_s"] == 50.0
     monkeypatch.setattr(restart_history, "_START", [])  # no start of this process known: the prior stands
     steps.arm(1050.0)
-    steps.step_end(3, 0.1, lambda reason: None)
+    steps.step_end(3, 0.1, lambda reason, background=False: None)
     assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
 
 
@@ -265,7 +270,8 @@ class Saves:
         self.now, self.step = 0.0, 0
         monkeypatch.setattr(step_plan, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: self.now)}))
 
-    def save(self, reason: str) -> None:
+    def save(self, reason: str, background: bool = False) -> None:
+        assert background, "a periodic step checkpoint is asked to be written as an epoch's (in the background)"
         self.now += 0.08
         self.at.append(self.step)
 
@@ -340,13 +346,13 @@ class Clock:
         return self.now
 
 
-def saving_plan(tmp_path, monkeypatch, blocked: float) -> tuple[StepPlan, list, Callable[[str], None]]:
+def saving_plan(tmp_path, monkeypatch, blocked: float) -> tuple[StepPlan, list, Callable[..., None]]:
     """A plan every 50 steps whose saves block ``blocked`` seconds, after 49 steps of 10 ms (the moving step time)."""
     clock = Clock()
     monkeypatch.setattr(step_plan, "time", clock)
     saved: list = []
 
-    def save(reason: str) -> None:
+    def save(reason: str, background: bool = False) -> None:
         saved.append(reason)
         clock.now += blocked
 

@@ -65,8 +65,8 @@ class Engine:
     def save(self, epoch: int, step: int | None, logs: dict | None = None):
         """The ``save(reason)`` a training loop hands to the controller for this step."""
 
-        def save(reason: str) -> None:
-            self.saved.append((epoch, step, logs or {}, reason))
+        def save(reason: str, background: bool = False) -> None:
+            self.saved.append((epoch, step, logs or {}, reason if not background else f"{reason} (background)"))
 
         return save
 
@@ -182,13 +182,14 @@ def test_nothing_watched_means_no_agreement_at_all() -> None:
 
 
 def test_step_saves_are_taken_only_where_the_loop_asks_for_them() -> None:
-    """ckpt_save_steps=2: the fit callback's controller (step_saves) saves steps 2 and 4, not the last one."""
+    """ckpt_save_steps=2: the fit callback's controller (step_saves) saves steps 2 and 4, not the last one, each
+    asked to be written as an epoch's is (in the background where writes are asynchronous)."""
     engine = Engine()
     cfg = CkptConfig.from_params({"ckpt_save_steps": 2, "ckpt_preempt_signals": "none", "ckpt_deadline": "none"})
     pre = PreemptionController(cfg, OpsLog(None), steps=StepPlan(cfg, engine, True))
     for step in range(1, 7):
         pre.step_end(0, step, engine.save(0, step), last=step == 6)
-    assert [(s, r) for _, s, _, r in engine.saved] == [(2, "steps"), (4, "steps")]
+    assert [(s, r) for _, s, _, r in engine.saved] == [(2, "steps (background)"), (4, "steps (background)")]
     assert not PreemptionController(cfg, OpsLog(None)).enabled
 
 

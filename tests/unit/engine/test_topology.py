@@ -78,3 +78,45 @@ def test_parts_of_a_group_of_one_is_one_process(size: int) -> None:
     """The size of the group is asked once, where the topology is made: a group of one is one process."""
     member = ThreadGroup(size).members[0]
     assert isinstance(parts_of(member), SharedParts) == (size > 1)
+
+
+def test_a_periodic_step_checkpoint_of_one_process_is_committed_by_the_writer_and_a_preemption_one_at_once(
+    tmp_path: Path,
+) -> None:
+    """With asynchronous writes, one process's periodic step checkpoint (``background=True``) asks for a copy and is
+    committed on the writer's thread, while the training thread goes on; a preemption's (``SIGTERM``) is captured
+    uncopied and committed on the calling thread before save_step returns; ckpt_async=false commits both at once;
+    shared parts keep their periodic ones on the training thread (their meetings are per commit)."""
+    import threading
+
+    from candle_ckpt.engine.writer import AsyncWriter
+
+    def recording(asked: list, threads: list):
+        def capture_step(copy: bool = False) -> Capture:
+            asked.append(copy)
+
+            def write(f) -> None:
+                threads.append(threading.current_thread().name)
+                f.write(b"weights")
+
+            return Capture(files=[FileSpec("model.bin", write)], model_file="model.bin", nbytes=7, copied=copy)
+
+        return capture_step
+
+    for async_save, expected in ((True, ["candle_ckpt-writer", "MainThread"]), (False, ["MainThread"] * 2)):
+        params = {"ckpt_directory": str(tmp_path / str(async_save)), "ckpt_save_interval": 1}
+        cfg = CkptConfig.from_params({**params, "ckpt_async": async_save, "ckpt_deadline": "none"}).resolved()
+        engine = CheckpointEngine(cfg, OpsLog(None))
+        assert isinstance(engine.writer, AsyncWriter) is async_save
+        asked, threads = [], []
+        periodic = engine.save_step(1, 3, {}, recording(asked, threads), "steps", background=True)
+        assert (periodic is None) is async_save  # handed to the writer: nothing committed here yet
+        preempted = engine.save_step(1, 5, {}, recording(asked, threads), "SIGTERM")
+        assert preempted is not None and preempted.step == 5 and threads == expected, threads
+        assert asked == [async_save, False]
+        engine.finish()
+        assert [(r["step"], r["reason"]) for r in engine.records] == [(3, "steps"), (5, "SIGTERM")]
+        engine.close()
+    first, _ = ThreadGroup(2).members
+    assert not parts_of(first).background_steps and not mirrored(first, None).background_steps
+    assert parts_of(SOLO).background_steps
