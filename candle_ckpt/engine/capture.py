@@ -32,6 +32,3 @@ class Capture:
     # Set when an asynchronous save could not copy the state (it would not fit in host memory): the files write
     # from the live variables, so the engine commits this one before training goes on, and says why, once.
     inline_why: str | None = None
-    # The files write from host buffers this capture owns (not the live variables): its commit may run on the
-    # writer's thread while training goes on (an asynchronous save's copy; a periodic step checkpoint's).
-    copied: bool = False

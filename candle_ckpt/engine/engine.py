@@ -232,7 +232,7 @@ class CheckpointEngine:
                 ``copy=True`` for a periodic one that may be written in the background).
             reason: Recorded in the sidecar: ``"SIGTERM"``, ``"deadline"``, ``"steps"``...
             background: A periodic one: with asynchronous writes in one process, committed on the writer's thread
-                when the capture copied (:attr:`Capture.copied`).
+                unless the capture could not copy (``inline_why``), as an epoch's is.
 
         Returns:
             The committed sidecar (on every process of a multi-process JAX job), or None when nothing was
@@ -256,7 +256,7 @@ class CheckpointEngine:
             cap = self.topology.capture((lambda: capture(copy=True)) if background else capture)
             template = replace(self.template(epoch, cap, logs, reason, self.policy.best), step=step)
             self._say_inline(epoch, cap)
-            if background and cap.copied:
+            if background and cap.inline_why is None:
                 job = lambda: self._commit(epoch, lambda: self._commit_step(what, cap, template))  # noqa: E731
                 self.writer.submit(job, label=f"the step checkpoint at {position(epoch, step)}")
                 self._submitted = None  # an epoch end that waits for a step's write is not told the writer is slow

@@ -71,7 +71,6 @@ def capture_model(state: ModelState, cfg: CkptConfig, extra: dict | None = None)
         backend=backend_name(),
         extra=dict(extra or {}),
         inline_why=snap.inline_why,
-        copied=cfg.async_save and snap.inline_why is None,
     )
 
 

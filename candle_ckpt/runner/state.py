@@ -224,7 +224,6 @@ def capture_runner(
         backend=backend_name(),
         extra={"runner": {"objects": {o.name: o.file for o in objects}, "state": sorted(state)}},
         inline_why=inline_why,
-        copied=inline_why is None,  # every object's snapshot is a copy, unless one did not fit
     )
 
 

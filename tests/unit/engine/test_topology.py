@@ -99,7 +99,7 @@ def test_a_periodic_step_checkpoint_of_one_process_is_committed_by_the_writer_an
                 threads.append(threading.current_thread().name)
                 f.write(b"weights")
 
-            return Capture(files=[FileSpec("model.bin", write)], model_file="model.bin", nbytes=7, copied=copy)
+            return Capture(files=[FileSpec("model.bin", write)], model_file="model.bin", nbytes=7)
 
         return capture_step
 
