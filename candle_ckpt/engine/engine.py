@@ -26,12 +26,11 @@ from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.aftercommit import prune_after_commit, report_summary, save_record, saved_line, supersede_steps
-from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.capture import Capture, new_lineage, save_template
 from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.on_error import failed_at_exit, save_failed, upload_failed
 from candle_ckpt.engine.restart_history import current_start
-from candle_ckpt.engine.sidecar_template import new_lineage, save_template
 from candle_ckpt.engine.topology import MirroredWorkers, Topology, parts_of
 from candle_ckpt.engine.writer import SaveFailure, inline_write_message, make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore

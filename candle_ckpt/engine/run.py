@@ -6,7 +6,7 @@ a model, where its callback list and input are, what a step and an epoch end
 are. :class:`TrainingRun` knows everything else, the same way for all three:
 
 - **the writer lock**: taken at :meth:`TrainingRun.begin`, released at :meth:`TrainingRun.end` once the last
-  write has landed, or by the fit guard when ``fit`` raised (:mod:`candle_ckpt.engine.fit_guard`);
+  write has landed, or by the fit guard when ``fit`` raised (:mod:`candle_ckpt.engine.fit_port`);
 - **the group of the run**: a fresh scope of the job's :class:`~candle_ckpt.core.group.Group` per run (its
   meetings and keys, deleted by the last meeting at the end), which the saves and the preemption agreement meet in;
 - **the one preemption controller**, built from that group
@@ -55,8 +55,7 @@ from candle_ckpt.engine import restart_history
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.engine import CheckpointEngine
-from candle_ckpt.engine.fit_guard import FitGuard
-from candle_ckpt.engine.fit_port import FitPlumbing, FitPort
+from candle_ckpt.engine.fit_port import FitGuard, FitPlumbing, FitPort
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.interrupt import InterruptNotice
 from candle_ckpt.engine.notice import NoticeAgreement

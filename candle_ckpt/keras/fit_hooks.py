@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from candle_ckpt.engine.fit_guard import weakly_bound
+from candle_ckpt.engine.fit_port import weakly_bound
 from candle_ckpt.keras import fit_internals, internals
 
 # Found in the frames of the running fit, by the gateway (re-exported here for the callback).

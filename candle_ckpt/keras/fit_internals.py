@@ -25,7 +25,7 @@ from typing import Any
 
 import keras
 
-from candle_ckpt.engine.fit_guard import FoundFit
+from candle_ckpt.engine.fit_port import FoundFit
 
 _LIST_DEPTH = 8  # frames searched above on_train_begin for the CallbackList
 _HOOK_DEPTH = 12  # frames searched above the port's caller (the run) for the hook and its CallbackList

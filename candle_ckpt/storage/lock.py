@@ -11,7 +11,7 @@ from collections.abc import Callable
 from candle_ckpt.core.errors import DirectoryLocked
 
 # Called (on the calling thread) when a writer finds the lock held by this same process: a ``fit`` that raised
-# may hold it still. The fit guard (:mod:`candle_ckpt.engine.fit_guard`) adds its notice here when it is
+# may hold it still. The fit guard (:mod:`candle_ckpt.engine.fit_port`) adds its notice here when it is
 # imported; storage knows no fit, and without a guard there is no fit to notice.
 _HELD_HERE_HOOKS: list[Callable[[], None]] = []
 
@@ -44,7 +44,7 @@ class WriterLock:
 
         A holder in this same process gets ``wait_same_process_s`` seconds to
         let go: a ``fit`` that has raised releases its lock from a watchdog
-        thread (:mod:`candle_ckpt.engine.fit_guard`), a moment after its
+        thread (:mod:`candle_ckpt.engine.fit_port`), a moment after its
         ``CallbackList`` dies, or after this thread, the one that ran that
         ``fit``, sees it is no longer on its stack (its exception is kept).
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from tf_keras.src.saving.legacy import hdf5_format
 
-from candle_ckpt.engine.fit_guard import FoundFit
+from candle_ckpt.engine.fit_port import FoundFit
 
 _HOOK_DEPTH = 12  # frames searched above the port's caller (the run) for the hook
 

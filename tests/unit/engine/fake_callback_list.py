@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from candle_ckpt.engine.fit_guard import FoundFit
+from candle_ckpt.engine.fit_port import FoundFit
 
 
 class Calls:

@@ -4,7 +4,7 @@ Keeping the fit's frame (or the callback) alive from the watcher would make that
 thread drop the last reference to the model and its batches, perhaps while the
 interpreter exits: under JAX that aborted the process (exit 134, not 143). The
 watcher reads no other thread's stack (CPython 3.11 can misread it, see
-candle_ckpt.engine.fit_guard): a fit ends when its CallbackList dies, or when the
+candle_ckpt.engine.fit_port): a fit ends when its CallbackList dies, or when the
 thread that ran it sees it is no longer on its own stack.
 """
 
@@ -21,7 +21,7 @@ import weakref
 import pytest
 from fake_callback_list import Calls, find_fit
 
-from candle_ckpt.engine.fit_guard import FitGuard, notice_ended_fits
+from candle_ckpt.engine.fit_port import FitGuard, notice_ended_fits
 
 GUARD = "candle_ckpt-fit-guard"
 
@@ -181,7 +181,7 @@ EXITING = """
 import atexit, os, sys, time
 sys.path.insert(0, os.environ["FAKE_LIST_DIR"])
 from fake_callback_list import Calls, find_fit
-from candle_ckpt.engine.fit_guard import FitGuard
+from candle_ckpt.engine.fit_port import FitGuard
 
 def on_exit():
     print("on_exit ran", flush=True)
