@@ -14,10 +14,9 @@ from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
-from candle_ckpt.core.log import OpsLog, counted, human_bytes, position
+from candle_ckpt.core.log import OpsLog, counted, human_bytes, mb_per_s, position
 from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import mb_per_s
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.storage.store import CheckpointStore
 

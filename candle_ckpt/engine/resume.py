@@ -19,9 +19,8 @@ from typing import Any, NamedTuple, Protocol
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, NoValidCheckpoint
-from candle_ckpt.core.log import OpsLog, human_bytes, position
+from candle_ckpt.core.log import OpsLog, human_bytes, position, transfer_record
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.storage.store import CheckpointStore

@@ -26,8 +26,7 @@ import numpy as np
 
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import ModelMismatch
-from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.stats import transfer_record
+from candle_ckpt.core.log import OpsLog, transfer_record
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import weights_view
 from candle_ckpt.keras.plan import make_plan

@@ -33,8 +33,8 @@ from typing import Protocol
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.checksum import CrcFile, format_crc
 from candle_ckpt.core.fs import LocalFS, read_link
+from candle_ckpt.core.log import mb_per_s, seconds
 from candle_ckpt.core.sidecar import FileEntry, Sidecar
-from candle_ckpt.core.stats import mb_per_s, seconds
 
 logger = logging.getLogger("candle_ckpt.storage.commit")
 

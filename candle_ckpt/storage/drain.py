@@ -49,10 +49,9 @@ from candle_ckpt.core import layout as L
 from candle_ckpt.core.errors import CheckpointError, LineageConflict
 from candle_ckpt.core.group import is_primary_rank
 from candle_ckpt.core.layout import EPOCHS, STEPS
-from candle_ckpt.core.log import OpsLog, human_bytes
+from candle_ckpt.core.log import OpsLog, human_bytes, transfer_record
 from candle_ckpt.core.retention import prune_plan
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.core.stats import transfer_record
 from candle_ckpt.storage.multipart import NODE_LOCAL
 from candle_ckpt.storage.remote import PersistentTier, describe
 from candle_ckpt.storage.store import CheckpointStore

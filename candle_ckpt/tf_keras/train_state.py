@@ -2,7 +2,6 @@
 
 The tf_keras counterpart of :mod:`candle_ckpt.keras.train_state`, with the
 same framework-free parts (:mod:`candle_ckpt.engine.state_file`,
-:mod:`candle_ckpt.engine.callback_state`,
 :mod:`candle_ckpt.engine.dataset_attrs`). Each epoch checkpoint holds:
 
 * ``rng``: Python's ``random`` (tf_keras shuffles a ``Sequence``'s batch
@@ -37,9 +36,9 @@ import tf_keras
 from candle_ckpt.core.log import SaidOnce
 from candle_ckpt.distributed.tf_internals import tf_global_generator
 from candle_ckpt.engine import dataset_attrs
-from candle_ckpt.engine.callback_state import CallbackRule
 from candle_ckpt.engine.state_file import (
     TRAIN_STATE_FILE,
+    CallbackRule,
     capture_generator,
     capture_rng,
     pack,

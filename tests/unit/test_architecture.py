@@ -382,8 +382,8 @@ def _frame_walks(tree: ast.Module) -> list[str]:
 
 
 def test_only_the_fit_gateways_walk_frames() -> None:
-    """No module but keras/fit_internals.py and tf_keras/internals.py reaches a frame (engine/fit_port.py's fit guard asks
-    the port's probe); both do (a gateway moved otherwise)."""
+    """No module but keras/fit_internals.py and tf_keras/internals.py reaches a frame (engine/fit_port.py's fit
+    guard asks the port's probe); both do (a gateway moved otherwise)."""
     wrong = [
         f"{name}: {what}" for name, _, tree in _modules() if name not in FRAME_WALKERS for what in _frame_walks(tree)
     ]

@@ -1,8 +1,8 @@
-"""``candle_ckpt.core.stats``: the one bytes/seconds/MB/s record behind every ``stats()``."""
+"""``candle_ckpt.core.log``: the one bytes/seconds/MB/s record behind every ``stats()``."""
 
 from __future__ import annotations
 
-from candle_ckpt.core.stats import mb_per_s, seconds, transfer_record
+from candle_ckpt.core.log import mb_per_s, seconds, transfer_record
 
 
 def test_record_keeps_what_then_bytes_then_durations_then_speed() -> None:
