@@ -22,8 +22,8 @@ from typing import Any
 
 import keras
 
-from candle_ckpt.config.argcheck import require_model, require_params
 from candle_ckpt.config.candle_params import develop_params
+from candle_ckpt.config.params import require_model, require_params
 from candle_ckpt.core.fs import LocalFS
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.callback import CandleCheckpointCallback

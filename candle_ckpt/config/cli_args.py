@@ -9,9 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from candle_ckpt.config.coerce import coerce
-from candle_ckpt.config.raw import bool_word, describe, is_auto_word, is_none_like, is_none_word
 from candle_ckpt.config.schema import SPECS
-from candle_ckpt.config.spec import BOOL_ALLOWED, Spec
+from candle_ckpt.config.spec import BOOL_ALLOWED, Spec, bool_word, describe, is_auto_word, is_none_like, is_none_word
 
 
 def str2bool(value: str | bool) -> bool:

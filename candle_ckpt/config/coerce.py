@@ -16,9 +16,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from candle_ckpt.config.deadline import parse_deadline
-from candle_ckpt.config.raw import bool_word, describe, describe_typed, is_auto_word, is_none_like, plain_text
 from candle_ckpt.config.signals import parse_exit_code, parse_signals
-from candle_ckpt.config.spec import BOOL_ALLOWED, FALSE_STRINGS, NONE_STRINGS, TRUE_STRINGS, Spec
+from candle_ckpt.config.spec import (
+    BOOL_ALLOWED,
+    FALSE_STRINGS,
+    NONE_STRINGS,
+    TRUE_STRINGS,
+    Spec,
+    bool_word,
+    describe,
+    describe_typed,
+    is_auto_word,
+    is_none_like,
+    plain_text,
+)
 
 
 def must_be(spec: Spec, key: str) -> str:

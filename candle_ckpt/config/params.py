@@ -9,6 +9,10 @@ Values may arrive as Python objects or as strings read from configuration
 files; both are coerced.  Every rejected value raises :class:`ValueError` or
 :class:`TypeError` whose message names the offending ``gParameters`` key.
 
+The entry points' own arguments are checked here too (:func:`require_params`,
+:func:`require_model`): the parameter dict and the model told apart, with a
+clear ``TypeError``, never an ``AttributeError``.
+
 The module deliberately imports nothing heavier than the standard library so
 that it loads in milliseconds.
 """
@@ -23,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from candle_ckpt.config.coerce import coerce
-from candle_ckpt.config.raw import is_none_like, is_none_word
 from candle_ckpt.config.schema import METADATA_FALLBACK_KEY, SPEC_BY_KEY, SPECS
+from candle_ckpt.config.spec import is_none_like, is_none_word
 
 
 @dataclass(frozen=True)
@@ -272,3 +276,31 @@ def take_unreported() -> list[str]:
     taken = list(_UNREPORTED)
     del _UNREPORTED[: len(taken)]
     return taken
+
+
+# -- the entry points' arguments --------------------------------------------------------------------------------
+
+
+def require_model(value: Any, where: str) -> None:
+    """Raise TypeError unless ``value`` looks like a Keras model (it has ``layers`` and ``built``).
+
+    Args:
+        value: What the caller passed as the model.
+        where: The call and argument, e.g. ``"restart(gParameters, model): model"``.
+    """
+    if isinstance(value, Mapping):
+        raise TypeError(
+            f"{where} must be a Keras model; got a {type(value).__name__} (the parameter dict? "
+            "it goes in the other argument: restart(gParameters, model), CandleCkptKeras(gParameters), "
+            "ckpt.restart(model))"
+        )
+    if not (hasattr(value, "layers") and hasattr(value, "built")):
+        raise TypeError(f"{where} must be a Keras model; got {type(value).__name__}")
+
+
+def require_params(value: Any, where: str) -> None:
+    """Raise TypeError unless ``value`` is a mapping (the ``gParameters`` dict)."""
+    if isinstance(value, Mapping):
+        return
+    hint = " (a model? the parameter dict goes here, the model elsewhere)" if hasattr(value, "layers") else ""
+    raise TypeError(f"{where} must be the parameter dict (a mapping); got {type(value).__name__}{hint}")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from zlib_ng import zlib_ng
 
-from candle_ckpt.core import directio
+from candle_ckpt.core import fileobj
 from candle_ckpt.core.fileobj import SeekableFile
 
 CHUNK = 8 << 20  # 8 MiB: large enough to run at memory speed, small enough to bound RAM.
@@ -69,7 +69,7 @@ class CrcFile(SeekableFile):
     It is the file object handed to h5py (``h5py.File(CrcFile(...), "w")``)
     and to any other writer. Writes go straight to the OS with ``pwrite``;
     large ones bypass the page cache where the file system allows it
-    (:mod:`candle_ckpt.core.directio`).
+    (:mod:`candle_ckpt.core.fileobj`).
 
     Args:
         path: The file to create (truncated if it exists).
@@ -89,7 +89,7 @@ class CrcFile(SeekableFile):
         self._extents: dict[int, tuple[int, int | None]] = {}
         self.closed = False
         self.write_error: OSError | None = None
-        self._direct: directio.DirectWriter | None = None
+        self._direct: fileobj.DirectWriter | None = None
         self._direct_tried = False
 
     # -- the io.RawIOBase surface that h5py and zipfile use (seek, tell: SeekableFile) --
@@ -104,10 +104,10 @@ class CrcFile(SeekableFile):
         try:
             if self._on_write is not None:  # an injected fault is a failed write too
                 self._on_write("write", self.path)
-            if n >= directio.MIN_BYTES and self._direct_writer() is not None:
+            if n >= fileobj.MIN_BYTES and self._direct_writer() is not None:
                 self._direct.write(self._fd, view, self._pos)
             else:
-                directio.pwrite_all(self._fd, view, self._pos)
+                fileobj.pwrite_all(self._fd, view, self._pos)
         except OSError as err:
             # Kept because writers such as h5py replace it with their own vaguer
             # error ("driver write request failed"); the store re-raises this one.
@@ -118,10 +118,10 @@ class CrcFile(SeekableFile):
         self._size = max(self._size, self._pos)
         return n
 
-    def _direct_writer(self) -> directio.DirectWriter | None:
+    def _direct_writer(self) -> fileobj.DirectWriter | None:
         if not self._direct_tried:
             self._direct_tried = True
-            self._direct = directio.open_direct(self.path)
+            self._direct = fileobj.open_direct(self.path)
         return self._direct
 
     def read(self, n: int = -1) -> bytes:

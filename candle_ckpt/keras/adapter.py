@@ -17,8 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from candle_ckpt.config.argcheck import require_model
-from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.config.params import CkptConfig, require_model
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.candle_sidecar import CandleSidecar
 from candle_ckpt.core.errors import ModelMismatch, NoValidCheckpoint

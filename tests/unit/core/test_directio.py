@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_ckpt.core import directio
+from candle_ckpt.core import fileobj
 from candle_ckpt.core.checksum import CrcFile
 
 
 @contextmanager
 def small_direct_writes():
     """Direct writes from 8 KiB up, through a 16 KiB buffer: small examples exercise every edge."""
-    with mock.patch.object(directio, "MIN_BYTES", 8192), mock.patch.object(directio, "BOUNCE", 16384):
+    with mock.patch.object(fileobj, "MIN_BYTES", 8192), mock.patch.object(fileobj, "BOUNCE", 16384):
         yield
 
 
@@ -93,13 +93,13 @@ def test_the_aligned_middle_of_a_large_write_goes_through_the_direct_descriptor(
     if not _direct_capable(tmp_path):
         pytest.skip(f"{tmp_path} is on {_fs_type(str(tmp_path)) or 'an unknown file system'}, not a local disk")
     log = _PwriteLog()
-    data = os.urandom(3 * directio.MIN_BYTES + 777)
+    data = os.urandom(3 * fileobj.MIN_BYTES + 777)
     with mock.patch.object(os, "pwrite", log), CrcFile(tmp_path / "f") as f:
         f.seek(1234)
         f.write(data)
         direct_fd = f._direct._fd
-    head = -1234 % directio.ALIGN
-    middle = (1234 + len(data)) // directio.ALIGN * directio.ALIGN - 1234 - head
+    head = -1234 % fileobj.ALIGN
+    middle = (1234 + len(data)) // fileobj.ALIGN * fileobj.ALIGN - 1234 - head
     assert log.bytes[direct_fd] == middle
     assert sum(log.bytes.values()) == len(data)
     assert (tmp_path / "f").read_bytes()[1234:] == data
@@ -114,7 +114,7 @@ def test_a_file_system_that_refuses_o_direct_gets_buffered_writes(tmp_path):
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    data = os.urandom(2 * directio.MIN_BYTES + 5)
+    data = os.urandom(2 * fileobj.MIN_BYTES + 5)
     with mock.patch.object(os, "open", refuse), CrcFile(tmp_path / "f") as f:
         f.write(data)
         assert f._direct is None
@@ -127,7 +127,7 @@ def test_a_direct_write_refused_midway_finishes_through_the_page_cache(tmp_path)
     if not _direct_capable(tmp_path):
         pytest.skip(f"{tmp_path} is on {_fs_type(str(tmp_path)) or 'an unknown file system'}, not a local disk")
     log = _PwriteLog(fail_fd_with=errno.EINVAL)
-    first, second = os.urandom(directio.MIN_BYTES + 99), os.urandom(directio.MIN_BYTES + 1)
+    first, second = os.urandom(fileobj.MIN_BYTES + 99), os.urandom(fileobj.MIN_BYTES + 1)
     with mock.patch.object(os, "pwrite", log), CrcFile(tmp_path / "f") as f:
         log.fail_fd = f._direct_writer()._fd
         f.write(first)
@@ -144,7 +144,7 @@ def test_a_failing_direct_write_raises_and_is_kept_for_the_store(tmp_path):
     f = CrcFile(tmp_path / "f")
     with mock.patch.object(os, "pwrite", log), pytest.raises(OSError, match="No space left"):
         log.fail_fd = f._direct_writer()._fd
-        f.write(os.urandom(directio.MIN_BYTES))
+        f.write(os.urandom(fileobj.MIN_BYTES))
     assert f.write_error is not None and f.write_error.errno == errno.ENOSPC
     f.abort()
 
@@ -153,5 +153,5 @@ def test_direct_writes_can_be_turned_off(tmp_path, monkeypatch):
     """CANDLE_CKPT_DIRECT_IO=0 keeps every write in the page cache."""
     monkeypatch.setenv("CANDLE_CKPT_DIRECT_IO", "0")
     with CrcFile(tmp_path / "f") as f:
-        f.write(os.urandom(2 * directio.MIN_BYTES))
+        f.write(os.urandom(2 * fileobj.MIN_BYTES))
         assert f._direct is None
