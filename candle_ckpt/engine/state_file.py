@@ -11,7 +11,7 @@ TensorFlow's global ``tf.random.Generator`` once one exists
 (:func:`capture_generator` / :func:`restore_generator`, given by each
 adapter's gateway to TensorFlow); the Keras 3 adapter adds the op-seed
 counter, Keras's and torch's global generators
-(:mod:`candle_ckpt.keras.rng_state`). Capture copies (a few KB); it never
+(:mod:`candle_ckpt.keras.pipeline_state`). Capture copies (a few KB); it never
 draws a number, so saving does not change the run.
 
 **Other callbacks' state** is saved with each checkpoint and restored on resume.

@@ -3,7 +3,7 @@
 One small member of each checkpoint (listed in the sidecar, so CRC-checked
 like the others) holding, as a JSON document plus arrays:
 
-* ``rng``: the global RNG states (:mod:`candle_ckpt.keras.rng_state`);
+* ``rng``: the global RNG states (:mod:`candle_ckpt.keras.pipeline_state`);
 * ``callbacks``: the other callbacks' state (:mod:`candle_ckpt.keras.callback_state`);
 * ``pipeline``: the position of ``fit``'s input (:mod:`candle_ckpt.keras.pipeline_state`).
 
@@ -32,8 +32,8 @@ import numpy as np
 
 from candle_ckpt.core.log import SaidOnce
 from candle_ckpt.engine.state_file import TRAIN_STATE_FILE, pack, unpack
-from candle_ckpt.keras import callback_state, rng_state
-from candle_ckpt.keras.pipeline_state import Pipeline
+from candle_ckpt.keras import callback_state
+from candle_ckpt.keras.pipeline_state import Pipeline, capture_rngs, restore_rngs
 
 __all__ = ["TRAIN_STATE_FILE", "TrainState", "pack", "unpack"]
 
@@ -64,7 +64,7 @@ class TrainState:
 
     def mark_epoch_begin(self) -> None:
         """Remember the epoch's beginning (before every callback's ``on_epoch_begin``) for a step checkpoint."""
-        doc, arrays = rng_state.capture()
+        doc, arrays = capture_rngs()
         iterators = self.pipeline.iterators if self.pipeline is not None and self.pipeline.kind == "tf.data" else None
         self._begin = (doc, arrays, iterators)
 
@@ -80,7 +80,7 @@ class TrainState:
             self._check_callbacks()
         doc: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {}
-        parts = [("rng", rng_state.capture), ("callbacks", lambda: callback_state.capture(self.callbacks))]
+        parts = [("rng", capture_rngs), ("callbacks", lambda: callback_state.capture(self.callbacks))]
         if self.pipeline is not None:
             parts.append(("pipeline", self.pipeline.capture))
         for name, fn in parts:
@@ -112,7 +112,7 @@ class TrainState:
                 self.pipeline.restore(doc["pipeline"], arrays)
                 done.append(f"input ({self.pipeline.kind})")
             begin = {k[len("begin.") :]: v for k, v in arrays.items() if k.startswith("begin.")}
-            return done + [f"rng:{n}@epoch-begin" for n in rng_state.restore(doc["mid"]["rng_begin"], begin)]
+            return done + [f"rng:{n}@epoch-begin" for n in restore_rngs(doc["mid"]["rng_begin"], begin)]
         return self._restore_now(doc, arrays)
 
     def restore_mid(self) -> list[str]:
@@ -131,7 +131,7 @@ class TrainState:
                 f"restart: the checkpoint holds {doc['mid'].get('metrics')} metric variables but the model has "
                 f"{len(variables)}: this epoch's metrics count only the steps run after the restart"
             )
-        return done + [f"rng:{n}" for n in rng_state.restore(doc["rng"], arrays)]
+        return done + [f"rng:{n}" for n in restore_rngs(doc["rng"], arrays)]
 
     def _restore_now(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
         done = callback_state.restore(self.callbacks, doc.get("callbacks", {}), arrays, self.warn_once)
@@ -139,5 +139,5 @@ class TrainState:
             self.pipeline.restore(doc["pipeline"], arrays)
             done.append(f"input ({self.pipeline.kind})")
         if "rng" in doc:  # last: a replayed PyDataset.on_epoch_end draws from the RNGs first
-            done += [f"rng:{name}" for name in rng_state.restore(doc["rng"], arrays)]
+            done += [f"rng:{name}" for name in restore_rngs(doc["rng"], arrays)]
         return done

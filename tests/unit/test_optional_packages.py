@@ -26,7 +26,7 @@ USES = {
 # Files that name a package without needing it, and why.
 EXEMPT = {
     "cli/test_console.py": "checks that the demo's error names KERAS_BACKEND=jax where TensorFlow is blocked",
-    "keras/test_backend_rng.py": "its jax case asks candle_ckpt's rng_state, which imports nothing for jax",
+    "keras/test_backend_rng.py": "its jax case asks keras/pipeline_state's RNG part, which imports nothing for jax",
     "keras/test_keras_format.py": "its JAX test skips unless KERAS_BACKEND=jax, set by .ci/run's JAX pass",
     "unit/test_ci_passes.py": "reads test files and .ci/run as text for the KERAS_BACKEND=jax skip; imports no jax",
 }

@@ -8,7 +8,7 @@ Usage::
         weights and optimizer variables to OUT.npz. With --kill-in E the
         process sends itself SIGKILL in the middle of epoch E (after epoch E-1
         was committed). --carry-rng also saves NumPy's, Python's and the
-        backend's global RNG states (candle_ckpt.keras.rng_state.backend_capture) beside
+        backend's global RNG states (candle_ckpt.keras.pipeline_state.backend_capture) beside
         every checkpoint and restores them on resume: what the checkpoint
         will hold once the RNG capture of issue 11 takes the backend's states in.
     python backend_job.py save DIR OUT.npz
@@ -86,7 +86,7 @@ def _carry_rng(directory: str, start: int):
     import keras
     import numpy as np
 
-    from candle_ckpt.keras import rng_state
+    from candle_ckpt.keras import pipeline_state
 
     class CarryRng(keras.callbacks.Callback):
         def on_train_begin(self, logs=None) -> None:
@@ -97,7 +97,7 @@ def _carry_rng(directory: str, start: int):
             state = {
                 "numpy": np.random.get_state(),
                 "python": random.getstate(),
-                "backend": rng_state.backend_capture(),
+                "backend": pipeline_state.backend_capture(),
             }
             with open(_rng_file(directory, epoch + 1), "wb") as f:
                 pickle.dump(state, f)
@@ -108,13 +108,13 @@ def _carry_rng(directory: str, start: int):
 def _restore_rng(directory: str, epoch: int) -> None:
     import numpy as np
 
-    from candle_ckpt.keras import rng_state
+    from candle_ckpt.keras import pipeline_state
 
     with open(_rng_file(directory, epoch), "rb") as f:
         state = pickle.load(f)
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    rng_state.backend_restore(state["backend"])
+    pipeline_state.backend_restore(state["backend"])
 
 
 def _killer(epoch: int):

@@ -1,11 +1,11 @@
-"""``candle_ckpt.keras.rng_state``: the backend's own global RNG state, captured and restored."""
+"""``candle_ckpt.keras.pipeline_state``: the backend's own global RNG state, captured and restored."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from candle_ckpt.keras import rng_state
+from candle_ckpt.keras import pipeline_state
 
 needs_torch = pytest.mark.needs_package("torch")
 
@@ -13,8 +13,8 @@ needs_torch = pytest.mark.needs_package("torch")
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_backends_without_a_global_generator_capture_and_restore_nothing(backend: str) -> None:
     """JAX and TensorFlow have nothing here: capture is empty and restore sets nothing."""
-    assert rng_state.backend_capture(backend) == {}
-    assert rng_state.backend_restore({rng_state.TORCH_CPU_KEY: np.zeros(8, np.uint8)}, backend) == []
+    assert pipeline_state.backend_capture(backend) == {}
+    assert pipeline_state.backend_restore({pipeline_state.TORCH_CPU_KEY: np.zeros(8, np.uint8)}, backend) == []
 
 
 @needs_torch
@@ -23,11 +23,11 @@ def test_torch_restore_replays_the_same_draws() -> None:
     import torch
 
     torch.manual_seed(7)
-    state = rng_state.backend_capture("torch")
-    assert set(state) >= {rng_state.TORCH_CPU_KEY} and all(k.startswith("rng.torch.") for k in state)
+    state = pipeline_state.backend_capture("torch")
+    assert set(state) >= {pipeline_state.TORCH_CPU_KEY} and all(k.startswith("rng.torch.") for k in state)
     first = torch.rand(5)
     torch.manual_seed(8)
-    assert rng_state.backend_restore({**state, "rng.numpy.keys": np.zeros(3)}, "torch") == ["torch_cpu"]
+    assert pipeline_state.backend_restore({**state, "rng.numpy.keys": np.zeros(3)}, "torch") == ["torch_cpu"]
     assert torch.equal(torch.rand(5), first)
     torch.manual_seed(7)
     assert torch.equal(torch.rand(5), first)  # capture itself did not advance the generator
@@ -37,7 +37,7 @@ def test_torch_restore_replays_the_same_draws() -> None:
 def test_torch_restore_rejects_a_state_that_is_not_uint8() -> None:
     """A state of the wrong dtype is refused, naming its key, before anything is set."""
     with pytest.raises(ValueError, match=r"rng\.torch\.cpu: a torch RNG state is a 1-D uint8 array; got float32"):
-        rng_state.backend_restore({rng_state.TORCH_CPU_KEY: np.zeros(8, np.float32)}, "torch")
+        pipeline_state.backend_restore({pipeline_state.TORCH_CPU_KEY: np.zeros(8, np.float32)}, "torch")
 
 
 @needs_torch
@@ -47,6 +47,6 @@ def test_torch_restore_refuses_cuda_states_for_devices_this_process_lacks() -> N
 
     if torch.cuda.is_available():
         pytest.skip("needs a process without CUDA devices")
-    state = {rng_state.TORCH_CUDA_KEY.format(0): np.zeros(16, np.uint8)}
+    state = {pipeline_state.TORCH_CUDA_KEY.format(0): np.zeros(16, np.uint8)}
     with pytest.raises(ValueError, match=r"CUDA RNG states of 1 devices but this process sees 0"):
-        rng_state.backend_restore(state, "torch")
+        pipeline_state.backend_restore(state, "torch")

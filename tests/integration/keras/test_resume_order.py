@@ -23,7 +23,10 @@ import pytest  # noqa: E402
 
 import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import ModelMismatch  # noqa: E402
-from candle_ckpt.keras import fit_hooks, rng_state  # noqa: E402
+from candle_ckpt.keras import (
+    fit_hooks,  # noqa: E402
+    pipeline_state,  # noqa: E402
+)
 
 X = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
 Y = X.sum(axis=1, keepdims=True).astype("float32")
@@ -233,10 +236,10 @@ def test_fit_hooks_find_the_callback_list_and_the_input():
     for name in ("_get_iterator", "_current_iterator", "_steps_seen", "steps_per_epoch"):
         assert hasattr(iterator, name), name
     keras.utils.set_random_seed(5)
-    doc, arrays = rng_state.capture()
+    doc, arrays = pipeline_state.capture_rngs()
     assert "tf_op_seed" in doc, "TensorFlow's eager context no longer draws op seeds from context._rng"
     expected = (random.random(), float(np.random.random()))
-    rng_state.restore(doc, arrays)
+    pipeline_state.restore_rngs(doc, arrays)
     assert (random.random(), float(np.random.random())) == expected
 
 
@@ -319,11 +322,11 @@ def test_every_global_rng_state_round_trips():
             np.asarray(keras.random.normal((3,))).tobytes(),
         ]
 
-    doc, arrays = rng_state.capture()
+    doc, arrays = pipeline_state.capture_rngs()
     assert {"python", "numpy", "tf_global", "tf_op_seed", "keras"} <= set(doc)
     expected = draw()
     assert draw() != expected
-    assert sorted(rng_state.restore(doc, arrays)) == ["keras", "numpy", "python", "tf_global", "tf_op_seed"]
+    assert sorted(pipeline_state.restore_rngs(doc, arrays)) == ["keras", "numpy", "python", "tf_global", "tf_op_seed"]
     assert draw() == expected
 
 
