@@ -15,8 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.deadline import parse_deadline
-from candle_ckpt.config.signals import parse_exit_code, parse_signals
+from candle_ckpt.config.preemption import parse_deadline, parse_exit_code, parse_signals
 from candle_ckpt.config.spec import (
     BOOL_ALLOWED,
     FALSE_STRINGS,

@@ -75,7 +75,7 @@ class CkptConfig:
         preempt_signals: Names of the signals that make ``fit`` save and stop; ``()``: none.
         preempt_exit_code: After a preemption save: ``"signal"`` (exit with 128 + its number),
             ``"return"`` (stop training, ``fit`` returns) or an exit status.
-        deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.deadline`).
+        deadline: ``ckpt_deadline`` as text (see :mod:`candle_ckpt.config.preemption`).
         deadline_margin: Seconds kept in reserve before the deadline.
         hang_timeout: ``ckpt_hang_timeout``: ``"auto"``, seconds, or ``"none"`` (no hang watchdog).
         preempt_check: Deprecated, no effect (a warning says so; the value is still checked).

@@ -43,8 +43,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from candle_ckpt.config.deadline import resolve_deadline, unwatched_warning
-from candle_ckpt.config.signals import signal_numbers
+from candle_ckpt.config.preemption import resolve_deadline, signal_numbers, unwatched_warning
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.notice import SOLO, Agreement

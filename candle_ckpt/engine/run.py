@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.signals import signal_numbers
+from candle_ckpt.config.preemption import signal_numbers
 from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from candle_ckpt.config import deadline as D
+from candle_ckpt.config import preemption as D
 from candle_ckpt.engine.preempt import PreemptionWatcher
 from candle_ckpt.engine.signals import SignalOwner
 

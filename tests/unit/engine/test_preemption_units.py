@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from candle_ckpt.config.deadline import parse_deadline, resolve_deadline
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.signals import parse_signals, signal_numbers
+from candle_ckpt.config.preemption import parse_deadline, parse_signals, resolve_deadline, signal_numbers
 from candle_ckpt.core.errors import CorruptCheckpoint
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar

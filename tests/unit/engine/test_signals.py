@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from candle_ckpt.config.signals import signal_numbers
+from candle_ckpt.config.preemption import signal_numbers
 from candle_ckpt.engine.preempt import PreemptionWatcher
 from candle_ckpt.engine.signals import EXIT, WATCH, SignalOwner
 

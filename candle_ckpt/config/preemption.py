@@ -1,5 +1,12 @@
-"""``ckpt_deadline``: when a job's wall time ends (standard library only).
+"""How a job is told to stop: ``ckpt_preempt_signals`` and ``ckpt_deadline`` (standard library only).
 
+**``ckpt_preempt_signals``**: the signals that ask a job to save and stop.
+A value is a comma list of signal names or numbers (``"SIGTERM,SIGUSR1"``,
+``"TERM, 10"``), a list or tuple of them, or ``"none"`` (off). It is kept as
+a tuple of canonical names (``("SIGTERM", "SIGUSR1")``): hashable, readable
+and the same on every platform that has the signals.
+
+**``ckpt_deadline``**: when a job's wall time ends.
 Accepted values:
 
 * ``"auto"`` (the default): the scheduler's end time where one provides it
@@ -22,10 +29,106 @@ import math
 import numbers
 import os
 import re
+import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-ALLOWED = "auto, none, +SECONDS (from the start), epoch seconds, or an ISO 8601 time"
+OFF_WORDS = frozenset({"none", "off", "false", "no", ""})
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+SIGNALS_ALLOWED = "comma list of signal names or numbers (e.g. SIGTERM,SIGUSR1), or none"
+
+
+def _one(item: object, key: str) -> str:
+    """The canonical name of one signal given as a name or a number."""
+    if isinstance(item, bool):
+        raise TypeError(f"{key} must be a {SIGNALS_ALLOWED}; got {item!r}")
+    if isinstance(item, numbers.Integral):
+        try:
+            name = signal.Signals(int(item)).name
+        except ValueError:
+            raise ValueError(
+                f"{key}: {int(item)} is not a signal number on this platform ({SIGNALS_ALLOWED})"
+            ) from None
+    elif isinstance(item, str):
+        text = str.strip(str.__str__(item))
+        if text.isdigit():
+            return _one(int(text), key)
+        name = text.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if not isinstance(getattr(signal.Signals, name, None), signal.Signals):
+            raise ValueError(f"{key}: {text!r} is not a signal name on this platform ({SIGNALS_ALLOWED})")
+    else:
+        raise TypeError(f"{key} must be a {SIGNALS_ALLOWED}; got {type(item).__name__}")
+    if name in _UNCATCHABLE:
+        raise ValueError(f"{key}: {name} cannot be caught, so no save can follow it ({SIGNALS_ALLOWED})")
+    return name
+
+
+def parse_signals(value: object, key: str = "ckpt_preempt_signals") -> tuple[str, ...]:
+    """Canonical signal names of ``value`` (see the module docstring); ``()`` means off.
+
+    Raises:
+        ValueError, TypeError: naming ``key`` and what is allowed.
+    """
+    if isinstance(value, str):
+        text = str.strip(str.__str__(value))
+        if text.lower() in OFF_WORDS:
+            return ()
+        items: Iterable[object] = text.split(",")
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        items = [value]
+    else:
+        raise TypeError(f"{key} must be a {SIGNALS_ALLOWED}; got {type(value).__name__}")
+    names: list[str] = []
+    for item in items:
+        name = _one(item, key)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def signal_numbers(names: Iterable[str]) -> tuple[int, ...]:
+    """The numbers of canonical signal names (as :func:`parse_signals` returns them)."""
+    return tuple(int(getattr(signal.Signals, name)) for name in names)
+
+
+EXIT_WORDS = ("signal", "return")
+EXIT_ALLOWED = "signal (128 + the signal's number), return (fit returns), or an integer 0-255"
+
+
+def parse_exit_code(value: object, key: str = "ckpt_preempt_exit_code") -> int | str:
+    """``ckpt_preempt_exit_code``: ``"signal"``, ``"return"`` or an int 0-255.
+
+    Raises:
+        ValueError, TypeError: naming ``key`` and what is allowed.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be {EXIT_ALLOWED}; got {value!r}")
+    if isinstance(value, str):
+        text = str.strip(str.__str__(value))
+        if text.lower() in EXIT_WORDS:
+            return text.lower()
+        if not text.lstrip("-").isdigit():
+            raise ValueError(f"{key} must be {EXIT_ALLOWED}; got {text!r}")
+        value = int(text)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, numbers.Integral):
+        raise TypeError(f"{key} must be {EXIT_ALLOWED}; got {type(value).__name__}")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"{key} must be >= 0 ({EXIT_ALLOWED}); got {number}")
+    if number > 255:
+        raise ValueError(f"{key} must be <= 255 ({EXIT_ALLOWED}); got {number}")
+    return number
+
+
+# -- ckpt_deadline ---------------------------------------------------------------------------------------------
+
+DEADLINE_ALLOWED = "auto, none, +SECONDS (from the start), epoch seconds, or an ISO 8601 time"
 SCHEDULER_ENV = ("SLURM_JOB_END_TIME",)
 #: Where ``auto`` asks Slurm for a job's end time when the environment does not say (Slurm < 23.02).
 SLURM_QUERIES = (("scontrol", "show", "job", "{job}"), ("squeue", "-h", "-j", "{job}", "-o", "%e"))
@@ -56,13 +159,13 @@ def parse_deadline(value: object, key: str = "ckpt_deadline") -> str:
         ValueError, TypeError: naming ``key`` and what is allowed.
     """
     if isinstance(value, bool):
-        raise TypeError(f"{key} must be {ALLOWED}; got {value!r}")
+        raise TypeError(f"{key} must be {DEADLINE_ALLOWED}; got {value!r}")
     if isinstance(value, numbers.Real):
         if not math.isfinite(float(value)) or float(value) < 0:
-            raise ValueError(f"{key} must be {ALLOWED}; got {value!r}")
+            raise ValueError(f"{key} must be {DEADLINE_ALLOWED}; got {value!r}")
         return repr(float(value))
     if not isinstance(value, str):
-        raise TypeError(f"{key} must be {ALLOWED}; got {type(value).__name__}")
+        raise TypeError(f"{key} must be {DEADLINE_ALLOWED}; got {type(value).__name__}")
     text = str.strip(str.__str__(value))
     low = text.lower()
     if low == "auto":
@@ -72,13 +175,13 @@ def parse_deadline(value: object, key: str = "ckpt_deadline") -> str:
     if text.startswith("+"):
         seconds = _number(text[1:])
         if seconds is None or seconds < 0:
-            raise ValueError(f"{key}: {text!r} must be + followed by a number of seconds >= 0 ({ALLOWED})")
+            raise ValueError(f"{key}: {text!r} must be + followed by a number of seconds >= 0 ({DEADLINE_ALLOWED})")
         return f"+{seconds:g}"
     if _number(text) is not None and _number(text) >= 0:
         return text
     if _iso(text) is not None:
         return text
-    raise ValueError(f"{key} must be {ALLOWED}; got {text!r}")
+    raise ValueError(f"{key} must be {DEADLINE_ALLOWED}; got {text!r}")
 
 
 def resolve_deadline(text: str, start: float, env: Mapping[str, str]) -> tuple[float | None, str]:
