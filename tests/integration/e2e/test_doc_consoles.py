@@ -87,6 +87,9 @@ def test_cli_rst_examples_are_real_output(job: Path, tmp_path: Path) -> None:
     assert checked >= 11 and damaged
 
 
+ONEDNN_LINE = "oneDNN custom operations are on"
+
+
 def test_cli_rst_tensorflow_startup_examples_are_real_output(tmp_path: Path) -> None:
     """Issue 40 item 1: docs/cli.rst's runs of the README's Quickstart, with no TF_* variable and with the ones the
     page names, print TensorFlow's start-up lines as shown, line by line (the README used to say that
@@ -106,6 +109,13 @@ def test_cli_rst_tensorflow_startup_examples_are_real_output(tmp_path: Path) -> 
     assert len(examples) == 3, examples
     base = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     base.update(PYTHONPATH=str(README.parent), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    # Whether TensorFlow turns oneDNN on here by default (the page: only on CPUs with AVX-512 VNNI or BF16, AVX-VNNI
+    # or AMX), asked of TensorFlow itself: where it is off, the page says that the oneDNN lines are absent.
+    probe = "from tensorflow.python.util import _pywrap_util_port as p; print(p.IsMklEnabled())"
+    asked = subprocess.run([sys.executable, "-c", probe], env={**base, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert asked.returncode == 0 and asked.stdout.split()[-1:] in (["True"], ["False"]), asked.stderr[-2000:]
+    onednn_default = asked.stdout.split()[-1] == "True"
     for command, expected in examples:
         if " 2> >(grep " in command:  # the stderr filter, run by bash as shown, with this Python first on PATH
             assert command.split(" --epochs 1 ")[1] in README.read_text().replace("\n", " ")  # the README's, too
@@ -129,6 +139,10 @@ def test_cli_rst_tensorflow_startup_examples_are_real_output(tmp_path: Path) -> 
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:]
         got = proc.stdout.splitlines()
+        onednn = settings.get("TF_ENABLE_ONEDNN_OPTS", "1" if onednn_default else "0") != "0"
+        assert any(ONEDNN_LINE in line for line in got) == onednn, got[:20]
+        if not onednn:
+            expected = [line for line in expected if ONEDNN_LINE not in line]
         assert matches(expected, got), (
             f"$ {command}\n--- docs/cli.rst:\n" + "\n".join(expected) + ("\n--- real output:\n" + "\n".join(got[:20]))
         )
