@@ -23,6 +23,8 @@ from candle_ckpt.core.policy import BestState
 from candle_ckpt.core.sidecar import Sidecar, clean_logs
 from candle_ckpt.storage.store import FileSpec
 
+__all__ = ["Capture", "epoch_limit", "new_lineage", "save_template"]
+
 
 @dataclass
 class Capture:
@@ -92,6 +94,3 @@ def save_template(
         extra={**cap.extra, **({"io": io} if io else {}), **epoch_limit(cfg)},
         lineage=lineage,
     )
-
-
-__all__ = ["epoch_limit", "new_lineage", "save_template"]

@@ -3,7 +3,7 @@
 One small member of each checkpoint (listed in the sidecar, so CRC-checked
 like the others) holding, as a JSON document plus arrays:
 
-* ``rng``: the global RNG states (:mod:`candle_ckpt.keras.pipeline_state`);
+* ``rng``: the global RNG states (:func:`~candle_ckpt.keras.pipeline_state.capture_rngs`);
 * ``callbacks``: the other callbacks' state (:mod:`candle_ckpt.keras.callback_state`);
 * ``pipeline``: the position of ``fit``'s input (:mod:`candle_ckpt.keras.pipeline_state`).
 
