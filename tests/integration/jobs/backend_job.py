@@ -2,15 +2,12 @@
 
 Usage::
 
-    python backend_job.py train DIR EPOCHS OUT.npz [--kill-in EPOCH] [--carry-rng] [--no-shuffle]
+    python backend_job.py train DIR EPOCHS OUT.npz [--kill-in EPOCH] [--no-shuffle]
         restart() from DIR, then fit to EPOCHS with fit's defaults (shuffle=True)
         and an unseeded Dropout, checkpointing every epoch; save the final
         weights and optimizer variables to OUT.npz. With --kill-in E the
         process sends itself SIGKILL in the middle of epoch E (after epoch E-1
-        was committed). --carry-rng also saves NumPy's, Python's and the
-        backend's global RNG states (candle_ckpt.keras.pipeline_state.backend_capture) beside
-        every checkpoint and restores them on resume: what the checkpoint
-        will hold once the RNG capture of issue 11 takes the backend's states in.
+        was committed).
     python backend_job.py save DIR OUT.npz
         train 2 epochs (no Dropout), checkpoint them, save the final state to OUT.npz.
     python backend_job.py load DIR OUT.npz
@@ -32,8 +29,6 @@ from __future__ import annotations
 
 import importlib.abc
 import os
-import pickle
-import random
 import signal
 import sys
 
@@ -72,51 +67,6 @@ def build_model(*, dropout: bool = True):
     return model
 
 
-def _rng_file(directory: str, epoch: int) -> str:
-    return os.path.join(directory, f"rng-{epoch}.pkl")
-
-
-def _carry_rng(directory: str, start: int):
-    """A callback that saves the global RNG states after each epoch's checkpoint (see --carry-rng).
-
-    It restores them in ``on_train_begin``, not right after ``restart()``: ``fit``
-    pulls one batch for its symbolic build before ``on_train_begin``, and with
-    ``shuffle=True`` that draws a permutation the resumed run must not see twice.
-    """
-    import keras
-    import numpy as np
-
-    from candle_ckpt.keras import pipeline_state
-
-    class CarryRng(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None) -> None:
-            if start:
-                _restore_rng(directory, start)
-
-        def on_epoch_end(self, epoch, logs=None) -> None:
-            state = {
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "backend": pipeline_state.backend_capture(),
-            }
-            with open(_rng_file(directory, epoch + 1), "wb") as f:
-                pickle.dump(state, f)
-
-    return CarryRng()
-
-
-def _restore_rng(directory: str, epoch: int) -> None:
-    import numpy as np
-
-    from candle_ckpt.keras import pipeline_state
-
-    with open(_rng_file(directory, epoch), "rb") as f:
-        state = pickle.load(f)
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    pipeline_state.backend_restore(state["backend"])
-
-
 def _killer(epoch: int):
     import keras
 
@@ -131,7 +81,7 @@ def _killer(epoch: int):
     return Kill()
 
 
-def train(directory: str, epochs: int, out: str, kill_in: int | None, carry_rng: bool, shuffle: bool) -> None:
+def train(directory: str, epochs: int, out: str, kill_in: int | None, shuffle: bool) -> None:
     import numpy as np
 
     import candle_ckpt as candle
@@ -141,8 +91,6 @@ def train(directory: str, epochs: int, out: str, kill_in: int | None, carry_rng:
     found = candle.restart(params, model, verbose=False)
     start = found["epoch"] if found else 0
     callbacks = [candle.CandleCheckpointCallback(params, verbose=False)]
-    if carry_rng:
-        callbacks.append(_carry_rng(directory, start))
     if kill_in is not None:
         callbacks.append(_killer(kill_in))
     x, y = make_data()
@@ -242,7 +190,7 @@ if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "train":
         kill = int(args[args.index("--kill-in") + 1]) if "--kill-in" in args else None
-        train(args[0], int(args[1]), args[2], kill, "--carry-rng" in args, "--no-shuffle" not in args)
+        train(args[0], int(args[1]), args[2], kill, "--no-shuffle" not in args)
     elif command == "save":
         save(args[0], args[1])
     elif command == "load":
