@@ -595,7 +595,10 @@ def test_periodic_step_checkpoints_are_written_while_training_goes_on(tmp_path, 
 
     class NextStep(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None) -> None:
-            if batch == 2 and entered.is_set():  # step 3 trained while step 2's checkpoint was being written
+            # Step 3 has trained while step 2's checkpoint is still pending. The writer thread may not have reached
+            # the weights file yet (on JAX a step is quicker than the writer's start): wait for it, bounded, so that
+            # the release comes from training while the write is held, whichever thread was first.
+            if batch == 2 and entered.wait(WAIT):
                 release.set()
 
     fs = ScriptedFS({("create", 1): hold})
