@@ -13,7 +13,8 @@ Accepted values:
   (Slurm's ``SLURM_JOB_END_TIME``, epoch seconds, set from Slurm 23.02 on;
   before that, in a Slurm job (``SLURM_JOB_ID``), ``scontrol show job`` or
   ``squeue`` is asked once), else no deadline;
-* ``"none"`` / ``"off"``: no deadline;
+* ``"none"`` / ``"off"`` (or ``"false"``, ``"no"``, empty: the words that turn
+  ``ckpt_preempt_signals`` off): no deadline;
 * ``"+SECONDS"``: that many seconds after the callback is created (``"+3600"``);
 * an absolute time: epoch seconds (``1767225600``) or ISO 8601
   (``"2026-01-01T00:00:00+00:00"``; without a zone it is local time).
@@ -33,6 +34,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 
+#: The words that turn either parameter off (``ckpt_preempt_signals=none``, ``ckpt_deadline=off``), case-insensitive.
 OFF_WORDS = frozenset({"none", "off", "false", "no", ""})
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 SIGNALS_ALLOWED = "comma list of signal names or numbers (e.g. SIGTERM,SIGUSR1), or none"
@@ -170,7 +172,7 @@ def parse_deadline(value: object, key: str = "ckpt_deadline") -> str:
     low = text.lower()
     if low == "auto":
         return "auto"
-    if low in ("none", "off", ""):
+    if low in OFF_WORDS:
         return "off"
     if text.startswith("+"):
         seconds = _number(text[1:])

@@ -106,6 +106,14 @@ def test_deadline_forms_resolve_to_epoch_seconds():
     assert resolve_deadline(parse_deadline("off"), 0.0, {"SLURM_JOB_END_TIME": "5"})[0] is None
 
 
+@pytest.mark.parametrize("word", ["none", "OFF", "false", "No", " ", ""])
+def test_both_parameters_take_the_same_words_for_off(word):
+    """A word that turns ckpt_preempt_signals off turns ckpt_deadline off too (one vocabulary, OFF_WORDS)."""
+    assert parse_signals(word) == ()
+    assert parse_deadline(word) == "off"
+    assert resolve_deadline(parse_deadline(word), 0.0, {"SLURM_JOB_END_TIME": "5"}) == (None, "off")
+
+
 # -- the watcher ----------------------------------------------------------------------------
 
 
