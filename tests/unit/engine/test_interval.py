@@ -129,6 +129,10 @@ def into(saved: list) -> Callable[..., None]:
     return lambda reason, background=False: saved.append(reason)
 
 
+def no_save(reason: str, background: bool = False) -> None:
+    """A save that does nothing: for steps whose saves the test does not look at."""
+
+
 def plan(engine: Engine, **params) -> StepPlan:
     return StepPlan(CkptConfig.from_params({"ckpt_directory": engine.root, **params}), engine, True)
 
@@ -165,7 +169,7 @@ def test_the_plan_learns_the_mtbf_from_the_restart_history(tmp_path) -> None:
     steps.arm(1200.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):  # the first step of a fit compiles: its time is left out
-        steps.step_end(step, 0.1, lambda reason, background=False: None)
+        steps.step_end(step, 0.1, no_save)
     assert engine.step_interval["mtbf_s"] == 100.0
     assert engine.step_interval["reason"] == "overhead"  # sqrt(2 x 0.5 x 100) = 10 s < 25 s
 
@@ -199,7 +203,7 @@ def test_the_plan_reads_the_failures_of_the_persistent_tier_too(tmp_path) -> Non
     steps.arm(1200.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):
-        steps.step_end(step, 0.1, lambda reason, background=False: None)
+        steps.step_end(step, 0.1, no_save)
     assert engine.step_interval["mtbf_s"] == 100.0
 
 
@@ -216,18 +220,18 @@ def test_the_first_relaunch_counts_its_own_restart_before_its_record_is_written(
     other = restart_history.History(plan(Engine(str(tmp_path / "other"))).cfg, engine.log, writes=False)
     monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, other, record, False)])
     steps.arm(1050.0)  # a start of another run's directory (one process training several): not this run's
-    steps.step_end(1, 0.1, lambda reason, background=False: None)
+    steps.step_end(1, 0.1, no_save)
     assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
     monkeypatch.setattr(restart_history, "_START", [restart_history.Start({}, own, record, False)])
     steps.arm(1050.0)
     engine.records.append({"epoch": 1, "snapshot_s": 0.0, "save_s": 0.5})
     for step in (1, 2):
-        steps.step_end(step, 0.1, lambda reason, background=False: None)
+        steps.step_end(step, 0.1, no_save)
     assert not os.path.exists(Layout.at(str(tmp_path)).history)
     assert engine.step_interval["mtbf_s"] == 50.0
     monkeypatch.setattr(restart_history, "_START", [])  # no start of this process known: the prior stands
     steps.arm(1050.0)
-    steps.step_end(3, 0.1, lambda reason, background=False: None)
+    steps.step_end(3, 0.1, no_save)
     assert engine.step_interval["mtbf_s"] == PRIOR_MTBF_S
 
 
