@@ -8,7 +8,7 @@ interval in seconds follows the measured save cost, which a busy disk can make t
 and ``resume`` run to the end and write the final weights and optimizer variables to ``OUT`` (``.npz``) and
 ``stats()`` to ``OUT.json``; ``kill`` SIGKILLs itself in the last epoch, once it has taken a step checkpoint
 there, one step short of the next one (the most work a kill can lose), after printing
-``kill <step> <saved step> <interval>``.
+``kill <step> <saved step> <gap in force> <interval>``.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def main(directory: str, out: str, phase: str, step_s: float) -> None:
             seconds = stats["steps"]["seconds"] or 0.0  # max(save cost / 2%, Young/Daly), whatever the step time
             time.sleep(max(step_s, seconds * INTERVALS / STEPS))
             saved = [s["step"] for s in stats["saves"] if s.get("step") and s["epoch"] == self.epoch]
-            every = stats["steps"]["interval"]
+            # The gap in force: the interval spread evenly over an epoch whose end saves anyway (at most 1.5 x it).
+            every, interval = stats["steps"]["every"], stats["steps"]["interval"]
             if saved and (step - saved[-1] >= every - 1 or step == STEPS - 1):  # one step short of the next one
-                say(f"kill {step} {saved[-1]} {every}")
+                say(f"kill {step} {saved[-1]} {every} {interval}")
                 os.kill(os.getpid(), signal.SIGKILL)
 
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=[Slow(), ckpt])

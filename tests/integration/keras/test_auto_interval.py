@@ -3,6 +3,7 @@ of them loses less than one interval, and the rerun ends bit-identical to an uni
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -52,14 +53,17 @@ def test_auto_steps_survive_a_sigkill_losing_less_than_one_interval(tmp_path) ->
     assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr[-3000:])
     kill = [line.split() for line in killed.stdout.splitlines() if line.startswith("kill ")]
     assert kill, f"no step checkpoint in the last epoch: {killed.stdout}"
-    step, saved, every = map(int, kill[0][1:])
+    step, saved, every, interval = map(int, kill[0][1:])
+    # The gap taken is the interval spread evenly over the epoch (its end saves anyway): at most 1.5 intervals.
+    assert every <= math.ceil(1.5 * interval), kill[0]
     resumed = run(tmp_path / "job", tmp_path / "resumed.npz", "resume", step_s)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"start 1 {saved}" in resumed.stdout  # from the step checkpoint of the last epoch
     # Killed in step `step`'s batch end, before the checkpoint callback saw it: steps saved+1 .. step-1 were done and
-    # checked (no checkpoint was due at step-1, under the interval `every` then in force) and are lost.
+    # checked (no checkpoint was due at step-1, under the gap `every` then in force) and are lost. (It once compared
+    # with the interval, which the interval's own drift under load put 16 steps below the gap taken: 100 against 84.)
     assert 0 <= step - 1 - saved < every
-    print(f"killed after step {step} of the last epoch; resumed from step {saved}; interval {every} steps")
+    print(f"killed after step {step} of the last epoch; resumed from step {saved}; gap {every}, interval {interval}")
     a, b = np.load(tmp_path / "full.npz"), np.load(tmp_path / "resumed.npz")
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:
