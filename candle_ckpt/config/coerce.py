@@ -19,7 +19,7 @@ from candle_ckpt.config.preemption import parse_deadline, parse_exit_code, parse
 from candle_ckpt.config.spec import (
     BOOL_ALLOWED,
     FALSE_STRINGS,
-    NONE_STRINGS,
+    OFF_WORDS,
     TRUE_STRINGS,
     Spec,
     bool_word,
@@ -273,12 +273,13 @@ def _auto_or(inner: Callable[[Spec, str, object], Any]) -> Callable[[Spec, str, 
 
 
 def _to_timeout(spec: Spec, key: str, value: object) -> float | str:
-    """Coerce ``auto``, ``none`` or a number of seconds > 0 (``ckpt_hang_timeout``)."""
+    """Coerce ``auto``, ``none`` (or another of :data:`OFF_WORDS`: off, false, no, empty) or a number of seconds
+    > 0 (``ckpt_hang_timeout``)."""
     if isinstance(value, str):
         word = str.lower(str.strip(plain_text(value)))
         if word == "auto":
             return "auto"
-        if word in NONE_STRINGS:
+        if word in OFF_WORDS:
             return "none"  # a word, not None: None in a parameter dict means "the default" (auto)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise TypeError(f"{key} must be {spec.allowed}; got {describe_typed(value)}")

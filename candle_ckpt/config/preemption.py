@@ -34,8 +34,8 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 
-#: The words that turn either parameter off (``ckpt_preempt_signals=none``, ``ckpt_deadline=off``), case-insensitive.
-OFF_WORDS = frozenset({"none", "off", "false", "no", ""})
+from candle_ckpt.config.spec import OFF_WORDS
+
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 SIGNALS_ALLOWED = "comma list of signal names or numbers (e.g. SIGTERM,SIGUSR1), or none"
 

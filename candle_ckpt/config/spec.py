@@ -21,6 +21,9 @@ TRUE_STRINGS = frozenset({"true", "1", "yes", "on", "t", "y"})
 FALSE_STRINGS = frozenset({"false", "0", "no", "off", "f", "n"})
 BOOL_ALLOWED = "true/false, yes/no, on/off, t/f, y/n or 1/0"
 NONE_STRINGS = frozenset({"none", ""})
+#: The words that turn a feature off (``ckpt_preempt_signals=none``, ``ckpt_deadline=off``,
+#: ``ckpt_hang_timeout=off``), case-insensitive.
+OFF_WORDS = frozenset({"none", "off", "false", "no", ""})
 MAX_REPR = 80
 
 

@@ -107,11 +107,15 @@ def test_deadline_forms_resolve_to_epoch_seconds():
 
 
 @pytest.mark.parametrize("word", ["none", "OFF", "false", "No", " ", ""])
-def test_both_parameters_take_the_same_words_for_off(word):
-    """A word that turns ckpt_preempt_signals off turns ckpt_deadline off too (one vocabulary, OFF_WORDS)."""
+def test_every_switch_off_parameter_takes_the_same_words_for_off(word):
+    """A word that turns ckpt_preempt_signals off turns ckpt_deadline and ckpt_hang_timeout off too (one
+    vocabulary, OFF_WORDS), parsed alone and through a params dict as a user's flags arrive."""
     assert parse_signals(word) == ()
     assert parse_deadline(word) == "off"
     assert resolve_deadline(parse_deadline(word), 0.0, {"SLURM_JOB_END_TIME": "5"}) == (None, "off")
+    keys = ("ckpt_preempt_signals", "ckpt_deadline", "ckpt_hang_timeout")
+    config = CkptConfig.from_params(dict.fromkeys(keys, word))
+    assert (config.preempt_signals, config.deadline, config.hang_timeout) == ((), "off", "none")
 
 
 # -- the watcher ----------------------------------------------------------------------------
