@@ -60,10 +60,30 @@ def build_model():
     )
 
 
-def compile_model(model) -> None:
+#: Setups whose optimizer or loss is not the plain Adam + mse of the others: what changes in ``compile``.
+OPTIMIZERS = {
+    "ema": {"use_ema": True, "ema_momentum": 0.9},  # weights replaced by their moving average when fit ends
+    "grad_accum": {"gradient_accumulation_steps": 3},  # 3 does not divide an epoch's 4 steps: a partial sum saved
+}
+
+
+def set_policy(setup: str) -> None:
+    """``mixed_float16`` for that setup (before the model is built; ``compile`` then wraps the optimizer in a
+    ``LossScaleOptimizer`` with a dynamic loss scale), the default policy for the others."""
     import keras
 
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+    keras.mixed_precision.set_global_policy("mixed_float16" if setup == "mixed_float16" else "float32")
+
+
+def compile_model(model, setup: str = "") -> None:
+    """Adam(1e-2) and mse, or what ``setup`` changes: the optimizer's options (:data:`OPTIMIZERS`), a learning
+    rate schedule driven by the step count (``cosine_decay``), a classification loss (``class_weight``)."""
+    import keras
+
+    rate = keras.optimizers.schedules.CosineDecay(1e-2, decay_steps=25) if setup == "cosine_decay" else 1e-2
+    optimizer = keras.optimizers.Adam(rate, **OPTIMIZERS.get(setup, {}))
+    loss = keras.losses.BinaryCrossentropy(from_logits=True) if setup == "class_weight" else "mse"
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
 
 
 def make_pydataset(x, y, kind: str):
@@ -134,6 +154,8 @@ def fit_inputs(setup: str) -> dict:
         args["sample_weight"] = w
     elif setup == "validation_freq":
         args.update(validation_data=(x[:16], y[:16]), validation_freq=2)
+    elif setup == "class_weight":  # two classes, the rarer weighted up
+        args.update(y=(y > 0.5).astype("float32"), class_weight={0: 1.0, 1: 3.0})
     return args
 
 
@@ -167,16 +189,17 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
+    set_policy(setup)
     model = build_model()
     gp = params(directory, use_async)
     ckpt = None
     if setup == "callback_before_restart":  # candle_lib's CandleCkptKeras order
         ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
     if setup != "restart_before_compile":
-        compile_model(model)
+        compile_model(model, setup)
     found = candle_ckpt.restart(gp, model, logger=None)  # CANDLE master: before compile()
     if setup == "restart_before_compile":
-        compile_model(model)
+        compile_model(model, setup)
     ckpt = ckpt or candle_ckpt.CandleCheckpointCallback(gp, logger=None)
     start = found["epoch"] if found else 0
     say(f"start {start}")

@@ -86,8 +86,9 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
+    job.set_policy(setup)
     model = job.build_model()
-    job.compile_model(model)
+    job.compile_model(model, setup)
     gp = params(directory, opts)
     found = candle_ckpt.restart(gp, model, logger=None)
     if phase == "early":  # the test's signal comes after restart(), before the callback exists and fit begins

@@ -46,6 +46,11 @@ SETUPS = [
     "callback_before_restart",
     "sample_weights",
     "validation_freq",
+    "class_weight",
+    "ema",
+    "grad_accum",
+    "cosine_decay",
+    "mixed_float16",
 ]
 # Every setup at the defaults (ckpt_async=auto: asynchronous); these four also with ckpt_async=false.
 SYNC_SETUPS = ["tfdata_reshuffle", "reduce_lr_after", "early_stopping", "restart_before_compile"]

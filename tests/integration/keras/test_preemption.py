@@ -110,6 +110,9 @@ CASES = [  # setup, signal, at (epoch.batch), extra options
     ("arrays_shuffle", signal.SIGTERM, "2.0", ["async", "slowfs=1.0"]),
     ("lr_scheduler", signal.SIGTERM, "3.1", []),
     ("reduce_lr_before", signal.SIGUSR1, "3.2", []),
+    ("ema", signal.SIGTERM, "3.1", []),  # fit's end replaces the weights by their average after the save
+    ("grad_accum", signal.SIGTERM, "2.0", []),  # step 5 of accumulation 3: a partial sum in the step checkpoint
+    ("mixed_float16", signal.SIGUSR1, "2.2", []),
 ]
 
 
