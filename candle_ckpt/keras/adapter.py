@@ -26,7 +26,13 @@ from candle_ckpt.engine.pending import ParkedOptimizer, Pending
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.candle_h5 import restore_candle_h5
 from candle_ckpt.keras.plan import make_plan
-from candle_ckpt.keras.preflight import build_optimizer, check_model, read_optimizer_state
+from candle_ckpt.keras.preflight import (
+    build_optimizer,
+    check_model,
+    late_optimizers,
+    load_when_built,
+    read_optimizer_state,
+)
 from candle_ckpt.keras.state import KERAS_VERSION, ModelState, backend_name
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE
 from candle_ckpt.multihost.load import load_sharded
@@ -112,24 +118,28 @@ class KerasModelAdapter:
         if side.model_file not in contents:
             raise NoValidCheckpoint(f"checkpoint {where} has neither {L.MODEL_FILE} nor {L.WEIGHTS_FILE}")
         model = self.state.model
-        build_optimizer(model)  # raises if the model is not built
         extra = contents.get(L.EXTRA_FILE)
-        # One walk of the model's saveables serves the preflight and the random-layer variables.
-        plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
-        extra_vars = self.state.extra_variables(plan)
         optimizer = None
+        late = late_optimizers(model)  # a GAN's d_optimizer before its first step: loaded when Keras builds it
         with (
             format_changed(side.keras_version, where),
             weights_view(contents[side.model_file], side.model_file, where) as weights,
         ):
+            build_optimizer(model, weights)  # raises if the model is not built
+            # One walk of the model's saveables serves the preflight and the random-layer variables.
+            plan = make_plan(model, optimizers=getattr(model, "optimizer", None) is not None)
+            extra_vars = self.state.extra_variables(plan)
             # All or nothing: every shape, dtype and count is checked before the first assignment.
-            check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan)
+            check_model(model, weights, extra, extra_vars, where, side.epoch, plan=plan, late=late)
             if getattr(model, "optimizer", None) is None:
                 # restart() before compile(): the optimizer does not exist yet. Its state
                 # is parked and applied when it does (the callback, at the latest when fit starts).
                 arrays = read_optimizer_state(weights)
                 optimizer = ParkedOptimizer(arrays) if arrays is not None else None
-            self.state.restore(weights)
+            saved = {name: read_optimizer_state(weights, name) for name in late}
+            self.state.restore(weights, skip=list(late.values()))
+        for name, arrays in saved.items():
+            load_when_built(late[name], arrays, where, name)
         if extra is not None:
             self.state.restore_extra(bytes(extra), extra_vars)
         elif extra_vars:

@@ -1,24 +1,10 @@
 """JAX's persistent compilation cache in the fast tier (``ckpt_compile_cache``): a restart loads what it compiled.
 
-A restarted JAX job compiles again everything the interrupted one compiled: the layers' initializers, the
-optimizer's variables, the train and the validation step. With the cache, each compiled executable is written once
-(by process 0, JAX's own rule) and a restart reads it back in milliseconds. docs/performance.rst ("Restarts:
-start-up") has the measurements and the trade.
-
-The rules:
-
-* ``auto`` (the default) puts the cache in ``<ckpts>/compile-cache`` (:attr:`Layout.compile_cache
-  <candle_ckpt.core.layout.Layout.compile_cache>`), beside the checkpoints and in the same tier; ``off`` leaves
-  JAX alone; any other value is the directory to use.
-* A directory the job already gave JAX (``jax.config.update("jax_compilation_cache_dir", ...)`` or
-  ``JAX_COMPILATION_CACHE_DIR``) is kept: JAX builds its cache once per process, so the first directory set
-  stays, and so does ``jax_enable_compilation_cache=False``.
-* JAX writes only what took a second or more to compile by default; on a restart every compile counts, so the
-  threshold goes to 0 unless the job set one of its own.
-* Only the JAX backend has it; on the others this does nothing.
-
-Nothing else reads the directory: it is not a checkpoint, so listing, verifying, pruning and the drain to the
-persistent tier never see it.
+``auto`` (the default) puts it in ``<ckpts>/compile-cache`` (:attr:`~candle_ckpt.core.layout.Layout.compile_cache`),
+beside the checkpoints and never read as one; ``off`` leaves JAX alone; any other value is the directory. A
+directory the job already gave JAX is kept (JAX builds its cache once per process), and so is
+``jax_enable_compilation_cache=False``. JAX's 1-s threshold goes to 0 unless the job set its own: on a restart
+every compile counts. Only the JAX backend has it. docs/performance.rst ("Restarts: start-up") has the trade.
 """
 
 from __future__ import annotations

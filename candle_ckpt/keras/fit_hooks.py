@@ -1,20 +1,15 @@
 """Where a callback meets the rest of ``model.fit``: its sibling callbacks and the input.
 
-Keras gives a callback its model, not the ``CallbackList`` it sits in nor
-the epoch iterator that feeds the model. Both are found here, once, when
-``fit`` calls ``on_train_begin``: the ``CallbackList`` is the ``self`` of
-the calling frame, and Keras 3's TensorFlow ``fit`` keeps the iterator in
-its local ``epoch_iterator``. These are Keras internals, reached through
-:mod:`candle_ckpt.keras.fit_internals` (which names the tripwire test of each). When they cannot be found the
-callback falls back to saving in its own ``on_epoch_end`` and says what that
-costs (see :mod:`candle_ckpt.keras.callback`).
+Keras gives a callback its model, not the ``CallbackList`` it sits in nor the epoch iterator that feeds the
+model. Both are found here, once, when ``fit`` calls ``on_train_begin`` (the list is the ``self`` of the calling
+frame, the iterator ``fit``'s local ``epoch_iterator``), through :mod:`candle_ckpt.keras.fit_internals`, which
+names the tripwire test of each. When they cannot be found the callback falls back to saving in its own
+``on_epoch_end`` and says what that costs (see :mod:`candle_ckpt.keras.callback`).
 
-A resumed ``fit`` that starts in the middle of an epoch (a step checkpoint)
-has the epoch iterator's ``_enumerate_iterator`` wrapped for that one epoch
-(:func:`skip_steps`): the steps already done are taken from it as ``fit``
-would have taken them (their batches drawn, so the input and its RNGs move
-exactly as in the uninterrupted run), and the step numbers, the steps seen
-and everything after continue unchanged.
+A resumed ``fit`` that starts in the middle of an epoch (a step checkpoint) has the epoch iterator's
+``_enumerate_iterator`` wrapped for that one epoch (:func:`skip_steps`): the steps already done are taken from it
+as ``fit`` would have taken them (their batches drawn, so the input and its RNGs move exactly as in the
+uninterrupted run), and the step numbers, the steps seen and everything after continue unchanged.
 
 The epoch order (the checkpoint of epoch N taken after *every* callback's
 ``on_epoch_end`` for epoch N, the saved state of a resumed run put back before

@@ -29,7 +29,7 @@ from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.log import OpsLog, transfer_record
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import weights_view
-from candle_ckpt.keras.plan import make_plan
+from candle_ckpt.keras.plan import is_built, make_plan
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -92,7 +92,7 @@ def load_weights(
         ValueError: an unknown layer name (the message lists the available ones).
     """
     root, epoch = _locate(checkpoint, directory)
-    if not model.built:
+    if not is_built(model):
         raise ValueError("load_weights needs a built model (call it on data, model.build(), or use an Input layer)")
     available = _layers_by_name(model)
     wanted = _select_layers(model, layers, available)

@@ -1,66 +1,25 @@
-"""The position of ``fit``'s training input, saved and restored.
+"""The position of ``fit``'s training input and the global RNGs it draws from, saved and restored.
 
-What each kind of input needs to continue exactly where the uninterrupted
-run was (found by experiment with Keras 3.15 / TensorFlow 2.21; the tests in
-``tests/integration/keras/test_exact_resume.py`` keep each finding):
+Found by experiment (Keras 3.15 / TensorFlow 2.21), each finding kept by a test of ``test_exact_resume.py``;
+docs/exactness.rst ("What is saved") says it for users:
 
-* **tf.data, a new iterator per epoch** (no ``steps_per_epoch``): a
-  ``shuffle(..., seed=s, reshuffle_each_iteration=True)`` draws each
-  iterator's order from a seed generator owned by the dataset object, one
-  draw per ``iter()``. A fresh process has a fresh generator, so its first
-  epoch would replay epoch 1's order. We count the iterators ``fit`` made
-  and, on resume, make (and drop) as many before the first epoch.
-* **tf.data with ``steps_per_epoch``** (e.g. ``.repeat()``): Keras keeps one
-  iterator across epochs. Its state (position, shuffle buffer, seeds) is
-  saved with ``tf.train.Checkpoint(iterator=...)`` and loaded into the
-  resumed run's iterator.
-* **keras.utils.PyDataset**: one with ``get_state()`` / ``set_state()`` gets
-  its state back. One without them that overrides ``on_epoch_end`` gets its
-  small attributes back as they were at the save, after that epoch's
-  ``on_epoch_end`` (:mod:`candle_ckpt.engine.dataset_attrs`): exact for an
-  index shuffled in place (``np.random.shuffle(self.index)``) as for a fresh
-  permutation. (Checkpoints of earlier releases replay the last
-  ``on_epoch_end`` with the global RNG states it drew from.)
-* **A Python generator**: its position cannot be saved; one warning says so.
-* **NumPy arrays**: Keras's own shuffle resumes exactly; nothing to save
-  before Keras 3.16.
+* **tf.data, a new iterator per epoch**: a ``shuffle(..., reshuffle_each_iteration=True)`` draws each
+  iterator's order from the dataset's own seed generator, once per ``iter()``, so we count the iterators ``fit``
+  made and, on resume, make (and drop) as many before the first epoch.
+* **tf.data with ``steps_per_epoch``**: Keras keeps one iterator; ``tf.train.Checkpoint(iterator=...)`` saves it.
+* **keras.utils.PyDataset**: ``get_state()`` / ``set_state()`` where it has them; else, where it overrides
+  ``on_epoch_end``, its small attributes as they were after that epoch's ``on_epoch_end``
+  (:mod:`candle_ckpt.engine.dataset_attrs`). A Python generator cannot be saved: one warning says so.
+* From Keras 3.16 the array and PyDataset adapters seed their shuffle from their own count of epochs, which
+  starts at 0 in every ``fit``: it is saved and set again before the first epoch of a resumed ``fit``.
 
-From Keras 3.16 on, the array and PyDataset adapters seed their shuffle from
-their own count of epochs, which starts at 0 in every ``fit``: it is saved
-and set again before the first epoch of a resumed ``fit``, whatever the input.
-
-**The global random-number states** a data pipeline may draw from are saved and restored too
-(:func:`capture_rngs`, :func:`restore_rngs`).
-Like Hugging Face Accelerate's ``save_state``: Python's ``random``, NumPy's
-legacy global ``np.random``, TensorFlow's global generator and the op-seed
-counter of its eager context, and Keras's global ``SeedGenerator``. With them
-in the checkpoint, a ``PyDataset`` or generator that reshuffles with any of
-these continues with the numbers the uninterrupted run would have drawn.
-
-Two of them are private TensorFlow state: the global generator, reached through
-:mod:`candle_ckpt.distributed.tf_internals` (the tf_keras adapter saves it too;
-asking the public ``tf.random.get_global_generator()`` would create one and
-change nothing else), and the op-seed counter, the ``random.Random`` that the
-eager context draws op seeds from after ``tf.random.set_seed``, reached through
-:mod:`candle_ckpt.keras.internals`.
-
-The active backend's own global generator is here too (:func:`backend_capture`,
-:func:`backend_restore`):
-
-* **torch**: ``torch.get_rng_state()`` (CPU) and, when CUDA is available,
-  ``torch.cuda.get_rng_state_all()`` (one state per device). Keras's torch
-  backend draws from them for an unseeded ``Dropout`` (it calls
-  ``torch.nn.functional.dropout``) and for ``fit``'s default ``shuffle=True``
-  on NumPy inputs (a ``torch.utils.data.RandomSampler`` seeds itself from the
-  CPU generator at the start of every epoch).
-* **jax**: nothing. JAX has no global generator; Keras draws every random
-  number from ``SeedGenerator`` variables, which travel with the model
-  (``model.extra.npz``).
-* **tensorflow**: nothing beyond the global generator and op-seed counter above.
-
-The torch keys start with ``rng.torch.``, so they share one ``.npz`` with the
-other states. Capture copies (a few KB); it never draws a number, so saving
-does not change the run.
+**The global RNGs** (:func:`capture_rngs`, :func:`restore_rngs`), as Accelerate's ``save_state``: Python's
+``random``, NumPy's ``np.random``, TensorFlow's global generator (through
+:mod:`candle_ckpt.distributed.tf_internals`: the public getter would create one) and the op-seed counter of its
+eager context (through :mod:`candle_ckpt.keras.internals`), Keras's global ``SeedGenerator``; and the backend's
+own (:func:`backend_capture`, :func:`backend_restore`): torch's CPU and CUDA states (an unseeded ``Dropout`` and
+the shuffle's ``RandomSampler`` draw from them; keys ``rng.torch.*``), nothing on JAX (every draw comes from
+``SeedGenerator`` variables, which travel with the model). Capture copies a few KB and draws nothing.
 """
 
 from __future__ import annotations

@@ -57,13 +57,35 @@ class _PlanStore(internals.H5IOStore):
         pass
 
 
-def _optimizers(obj: Any) -> list[Any]:
-    """The optimizers reachable from ``obj`` (a model's, wrapped ones, or ``obj`` itself)."""
+def is_built(model: Any) -> bool:
+    """Built, or with variables and every layer it holds built: a model with no ``call``, trained by a
+    ``train_step`` of its own (Keras's VAE and GAN examples), stays unbuilt for good though nothing is left to
+    create (Keras's ``save_weights`` refuses it; we do not)."""
+    return bool(model.built or (model.variables and all(layer.built for layer in model.layers)))
+
+
+def attribute_optimizers(model: Any) -> dict[str, Any]:
+    """The optimizers ``model`` holds in attributes of its own besides ``model.optimizer``, by attribute name (the
+    path Keras's weights file gives each): a GAN's ``d_optimizer`` and ``g_optimizer``, set in its ``compile``."""
+    return {
+        name: value
+        for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and name != "optimizer"
+    }
+
+
+def optimizers_of(obj: Any) -> list[Any]:
+    """The optimizers reachable from ``obj`` (a model's own, those in its attributes, wrapped ones, or ``obj``
+    itself)."""
     found: list[Any] = []
-    opt = obj if isinstance(obj, keras.optimizers.Optimizer) else getattr(obj, "optimizer", None)
-    while opt is not None and all(opt is not o for o in found):
-        found.append(opt)
-        opt = getattr(opt, "inner_optimizer", None)
+    if isinstance(obj, keras.optimizers.Optimizer):
+        roots = [obj]
+    else:
+        roots = [getattr(obj, "optimizer", None), *attribute_optimizers(obj).values()]
+    for opt in roots:
+        while opt is not None and all(opt is not o for o in found):
+            found.append(opt)
+            opt = getattr(opt, "inner_optimizer", None)
     return found
 
 
@@ -106,8 +128,8 @@ def make_plan(obj: Any, extra_optimizers: tuple = (), *, optimizers: bool = True
     (two copies of the weights' size with Adam).
     """
     store = _PlanStore()
-    known = _optimizers(obj) + list(extra_optimizers)
-    skip = set() if optimizers else {id(o) for o in _optimizers(obj)}
+    known = optimizers_of(obj) + list(extra_optimizers)
+    skip = set() if optimizers else {id(o) for o in optimizers_of(obj)}
     with _variables_not_copies(known if optimizers else []):
         internals.save_state(obj, store, skip)
     plan = []

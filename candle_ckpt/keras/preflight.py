@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.fileobj import BufferFile
 from candle_ckpt.keras import internals
-from candle_ckpt.keras.plan import Entry, make_plan
+from candle_ckpt.keras.plan import Entry, attribute_optimizers, is_built, make_plan
 
 # How many differing variables an error names (the rest are counted).
 SHOWN = 3
@@ -145,17 +146,18 @@ def check_model(
     where: str,
     epoch: int,
     plan: list[Entry] | None = None,
+    late: Iterable[str] = (),
 ):
     """Raise :class:`ModelMismatch` unless every variable of the checkpoint fits ``model``.
 
     The optimizer is compared only if the model has one (its variables are
     built first); otherwise the checkpoint's optimizer state is returned
     for later (:func:`read_optimizer_state`). ``plan`` is the model's
-    :func:`make_plan` where the caller has it already.
+    :func:`make_plan` where the caller has it already. Those named in ``late`` are checked when built.
     """
     has_optimizer = getattr(model, "optimizer", None) is not None
     if has_optimizer:
-        build_optimizer(model)
+        build_optimizer(model, weights)
     if plan is None:
         plan = make_plan(model, optimizers=has_optimizer)
     source = BufferFile(weights)
@@ -164,6 +166,8 @@ def check_model(
             diffs, compared = compare_entries(plan, h5) if has_optimizer else _layers_only(plan, h5)
     finally:
         source.close()
+    prefixes = tuple(f"{name}/" for name in late)
+    diffs = [d for d in diffs if not (prefixes and d.where.startswith(prefixes))]
     diffs += compare_extra(extra, extra_vars)
     if diffs:
         raise mismatch_error(where, epoch, diffs, compared)
@@ -175,17 +179,65 @@ def _layers_only(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
     return [d for d in diffs if not d.where.startswith("optimizer")], compared
 
 
-def read_optimizer_state(weights: Any) -> list[np.ndarray] | None:
-    """The checkpoint's optimizer variables (``optimizer/vars/0..n-1``) as owned arrays, or None."""
+def read_optimizer_state(weights: Any, path: str = "optimizer") -> list[np.ndarray] | None:
+    """The checkpoint's variables of the optimizer at ``path`` (``path/vars/0..n-1``) as owned arrays, or None."""
     source = BufferFile(weights)
     try:
         with h5py.File(source, "r") as h5:
-            saved = _saved_vars(h5, "optimizer")
+            saved = _saved_vars(h5, path)
             if not saved:
                 return None
             return [np.array(saved[str(i)]) for i in range(len(saved))]
     finally:
         source.close()
+
+
+def late_optimizers(model: keras.Model) -> dict[str, Any]:
+    """The optimizers in ``model``'s attributes not built yet, by path (a GAN's ``d_optimizer`` before its
+    first ``apply_gradients``): their state is loaded when Keras builds them (:func:`load_when_built`)."""
+    return {name: opt for name, opt in attribute_optimizers(model).items() if not opt.built}
+
+
+def load_when_built(opt: Any, arrays: list[np.ndarray] | None, where: str, name: str) -> None:
+    """Assign ``arrays`` to ``opt``'s variables once Keras builds it (in the first train step, maybe tracing it),
+    before its first update: checked all or nothing, then assigned eagerly (``tf.init_scope`` on TensorFlow).
+
+    Raises (from that build): ModelMismatch: the variables built do not fit the saved ones.
+    """
+    if arrays is None:
+        return
+    stock = opt.build
+
+    def build_then_load(variables: Any) -> None:
+        stock(variables)
+        del opt.build  # the class's build again
+        diffs = _state_diffs(arrays, opt.variables)
+        if diffs:
+            lines = [f"the state of {name} restored from {where} does not fit the optimizer Keras built:"]
+            lines += [f"  {d}" for d in diffs[:SHOWN]]
+            lines.append(f"Apply {name} to the variables it was applied to when the checkpoint was saved.")
+            raise ModelMismatch("\n".join(lines))
+        scope = contextlib.nullcontext()
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf  # noqa: PLC0415
+
+            scope = tf.init_scope()
+        with scope:
+            for value, var in zip(arrays, opt.variables, strict=True):
+                var.assign(value)
+
+    opt.build = build_then_load
+
+
+def _state_diffs(arrays: list[np.ndarray], variables: list[Any]) -> list[Diff]:
+    """How saved optimizer arrays differ from an optimizer's variables: in count, or the shapes that differ."""
+    if len(variables) != len(arrays):
+        return [Diff("optimizer variables", str(len(arrays)), f"{len(variables)} (a different optimizer?)")]
+    return [
+        Diff(f"optimizer/vars/{i} ({var.path})", _shape(a.shape), _shape(var.shape))
+        for i, (a, var) in enumerate(zip(arrays, variables, strict=True))
+        if tuple(a.shape) != tuple(var.shape)
+    ]
 
 
 def apply_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
@@ -206,15 +258,7 @@ def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
     """
     build_optimizer(model)
     variables = list(model.optimizer.variables)
-    diffs: list[Diff] = []
-    if len(variables) != len(arrays):
-        diffs.append(Diff("optimizer variables", str(len(arrays)), f"{len(variables)} (a different optimizer?)"))
-    else:
-        diffs = [
-            Diff(f"optimizer/vars/{i} ({var.path})", _shape(a.shape), _shape(var.shape))
-            for i, (a, var) in enumerate(zip(arrays, variables, strict=True))
-            if tuple(a.shape) != tuple(var.shape)
-        ]
+    diffs = _state_diffs(arrays, variables)
     if diffs:
         lines = [f"the optimizer state restored from {where} does not fit the model's optimizer:"]
         lines += [f"  {d}" for d in diffs[:SHOWN]]
@@ -223,15 +267,21 @@ def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
     return variables
 
 
-def build_optimizer(model: keras.Model) -> None:
-    """Create the optimizer's variables so that its state can be loaded."""
-    if not model.built:
+def build_optimizer(model: keras.Model, weights: Any = None) -> None:
+    """Create the optimizer's variables so that its state can be loaded; not where the checkpoint ``weights``
+    holds it unbuilt (as many variables as it has now): its ``train_step`` never used it (a GAN's)."""
+    if not is_built(model):
         raise ValueError(
             "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
         )
     opt = getattr(model, "optimizer", None)
-    if opt is not None and not opt.built:
-        build_in_scope(opt, model.trainable_variables)
+    if opt is None or opt.built:
+        return
+    if weights is not None:
+        saved = read_optimizer_state(weights)
+        if saved is not None and len(saved) == len(opt.variables):
+            return
+    build_in_scope(opt, model.trainable_variables)
 
 
 def build_in_scope(opt: Any, variables: list[Any]) -> None:

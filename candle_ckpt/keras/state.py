@@ -22,7 +22,7 @@ from candle_ckpt.core.checksum import CrcFile
 from candle_ckpt.engine.writer import copy_refused
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.h5read import load_weights_bytes
-from candle_ckpt.keras.plan import Entry, make_plan
+from candle_ckpt.keras.plan import Entry, is_built, make_plan, optimizers_of
 from candle_ckpt.keras.preflight import build_optimizer
 
 KERAS_VERSION = internals.KERAS_VERSION
@@ -227,8 +227,7 @@ class ModelState:
         self._spare: HostSnapshot | None = None
 
     def _variable_count(self) -> tuple[int, int]:
-        opt = getattr(self.model, "optimizer", None)
-        return len(self.model.variables), len(opt.variables) if opt is not None else 0
+        return len(self.model.variables), sum(len(opt.variables) for opt in optimizers_of(self.model))
 
     def plan(self) -> list[Entry]:
         key = self._variable_count()
@@ -249,7 +248,7 @@ class ModelState:
                 ``copy=False`` the arrays alias the variables (no copy): write
                 them before the next training step (sync).
         """
-        if not self.model.built:
+        if not is_built(self.model):
             raise ValueError("the model is not built yet; build it (call it on data or model.build()) before saving")
         plan = self.plan()
         # Tiny (a few ints per random layer): always an owned copy.
@@ -302,14 +301,14 @@ class ModelState:
         """Return (config.json, metadata.json) of the ``.keras`` archive."""
         return internals.serialize_model_as_json(self.model)
 
-    def restore(self, weights: bytes) -> None:
-        """Load a ``.weights.h5`` held in memory into the model, optimizer included.
+    def restore(self, weights: bytes, skip: list[Any] | None = None) -> None:
+        """Load a ``.weights.h5`` held in memory into the model, optimizer included (not the objects in ``skip``).
 
         Raises:
             ValueError: if the checkpoint does not match the model.
         """
-        build_optimizer(self.model)
-        load_weights_bytes(self.model, weights)
+        build_optimizer(self.model, weights)
+        load_weights_bytes(self.model, weights, objects_to_skip=skip or ())
 
     def restore_extra(self, data: bytes, variables: list[Any] | None = None) -> None:
         """Load the ``model.extra.npz`` written by :meth:`HostSnapshot.write_extra`.

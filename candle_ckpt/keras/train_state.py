@@ -7,19 +7,15 @@ like the others) holding, as a JSON document plus arrays:
 * ``callbacks``: the other callbacks' state (:mod:`candle_ckpt.keras.callback_state`);
 * ``pipeline``: the position of ``fit``'s input (:mod:`candle_ckpt.keras.pipeline_state`).
 
-It is captured on the training thread after every callback's
-``on_epoch_end`` of the saved epoch, and restored after every callback's
-``on_train_begin`` of the resumed ``fit``, before its first epoch.
+It is captured on the training thread after every callback's ``on_epoch_end`` of the saved epoch, and
+restored after every callback's ``on_train_begin`` of the resumed ``fit``, before its first epoch.
 
-A step (mid-epoch) checkpoint's holds two moments (``mid``): the epoch's
-beginning (the global RNG states and the number of ``tf.data`` iterators made
-when every callback's ``on_epoch_begin`` was about to run, see
-:meth:`TrainState.mark_epoch_begin`), and the save itself (the RNG states
-again, the other callbacks, and the values of the model's metric variables,
-so the epoch's metrics accumulate over the whole epoch). A resumed ``fit``
-puts the first back before the epoch begins (:meth:`TrainState.restore`), so
-the input draws the epoch's order as the uninterrupted run did, skips the
-steps already done, and then puts the second back
+A step (mid-epoch) checkpoint's holds two moments (``mid``): the epoch's beginning (the global RNG states and
+the number of ``tf.data`` iterators made when every callback's ``on_epoch_begin`` was about to run, see
+:meth:`TrainState.mark_epoch_begin`), and the save itself (the RNG states again, the other callbacks, and the
+values of the model's metric variables, so the epoch's metrics accumulate over the whole epoch). A resumed
+``fit`` puts the first back before the epoch begins (:meth:`TrainState.restore`), so the input draws the epoch's
+order as the uninterrupted run did, skips the steps already done, and then puts the second back
 (:meth:`TrainState.restore_mid`).
 """
 

@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
 PYDATASETS = {"pydataset_np": "fresh", "pydataset_inplace": "protocol", "pydataset_shuffle_inplace": "bare"}
+CUSTOM_STEP = ("vae", "gan")  # models of custom_step.py: a train_step of their own, no call
 
 
 _JOB: list[str] = []  # in a served job's child: the request id its lines carry
@@ -46,9 +47,15 @@ def data():
     return x, y, w
 
 
-def build_model():
-    """Dense 8 -> 16 -> Dropout -> 1, built (Input layer), not compiled."""
+def build_model(setup: str = ""):
+    """Dense 8 -> 16 -> Dropout -> 1, built (Input layer), not compiled; ``custom_step.py``'s model for its
+    setups."""
     import keras
+
+    if setup in CUSTOM_STEP:
+        import custom_step
+
+        return custom_step.build(setup)
 
     return keras.Sequential(
         [
@@ -77,13 +84,20 @@ def set_policy(setup: str) -> None:
 
 def compile_model(model, setup: str = "") -> None:
     """Adam(1e-2) and mse, or what ``setup`` changes: the optimizer's options (:data:`OPTIMIZERS`), a learning
-    rate schedule driven by the step count (``cosine_decay``), a classification loss (``class_weight``)."""
+    rate schedule driven by the step count (``cosine_decay``), a classification loss (``class_weight``), two
+    steps per call (``steps_per_execution``)."""
     import keras
 
+    if setup in CUSTOM_STEP:
+        import custom_step
+
+        custom_step.compile_model(model)
+        return
     rate = keras.optimizers.schedules.CosineDecay(1e-2, decay_steps=25) if setup == "cosine_decay" else 1e-2
     optimizer = keras.optimizers.Adam(rate, **OPTIMIZERS.get(setup, {}))
     loss = keras.losses.BinaryCrossentropy(from_logits=True) if setup == "class_weight" else "mse"
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    per_call = 2 if setup == "steps_per_execution" else 1  # two steps per call: batch hooks after steps 2 and 4
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False, steps_per_execution=per_call)
 
 
 def make_pydataset(x, y, kind: str):
@@ -142,6 +156,8 @@ def fit_inputs(setup: str) -> dict:
     """The ``fit`` keyword arguments of ``setup``'s input."""
     x, y, w = data()
     args = {"x": x, "y": y, "batch_size": BATCH, "shuffle": True}
+    if setup in CUSTOM_STEP:  # the features alone: the model's train_step takes them as they come
+        del args["y"]
     if setup == "tfdata_reshuffle":
         args = {"x": tf_dataset(x, y)}
     elif setup == "tfdata_repeat":
@@ -190,7 +206,7 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
 
     keras.utils.set_random_seed(1)
     set_policy(setup)
-    model = build_model()
+    model = build_model(setup)
     gp = params(directory, use_async)
     ckpt = None
     if setup == "callback_before_restart":  # candle_lib's CandleCkptKeras order
@@ -215,10 +231,23 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
 
     callbacks = [KillMidEpoch(), *before, ckpt, *after]
     history = model.fit(**fit_inputs(setup), epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks)
-    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
-    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
-    np.savez(out, **arrays)
+    np.savez(out, **final_arrays(model))
     say(f"done {start} {len(history.epoch)}")
+
+
+def final_arrays(model) -> dict:
+    """What the tests compare: the model's weights and every optimizer's variables (a GAN's two included)."""
+    import numpy as np
+
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
+    optimizers = [model.optimizer]
+    if hasattr(model, "d_optimizer"):
+        import custom_step
+
+        optimizers = custom_step.optimizers(model)
+    variables = [v for opt in optimizers for v in opt.variables]
+    arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(variables)})
+    return arrays
 
 
 def threads() -> int:

@@ -51,6 +51,9 @@ SETUPS = [
     "grad_accum",
     "cosine_decay",
     "mixed_float16",
+    "vae",
+    "gan",
+    "steps_per_execution",
 ]
 # Every setup at the defaults (ckpt_async=auto: asynchronous); these four also with ckpt_async=false.
 SYNC_SETUPS = ["tfdata_reshuffle", "reduce_lr_after", "early_stopping", "restart_before_compile"]

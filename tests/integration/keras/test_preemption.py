@@ -113,6 +113,9 @@ CASES = [  # setup, signal, at (epoch.batch), extra options
     ("ema", signal.SIGTERM, "3.1", []),  # fit's end replaces the weights by their average after the save
     ("grad_accum", signal.SIGTERM, "2.0", []),  # step 5 of accumulation 3: a partial sum in the step checkpoint
     ("mixed_float16", signal.SIGUSR1, "2.2", []),
+    ("vae", signal.SIGTERM, "3.1", []),  # a train_step of its own, no call: model.built stays False
+    ("gan", signal.SIGTERM, "2.2", []),  # two optimizers of its own, built by Keras inside the first step
+    ("steps_per_execution", signal.SIGTERM, "3.1", []),  # batch 1 ends the first call of 2 steps
 ]
 
 

@@ -1,0 +1,107 @@
+"""Models that ``fit`` trains through a ``train_step`` of their own, written as Keras's examples write them (the
+variational autoencoder and the GAN of keras.io, TensorFlow backend): no ``call``, so ``model.built`` stays
+False for good though every layer is built; the GAN trains with two optimizers set in its ``compile`` and built
+by Keras at their first ``apply_gradients``, inside the traced step, while ``model.optimizer`` stays unused.
+
+Used by ``exact_job.py`` (setups ``vae`` and ``gan``): same data (64 samples of 8 features), the inputs only.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+SETUPS = ("vae", "gan")
+
+
+def _dense(inputs: int, outputs: int, dropout: bool = False) -> keras.Sequential:
+    """``inputs`` -> 16 (relu) -> [Dropout] -> ``outputs``, built with an ``Input`` layer."""
+    layers = [keras.Input((inputs,)), keras.layers.Dense(16, activation="relu")]
+    layers += [keras.layers.Dropout(0.2, seed=3)] if dropout else []
+    return keras.Sequential([*layers, keras.layers.Dense(outputs)])
+
+
+class VAE(keras.Model):
+    """An encoder to a 2-d latent (mean and log-variance), a sampled latent, a decoder; ``model.optimizer``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = _dense(8, 4)
+        self.decoder = _dense(2, 8, dropout=True)
+        self.noise = keras.random.SeedGenerator(42)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    @property
+    def metrics(self) -> list:
+        return [self.loss_tracker]
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            h = self.encoder(data)
+            mean, log_var = h[:, :2], h[:, 2:]
+            z = mean + tf.exp(0.5 * log_var) * keras.random.normal(tf.shape(mean), seed=self.noise)
+            error = tf.reduce_mean(tf.square(self.decoder(z, training=True) - data))
+            loss = error - 0.5 * tf.reduce_mean(1 + log_var - mean**2 - tf.exp(log_var))
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights, strict=True))
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+
+class GAN(keras.Model):
+    """A generator (4 -> 8) and a discriminator (8 -> 1), each with its own Adam, set in ``compile``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = _dense(4, 8)
+        self.discriminator = _dense(8, 1, dropout=True)
+        self.noise = keras.random.SeedGenerator(42)
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def compile(self, d_optimizer, g_optimizer) -> None:  # noqa: D102 (Keras's GAN example's signature)
+        super().compile()  # model.optimizer: Keras's default, never used
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @property
+    def metrics(self) -> list:
+        return [self.d_loss_tracker, self.g_loss_tracker, self.loss_tracker]
+
+    def train_step(self, real):
+        n = tf.shape(real)[0]
+        fake = self.generator(keras.random.normal((n, 4), seed=self.noise))
+        labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], 0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(tf.concat([fake, real], 0), training=True))
+        weights = self.discriminator.trainable_weights
+        self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights), weights, strict=True))
+        with tf.GradientTape() as tape:
+            fake = self.generator(keras.random.normal((n, 4), seed=self.noise))
+            g_loss = self.loss_fn(tf.zeros((n, 1)), self.discriminator(fake, training=True))
+        weights = self.generator.trainable_weights
+        self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights, strict=True))
+        for tracker, value in ((self.d_loss_tracker, d_loss), (self.g_loss_tracker, g_loss)):
+            tracker.update_state(value)
+        self.loss_tracker.update_state(d_loss + g_loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def build(setup: str) -> keras.Model:
+    """The model of ``setup`` (``vae`` or ``gan``), not compiled."""
+    return VAE() if setup == "vae" else GAN()
+
+
+def compile_model(model: keras.Model) -> None:
+    """Adam(1e-2), as the other setups; the GAN's two optimizers at 1e-2 and 2e-2."""
+    if isinstance(model, GAN):
+        model.compile(keras.optimizers.Adam(1e-2), keras.optimizers.Adam(2e-2))
+    else:
+        model.compile(optimizer=keras.optimizers.Adam(1e-2))
+
+
+def optimizers(model: keras.Model) -> list:
+    """Every optimizer whose state the comparison covers: the GAN's two besides ``model.optimizer``."""
+    return [model.optimizer, *(getattr(model, name) for name in ("d_optimizer", "g_optimizer") if hasattr(model, name))]
