@@ -1,7 +1,11 @@
 """Models that ``fit`` trains through a ``train_step`` of their own, written as Keras's examples write them (the
-variational autoencoder and the GAN of keras.io, TensorFlow backend): no ``call``, so ``model.built`` stays
-False for good though every layer is built; the GAN trains with two optimizers set in its ``compile`` and built
-by Keras at their first ``apply_gradients``, inside the traced step, while ``model.optimizer`` stays unused.
+variational autoencoder and the GAN of keras.io): no ``call``, so ``model.built`` stays False for good though
+every layer is built; the GAN trains with two optimizers set in its ``compile`` and built by Keras at their first
+``apply_gradients``, inside the step (traced, on TensorFlow), while ``model.optimizer`` stays unused.
+
+The VAE's step is TensorFlow's (``tf.GradientTape``); the GAN's is TensorFlow's or, under
+``KERAS_BACKEND=torch``, torch's (keras.io's torch guide: ``backward()``, then ``optimizer.apply``; Keras's torch
+``fit`` refuses an unbuilt model, so there it says it is built, as that guide's models do).
 
 Used by ``exact_job.py`` (setups ``vae`` and ``gan``): same data (64 samples of 8 features), the inputs only.
 """
@@ -9,7 +13,12 @@ Used by ``exact_job.py`` (setups ``vae`` and ``gan``): same data (64 samples of 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+
+TORCH = keras.backend.backend() == "torch"
+if TORCH:
+    import torch
+else:
+    import tensorflow as tf
 
 SETUPS = ("vae", "gan")
 
@@ -59,6 +68,7 @@ class GAN(keras.Model):
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
         self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.built = TORCH
 
     def compile(self, d_optimizer, g_optimizer) -> None:  # noqa: D102 (Keras's GAN example's signature)
         super().compile()  # model.optimizer: Keras's default, never used
@@ -71,6 +81,8 @@ class GAN(keras.Model):
         return [self.d_loss_tracker, self.g_loss_tracker, self.loss_tracker]
 
     def train_step(self, real):
+        if TORCH:
+            return self.torch_step(real)
         n = tf.shape(real)[0]
         fake = self.generator(keras.random.normal((n, 4), seed=self.noise))
         labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], 0)
@@ -83,6 +95,26 @@ class GAN(keras.Model):
             g_loss = self.loss_fn(tf.zeros((n, 1)), self.discriminator(fake, training=True))
         weights = self.generator.trainable_weights
         self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights, strict=True))
+        return self.track(d_loss, g_loss)
+
+    def torch_step(self, real):
+        n = real.shape[0]
+        fake = self.generator(keras.random.normal((n, 4), seed=self.noise))
+        labels = torch.cat([torch.ones((n, 1)), torch.zeros((n, 1))], 0)
+        self.zero_grad()
+        d_loss = self.loss_fn(labels, self.discriminator(torch.cat([fake, real], 0), training=True))
+        d_loss.backward()
+        weights = self.discriminator.trainable_weights
+        self.d_optimizer.apply([w.value.grad for w in weights], weights)
+        self.zero_grad()
+        fake = self.generator(keras.random.normal((n, 4), seed=self.noise))
+        g_loss = self.loss_fn(torch.zeros((n, 1)), self.discriminator(fake, training=True))
+        g_loss.backward()
+        weights = self.generator.trainable_weights
+        self.g_optimizer.apply([w.value.grad for w in weights], weights)
+        return self.track(d_loss, g_loss)
+
+    def track(self, d_loss, g_loss) -> dict:
         for tracker, value in ((self.d_loss_tracker, d_loss), (self.g_loss_tracker, g_loss)):
             tracker.update_state(value)
         self.loss_tracker.update_state(d_loss + g_loss)

@@ -1,6 +1,7 @@
 """Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` in fresh processes.
 
-Like ``crash_job.py --serve``: the server imports TensorFlow once, then for
+``exact_job.py --once SETUP PHASE DIR OUT`` runs one job in the process itself, under ``$KERAS_BACKEND``.
+Served (no arguments), like ``crash_job.py --serve``: the server imports TensorFlow once, then for
 every line ``SETUP PHASE DIR OUT [async|sync]`` on stdin forks a child that runs
 one job and prints ``reaped <status>`` when it is gone. The server never runs
 a TensorFlow op, so each child starts from a clean runtime.
@@ -329,4 +330,7 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    if sys.argv[1:2] == ["--once"]:  # one job in this process, under $KERAS_BACKEND: SETUP PHASE DIR OUT
+        run(*sys.argv[2:6], use_async=None)
+    else:
+        serve()

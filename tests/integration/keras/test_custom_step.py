@@ -1,7 +1,9 @@
-"""Models that ``fit`` trains through their own ``train_step`` (``jobs/custom_step.py``), in one process: what a
-restore does with a GAN's optimizers, which Keras builds only at their first ``apply_gradients``.
+"""Models that ``fit`` trains through their own ``train_step`` (``jobs/custom_step.py``): what a restore does
+with a GAN's optimizers, which Keras builds only at their first ``apply_gradients`` (in this process, on
+TensorFlow), and the GAN killed and resumed on torch.
 
-The kill and signal tests of these models are in ``test_exact_resume.py`` and ``test_preemption.py``.
+The kill and signal tests of these models on TensorFlow are in ``test_exact_resume.py`` and
+``test_preemption.py``.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from locations import REPO, job_script  # noqa: E402
 
 from candle_ckpt import CandleCheckpointCallback, restart  # noqa: E402
 from candle_ckpt.core.errors import ModelMismatch  # noqa: E402
-
-pytestmark = pytest.mark.tf_only  # the models' train_step uses tf.GradientTape
 
 
 def _gan():
@@ -40,6 +45,7 @@ def trained(tmp_path):
     return model, gp
 
 
+@pytest.mark.tf_only  # the GAN's step in this process: tf.GradientTape
 def test_a_gans_optimizers_get_their_saved_state_when_keras_builds_them(trained):
     """restart() into a fresh GAN leaves its two optimizers unbuilt (and model.optimizer, unused when saved,
     too); when each is built, with the variables its train_step applies it to, it holds the saved state."""
@@ -56,6 +62,7 @@ def test_a_gans_optimizers_get_their_saved_state_when_keras_builds_them(trained)
     assert "build" not in vars(fresh.d_optimizer), "the instance's build was not given back"
 
 
+@pytest.mark.tf_only
 def test_a_gan_optimizer_built_on_other_variables_is_refused_at_its_build(trained):
     """The saved state of d_optimizer does not fit it when it is built on the generator's variables: its build
     raises ModelMismatch naming it and what to do, and its variables keep their fresh values."""
@@ -66,3 +73,25 @@ def test_a_gan_optimizer_built_on_other_variables_is_refused_at_its_build(traine
         fresh.d_optimizer.build(fresh.generator.trainable_variables)
     assert "Apply d_optimizer to the variables it was applied to" in str(err.value)
     assert int(np.asarray(fresh.d_optimizer.iterations)) == 0
+
+
+def _once(phase: str, directory, out, expect: int) -> str:
+    """``exact_job.py --once gan PHASE DIR OUT`` under torch; its exit status checked, its stdout returned."""
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    job = [sys.executable, str(job_script("exact_job.py")), "--once", "gan", phase, str(directory), str(out)]
+    done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == expect, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.needs_package("torch")
+def test_a_gan_on_torch_killed_mid_epoch_resumes_bit_identical(tmp_path):
+    """The GAN with torch's train_step (backward, then each optimizer's apply, eagerly: no traced build), killed
+    with SIGKILL mid-epoch 3 and resumed: its weights and both optimizers end as in the uninterrupted run."""
+    _once("full", tmp_path / "full", tmp_path / "full.npz", 0)
+    _once("kill", tmp_path / "job", tmp_path / "killed.npz", -signal.SIGKILL)
+    said = _once("resume", tmp_path / "job", tmp_path / "resumed.npz", 0)
+    assert said.splitlines()[0] in ("start 1", "start 2"), said  # epoch 2's write may be in flight at the kill
+    with np.load(tmp_path / "full.npz") as a, np.load(tmp_path / "resumed.npz") as b:
+        assert a.files == b.files and sum(k.startswith("opt") for k in a.files) > 20  # two Adams' slots
+        assert [k for k in a.files if a[k].tobytes() != b[k].tobytes()] == []
