@@ -35,10 +35,8 @@ class VAE(keras.Model):
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = _dense(8, 4)
-        self.decoder = _dense(2, 8, dropout=True)
-        self.noise = keras.random.SeedGenerator(42)
-        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.encoder, self.decoder = _dense(8, 4), _dense(2, 8, dropout=True)
+        self.noise, self.loss_tracker = keras.random.SeedGenerator(42), keras.metrics.Mean(name="loss")
 
     @property
     def metrics(self) -> list:
