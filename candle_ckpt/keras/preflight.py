@@ -270,7 +270,7 @@ def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
 def build_optimizer(model: keras.Model, weights: Any = None) -> None:
     """Create the optimizer's variables so that its state can be loaded; not where the checkpoint ``weights``
     holds it unbuilt (as many variables as it has now): its ``train_step`` never used it (a GAN's)."""
-    if not is_built(model):
+    if not (model.built or is_built(model)):  # the common case answered here, without the layers
         raise ValueError(
             "restart() needs a built model: build it (call it on data, model.build(), or use an Input layer) first"
         )
