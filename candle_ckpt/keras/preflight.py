@@ -160,12 +160,8 @@ def check_model(
         build_optimizer(model, weights)
     if plan is None:
         plan = make_plan(model, optimizers=has_optimizer)
-    source = BufferFile(weights)
-    try:
-        with h5py.File(source, "r") as h5:
-            diffs, compared = compare_entries(plan, h5) if has_optimizer else _layers_only(plan, h5)
-    finally:
-        source.close()
+    compare = compare_entries if has_optimizer else _layers_only
+    diffs, compared = _read_h5(weights, lambda h5: compare(plan, h5))
     prefixes = tuple(f"{name}/" for name in late)
     diffs = [d for d in diffs if not (prefixes and d.where.startswith(prefixes))]
     diffs += compare_extra(extra, extra_vars)
@@ -181,13 +177,20 @@ def _layers_only(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
 
 def read_optimizer_state(weights: Any, path: str = "optimizer") -> list[np.ndarray] | None:
     """The checkpoint's variables of the optimizer at ``path`` (``path/vars/0..n-1``) as owned arrays, or None."""
+
+    def read(h5: h5py.File) -> list[np.ndarray] | None:
+        saved = _saved_vars(h5, path)
+        return [np.array(saved[str(i)]) for i in range(len(saved))] or None
+
+    return _read_h5(weights, read)
+
+
+def _read_h5(weights: Any, read: Any) -> Any:
+    """``read(h5)`` of the ``.weights.h5`` bytes ``weights``, opened in place."""
     source = BufferFile(weights)
     try:
         with h5py.File(source, "r") as h5:
-            saved = _saved_vars(h5, path)
-            if not saved:
-                return None
-            return [np.array(saved[str(i)]) for i in range(len(saved))]
+            return read(h5)
     finally:
         source.close()
 
@@ -277,10 +280,9 @@ def build_optimizer(model: keras.Model, weights: Any = None) -> None:
     opt = getattr(model, "optimizer", None)
     if opt is None or opt.built:
         return
-    if weights is not None:
-        saved = read_optimizer_state(weights)
-        if saved is not None and len(saved) == len(opt.variables):
-            return
+    saved = _read_h5(weights, lambda h5: len(_saved_vars(h5, "optimizer"))) if weights is not None else 0
+    if saved == len(opt.variables) > 0:  # counted, none read
+        return
     build_in_scope(opt, model.trainable_variables)
 
 
