@@ -7,7 +7,13 @@ The VAE's step is TensorFlow's (``tf.GradientTape``); the GAN's is TensorFlow's 
 ``KERAS_BACKEND=torch``, torch's (keras.io's torch guide: ``backward()``, then ``optimizer.apply``; Keras's torch
 ``fit`` refuses an unbuilt model, so there it says it is built, as that guide's models do).
 
-Used by ``exact_job.py`` (setups ``vae`` and ``gan``): same data (64 samples of 8 features), the inputs only.
+And, under ``KERAS_BACKEND=jax``, the model of keras.io's guide "Customizing what happens in fit() with JAX"
+(setup ``jax_step``): a functional model whose ``train_step`` is stateless (``stateless_call``,
+``jax.value_and_grad``, ``optimizer.stateless_apply``, each metric's ``stateless_update_state``) and returns the
+state that Keras's JAX ``fit`` keeps between steps and writes back to the variables only at the epoch's end.
+
+Used by ``exact_job.py`` (setups ``vae``, ``gan`` and ``jax_step``): same data (64 samples of 8 features), the
+inputs only (``jax_step``: inputs and targets, with validation data).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import keras
 TORCH = keras.backend.backend() == "torch"
 if TORCH:
     import torch
+elif keras.backend.backend() == "jax":
+    import jax
 else:
     import tensorflow as tf
 
-SETUPS = ("vae", "gan")
+SETUPS = ("vae", "gan", "jax_step")
 
 
 def _dense(inputs: int, outputs: int, dropout: bool = False) -> keras.Sequential:
@@ -119,15 +127,43 @@ class GAN(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+class JaxStep(keras.Model):
+    """keras.io's JAX guide's ``CustomModel``: Keras's JAX ``fit`` hands ``train_step`` the state and keeps what it
+    returns; the model holds the variables' values of the epoch's start until the epoch ends."""
+
+    def loss_and_updates(self, trainable, non_trainable, x, y, training=False):
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=training)
+        return self.compute_loss(x, y, y_pred), (y_pred, non_trainable)
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y = data
+        grad_fn = jax.value_and_grad(self.loss_and_updates, has_aux=True)
+        (loss, (y_pred, non_trainable)), grads = grad_fn(trainable, non_trainable, x, y, training=True)
+        trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        updated, logs = [], {}
+        for metric in self.metrics:
+            own = metrics_variables[len(updated) : len(updated) + len(metric.variables)]
+            own = metric.stateless_update_state(own, *((loss,) if metric.name == "loss" else (y, y_pred)))
+            logs[metric.name] = metric.stateless_result(own)
+            updated += own
+        return logs, (trainable, non_trainable, optimizer_variables, updated)
+
+
 def build(setup: str) -> keras.Model:
-    """The model of ``setup`` (``vae`` or ``gan``), not compiled."""
+    """The model of ``setup`` (``vae``, ``gan`` or ``jax_step``), not compiled."""
+    if setup == "jax_step":
+        inputs = keras.Input((8,))
+        return JaxStep(inputs, _dense(8, 1, dropout=True)(inputs))
     return VAE() if setup == "vae" else GAN()
 
 
 def compile_model(model: keras.Model) -> None:
-    """Adam(1e-2), as the other setups; the GAN's two optimizers at 1e-2 and 2e-2."""
+    """Adam(1e-2), as the other setups; the GAN's two optimizers at 1e-2 and 2e-2; mse and mae for ``jax_step``."""
     if isinstance(model, GAN):
         model.compile(keras.optimizers.Adam(1e-2), keras.optimizers.Adam(2e-2))
+    elif isinstance(model, JaxStep):
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
     else:
         model.compile(optimizer=keras.optimizers.Adam(1e-2))
 

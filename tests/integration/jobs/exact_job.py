@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
 PYDATASETS = {"pydataset_np": "fresh", "pydataset_inplace": "protocol", "pydataset_shuffle_inplace": "bare"}
-CUSTOM_STEP = ("vae", "gan")  # models of custom_step.py: a train_step of their own, no call
+CUSTOM_STEP = ("vae", "gan", "jax_step")  # models of custom_step.py: a train_step of their own
 
 
 _JOB: list[str] = []  # in a served job's child: the request id its lines carry
@@ -157,7 +157,7 @@ def fit_inputs(setup: str) -> dict:
     """The ``fit`` keyword arguments of ``setup``'s input."""
     x, y, w = data()
     args = {"x": x, "y": y, "batch_size": BATCH, "shuffle": True}
-    if setup in CUSTOM_STEP:  # the features alone: the model's train_step takes them as they come
+    if setup in ("vae", "gan"):  # the features alone: the model's train_step takes them as they come
         del args["y"]
     if setup == "tfdata_reshuffle":
         args = {"x": tf_dataset(x, y)}
@@ -169,6 +169,8 @@ def fit_inputs(setup: str) -> dict:
         args = {"x": make_pydataset(x, y, PYDATASETS[setup])}
     elif setup == "sample_weights":
         args["sample_weight"] = w
+    elif setup == "jax_step":
+        args["validation_data"] = (x[:16], y[:16])
     elif setup == "validation_freq":
         args.update(validation_data=(x[:16], y[:16]), validation_freq=2)
     elif setup == "class_weight":  # two classes, the rarer weighted up
@@ -192,9 +194,13 @@ def other_callbacks(setup: str) -> tuple[list, list]:
     return [], []
 
 
-def params(directory: str, use_async: bool | None) -> dict:
-    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto)."""
+def params(directory: str, use_async: bool | None, setup: str = "") -> dict:
+    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto). ``jax_step`` saves
+    a step checkpoint after every step, written at once: the kill after step 2 of epoch 3 resumes from step 1's,
+    taken from the state that Keras's JAX ``fit`` keeps outside the model's variables."""
     gp = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 2}
+    if setup == "jax_step":
+        gp.update(ckpt_save_steps=1, ckpt_async=False)
     return gp if use_async is None else {**gp, "ckpt_async": use_async}
 
 
@@ -208,7 +214,7 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
     keras.utils.set_random_seed(1)
     set_policy(setup)
     model = build_model(setup)
-    gp = params(directory, use_async)
+    gp = params(directory, use_async, setup)
     ckpt = None
     if setup == "callback_before_restart":  # candle_lib's CandleCkptKeras order
         ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
