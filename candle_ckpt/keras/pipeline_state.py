@@ -18,8 +18,10 @@ docs/exactness.rst ("What is saved") says it for users:
 :mod:`candle_ckpt.distributed.tf_internals`: the public getter would create one) and the op-seed counter of its
 eager context (through :mod:`candle_ckpt.keras.internals`), Keras's global ``SeedGenerator``; and the backend's
 own (:func:`backend_capture`, :func:`backend_restore`): torch's CPU and CUDA states (an unseeded ``Dropout`` and
-the shuffle's ``RandomSampler`` draw from them; keys ``rng.torch.*``), nothing on JAX (every draw comes from
-``SeedGenerator`` variables, which travel with the model). Capture copies a few KB and draws nothing.
+the shuffle's ``RandomSampler`` draw from them; keys ``rng.torch.*``), on every backend once torch is imported (a
+torch ``DataLoader`` feeding ``fit`` on TensorFlow or JAX draws its order from them), and nothing more on JAX
+(every draw comes from ``SeedGenerator`` variables, which travel with the model). Capture copies a few KB and
+draws nothing.
 """
 
 from __future__ import annotations
@@ -236,7 +238,7 @@ def capture_rngs() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if kgen is not None:
         doc["keras"] = True
         arrays[_KERAS_KEY] = np.array(kgen.state.numpy(), copy=True)
-    arrays.update(backend_capture())  # torch's global generators (nothing on JAX / TensorFlow)
+    arrays.update(backend_capture())  # torch's global generators, once torch is imported
     return doc, arrays
 
 
@@ -262,21 +264,16 @@ def restore_rngs(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str
     return done
 
 
-def active_backend() -> str:
-    """The Keras backend in use: ``keras.backend.backend()`` if Keras is loaded, else ``$KERAS_BACKEND``."""
-    keras = sys.modules.get("keras")
-    if keras is not None:
-        return keras.backend.backend()
-    return os.environ.get("KERAS_BACKEND", "tensorflow")
+def _torch_draws(backend: str | None) -> bool:
+    """Whether torch's global generators are in play: torch is imported (the torch backend, or a ``DataLoader``
+    on another), or ``backend`` says torch."""
+    return backend == "torch" or "torch" in sys.modules
 
 
 def backend_capture(backend: str | None = None) -> dict[str, np.ndarray]:
-    """Return the backend's global RNG states as owned uint8 arrays (empty for jax and tensorflow).
-
-    Args:
-        backend: ``"torch"``, ``"jax"`` or ``"tensorflow"``; default: the active Keras backend.
-    """
-    if (backend or active_backend()) != "torch":
+    """Return torch's global RNG states as owned uint8 arrays (empty unless :func:`_torch_draws`; ``backend``:
+    ``"torch"``, ``"jax"`` or ``"tensorflow"``, by default the one in use)."""
+    if not _torch_draws(backend):
         return {}
     import torch
 
@@ -290,17 +287,16 @@ def backend_capture(backend: str | None = None) -> dict[str, np.ndarray]:
 def backend_restore(arrays: Mapping[str, np.ndarray], backend: str | None = None) -> list[str]:
     """Set the backend's global RNG states saved by :func:`backend_capture`; return the names of those set.
 
-    Keys that do not start with ``rng.torch.`` are ignored. A checkpoint saved
-    under another backend holds no torch state: then nothing is set, and the
-    torch generator keeps its seed (a resume across backends is not
-    bit-identical in its random draws anyway).
+    Keys that do not start with ``rng.torch.`` are ignored; nothing is set unless :func:`_torch_draws`. A
+    checkpoint saved without torch holds no torch state: then nothing is set, and the torch generator keeps its
+    seed (a resume across backends is not bit-identical in its random draws anyway).
 
     Raises:
-        ValueError: a saved CUDA state exists for more devices than this
-            process sees, or a state is not a 1-D uint8 array.
+        ValueError: a saved CUDA state exists for more devices than this process sees, or a state is not a 1-D
+            uint8 array.
     """
     mine = {k: np.asarray(v) for k, v in arrays.items() if k.startswith(TORCH_PREFIX)}
-    if (backend or active_backend()) != "torch" or not mine:
+    if not (mine and _torch_draws(backend)):
         return []
     import torch
 

@@ -171,6 +171,10 @@ def fit_inputs(setup: str) -> dict:
         args["sample_weight"] = w
     elif setup == "jax_step":
         args["validation_data"] = (x[:16], y[:16])
+    elif setup == "torch_loader":  # on any backend: its RandomSampler draws each epoch's order from torch's RNG
+        import torch_loader
+
+        args = {"x": torch_loader.loader(x, y, BATCH)}
     elif setup == "validation_freq":
         args.update(validation_data=(x[:16], y[:16]), validation_freq=2)
     elif setup == "class_weight":  # two classes, the rarer weighted up
@@ -195,11 +199,12 @@ def other_callbacks(setup: str) -> tuple[list, list]:
 
 
 def params(directory: str, use_async: bool | None, setup: str = "") -> dict:
-    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto). ``jax_step`` saves
-    a step checkpoint after every step, written at once: the kill after step 2 of epoch 3 resumes from step 1's,
-    taken from the state that Keras's JAX ``fit`` keeps outside the model's variables."""
+    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto). ``jax_step`` and
+    ``torch_loader`` save a step checkpoint after every step, written at once: the kill after step 2 of epoch 3
+    resumes from step 1's (for ``jax_step``, taken from the state that Keras's JAX ``fit`` keeps outside the
+    model's variables)."""
     gp = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 2}
-    if setup == "jax_step":
+    if setup in ("jax_step", "torch_loader"):
         gp.update(ckpt_save_steps=1, ckpt_async=False)
     return gp if use_async is None else {**gp, "ckpt_async": use_async}
 
@@ -212,6 +217,10 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
+    if setup == "torch_loader":  # Keras seeds torch on the torch backend only
+        import torch_loader
+
+        torch_loader.seed(1)
     set_policy(setup)
     model = build_model(setup)
     gp = params(directory, use_async, setup)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -11,10 +13,26 @@ needs_torch = pytest.mark.needs_package("torch")
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
-def test_backends_without_a_global_generator_capture_and_restore_nothing(backend: str) -> None:
-    """JAX and TensorFlow have nothing here: capture is empty and restore sets nothing."""
+def test_backends_without_a_global_generator_capture_and_restore_nothing(backend: str, monkeypatch) -> None:
+    """JAX and TensorFlow have nothing here, while torch is not imported: capture is empty, restore sets nothing."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert pipeline_state.backend_capture(backend) == {}
     assert pipeline_state.backend_restore({pipeline_state.TORCH_CPU_KEY: np.zeros(8, np.uint8)}, backend) == []
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_torch_imported_under_another_backend_is_captured_and_restored(backend: str) -> None:
+    """A torch DataLoader feeding fit on JAX or TensorFlow draws its shuffle from torch's generator: once torch is
+    imported, its state is captured and restored on every backend."""
+    import torch
+
+    torch.manual_seed(7)
+    state = pipeline_state.backend_capture(backend)
+    first = torch.randperm(64)  # what a RandomSampler draws from (its seed comes from the global generator)
+    torch.manual_seed(8)
+    assert pipeline_state.backend_restore(state, backend) == ["torch_cpu"]
+    assert torch.equal(torch.randperm(64), first)
 
 
 @needs_torch

@@ -1,6 +1,8 @@
 """Models that ``fit`` trains through their own ``train_step`` (``jobs/custom_step.py``): what a restore does
 with a GAN's optimizers, which Keras builds only at their first ``apply_gradients`` (in this process, on
 TensorFlow), the GAN killed and resumed on torch, and keras.io's JAX guide's model killed and resumed on JAX.
+And a torch ``DataLoader`` feeding ``fit`` on TensorFlow and JAX (``jobs/torch_loader.py``), killed and resumed
+(jobs of ``exact_job.py`` run once, under a backend of their own).
 
 The kill and signal tests of these models on TensorFlow are in ``test_exact_resume.py`` and
 ``test_preemption.py``.
@@ -117,3 +119,16 @@ def test_a_stateless_jax_train_step_killed_mid_epoch_resumes_bit_identical(tmp_p
     log = (tmp_path / "job" / "ckpt.log").read_text()
     assert re.search(r"resumed from \S+/steps/\d+ \(epoch 3, step 1,", log), log
     assert slots >= 10 and differ == []  # Adam: iterations, learning rate, two moments of four weights
+
+
+@pytest.mark.needs_package("torch", "jax")
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_torch_dataloader_on_another_backend_killed_mid_epoch_resumes_bit_identical(backend, tmp_path):
+    """A torch DataLoader (shuffle=True; torch seeded by the job, as Keras seeds it on the torch backend only)
+    feeding fit on TensorFlow or JAX draws each epoch's order from torch's global generator: killed after step 2
+    of epoch 3 and resumed from step 1's checkpoint, the run ends as the uninterrupted one (it did not while
+    torch's generator was saved on the torch backend only: every weight differed)."""
+    differ, slots = _killed_and_resumed(backend, "torch_loader", tmp_path, starts=("start 2",))
+    log = (tmp_path / "job" / "ckpt.log").read_text()
+    assert re.search(r"restored input \(TorchDataLoaderAdapter\), .*rng:torch_cpu@epoch-begin", log), log
+    assert slots >= 10 and differ == []
