@@ -278,7 +278,7 @@ def backend_capture(backend: str | None = None) -> dict[str, np.ndarray]:
     import torch
 
     states = {TORCH_CPU_KEY: torch.get_rng_state().numpy().copy()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # else nothing drew from them: not initialized here (a context on every GPU)
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             states[TORCH_CUDA_KEY.format(i)] = state.numpy().copy()
     return states
