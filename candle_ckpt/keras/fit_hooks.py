@@ -1,22 +1,14 @@
 """Where a callback meets the rest of ``model.fit``: its sibling callbacks and the input.
 
-Keras gives a callback its model, not the ``CallbackList`` it sits in nor the epoch iterator that feeds the
-model. Both are found here, once, when ``fit`` calls ``on_train_begin`` (the list is the ``self`` of the calling
-frame, the iterator ``fit``'s local ``epoch_iterator``), through :mod:`candle_ckpt.keras.fit_internals`, which
-names the tripwire test of each. When they cannot be found the callback falls back to saving in its own
-``on_epoch_end`` and says what that costs (see :mod:`candle_ckpt.keras.callback`).
+Keras gives a callback its model, not the ``CallbackList`` it sits in nor the epoch iterator. Both are found
+once, at ``on_train_begin``, through :mod:`candle_ckpt.keras.fit_internals` (which names each tripwire); when
+they cannot be, the callback saves in its own ``on_epoch_end`` and says what that costs.
 
-A resumed ``fit`` that starts in the middle of an epoch (a step checkpoint) has the epoch iterator's
-``_enumerate_iterator`` wrapped for that one epoch (:func:`skip_steps`): the steps already done are taken from it
-as ``fit`` would have taken them (their batches drawn, so the input and its RNGs move exactly as in the
-uninterrupted run), and the step numbers, the steps seen and everything after continue unchanged.
-
-The epoch order (the checkpoint of epoch N taken after *every* callback's
-``on_epoch_end`` for epoch N, the saved state of a resumed run put back before
-the first ``on_epoch_begin``) is the run's, the same for tf_keras
-(:mod:`candle_ckpt.engine.fit_port`). Here is only what is Keras 3's own: a fit
-that runs no epoch puts the state back before every ``on_train_end``
-(:func:`before_train_end`), and the steps a mid-epoch resume skips.
+A fit resumed mid-epoch has the epoch iterator's ``_enumerate_iterator`` wrapped for that one epoch
+(:func:`skip_steps`): the done steps are taken as ``fit`` would take them (batches drawn, so the input and its
+RNGs move as in the uninterrupted run). The epoch order is the run's (:mod:`candle_ckpt.engine.fit_port`); here
+only Keras 3's own: a fit that runs no epoch puts the state back before ``on_train_end``
+(:func:`before_train_end`), and the skipped steps.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The running Keras 3 ``fit``: its frames, its epoch iterator and data adapter; the Keras 3 fit port.
 
-A gateway module, as :mod:`candle_ckpt.keras.internals` (which holds saving,
-models, optimizers and random number generators): with it, the only modules
-that reach a stack frame of Keras 3 or a private attribute of its trainers
-(``tests/unit/test_architecture.py``). Its four functions :func:`find_fit`,
-:func:`wrap_epoch`, :func:`set_first_epoch` and :func:`stopped_early` are the
-Keras 3 :class:`~candle_ckpt.engine.fit_port.FitPort` (this module is passed as
-the port); the rest reaches the input of the running ``fit`` (a mid-epoch
-resume, the input pipeline's state, the watchdog's probe).
-
-Each accessor's docstring ends with one line: what it relies on, and the
-tripwire test that fails when a Keras release moves it.
+A gateway module, as :mod:`candle_ckpt.keras.internals` (saving, models, optimizers, RNGs): with it, the only
+modules that reach a frame of Keras 3 or a private attribute of its trainers (``tests/unit/test_architecture.py``).
+:func:`find_fit`, :func:`wrap_epoch`, :func:`set_first_epoch` and :func:`stopped_early` are the Keras 3
+:class:`~candle_ckpt.engine.fit_port.FitPort` (this module is passed as the port); the rest reaches the running
+``fit``'s input (a mid-epoch resume, the input pipeline's state, the watchdog's probe). Each accessor's docstring
+ends with what it relies on and the tripwire test that fails when a Keras release moves it.
 """
 
 from __future__ import annotations
@@ -190,25 +185,50 @@ def set_steps_seen(epoch_iterator: Any, steps: int) -> None:
 
 
 def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
-    """Call ``on_new()`` each time ``fit`` makes a new iterator over its input.
+    """Call ``on_new()`` each time ``fit`` makes a TensorFlow iterator over its tf.data input: on JAX and torch at
+    its first read (Keras also makes one at each epoch's end that it never reads).
 
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``tests/integration/keras/test_exact_resume.py`` (tfdata_*).
+    Relies on: ``EpochIterator._get_iterator``, its result iterated at once -- tripwire ``test_exact_resume.py``
+    (tfdata_*), ``test_custom_step.py`` (tf.data on JAX, torch).
     """
     make = epoch_iterator._get_iterator
 
     def counted() -> Any:
-        on_new()
-        return make()
+        if keras.backend.backend() == "tensorflow":
+            on_new()
+            return make()
+        iterator = iter(make())
+
+        def first_read() -> Iterator[Any]:
+            on_new()
+            yield from iterator
+
+        return first_read()
 
     epoch_iterator._get_iterator = counted
 
 
 def new_dataset(epoch_iterator: Any) -> Any:
-    """A new iterable over ``fit``'s input, as Keras makes one for an epoch.
+    """A new iterable over ``fit``'s tf.data input whose ``iter()`` makes an epoch's TensorFlow iterator: Keras's
+    on TensorFlow; on JAX and torch, whose iterable makes it only when first read, the dataset itself.
 
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_*).
+    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_*), ``test_custom_step.py``.
     """
-    return epoch_iterator._get_iterator()
+    if keras.backend.backend() == "tensorflow":
+        return epoch_iterator._get_iterator()
+    return epoch_iterator.data_adapter.get_tf_dataset()
+
+
+def replayed_iterator(epoch_iterator: Any, steps: int) -> Any:
+    """Keras's iterator of a new epoch ``steps`` batches in: a saved run's kept iterator made again (on JAX and torch,
+    where its TensorFlow iterator cannot be saved; a tf.data pipeline reads the same batches again).
+
+    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_custom_step.py`` (tfdata_repeat on JAX).
+    """
+    iterator = iter(epoch_iterator._get_iterator())
+    for _ in range(steps):
+        next(iterator)
+    return iterator
 
 
 def kept_iterator(epoch_iterator: Any) -> Any:

@@ -6,11 +6,9 @@ frames, its epoch iterator and data adapter: the Keras 3 port of :mod:`candle_ck
 adapter has its own gateway, :mod:`candle_ckpt.tf_keras.internals`. TensorFlow pieces that the Keras 3 path needs
 (its RNG states, its end-of-input error) live here too: saving, models, optimizers, random number generators.
 
-Each accessor's docstring ends with one line: what it relies on, and the
-tripwire test that fails when a Keras release moves it. The tripwires run on
-every Keras version we support (``.ci/run``: the oldest, the installed one
-and keras-nightly). Where a piece moved between versions, the accessor holds
-both. docs/api.rst lists the same dependencies.
+Each accessor's docstring ends with one line: what it relies on, and the tripwire test that fails when a Keras
+release moves it. The tripwires run on every Keras version we support (``.ci/run``: the oldest, the installed one
+and keras-nightly); where a piece moved, the accessor holds both. docs/api.rst lists the same dependencies.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """The position of ``fit``'s training input and the global RNGs it draws from, saved and restored.
 
-Found by experiment (Keras 3.15 / TensorFlow 2.21), each finding kept by a test of ``test_exact_resume.py``;
-docs/exactness.rst ("What is saved") says it for users:
+Found by experiment, each finding kept by a test (``test_exact_resume.py``; on JAX and torch
+``test_custom_step.py``); docs/exactness.rst ("What is saved") says it for users:
 
-* **tf.data, a new iterator per epoch**: a ``shuffle(..., reshuffle_each_iteration=True)`` draws each
-  iterator's order from the dataset's own seed generator, once per ``iter()``, so we count the iterators ``fit``
-  made and, on resume, make (and drop) as many before the first epoch.
-* **tf.data with ``steps_per_epoch``**: Keras keeps one iterator; ``tf.train.Checkpoint(iterator=...)`` saves it.
-* **keras.utils.PyDataset**: ``get_state()`` / ``set_state()`` where it has them; else, where it overrides
-  ``on_epoch_end``, its small attributes as they were after that epoch's ``on_epoch_end``
-  (:mod:`candle_ckpt.engine.dataset_attrs`). A Python generator cannot be saved: one warning says so.
-* From Keras 3.16 the array and PyDataset adapters seed their shuffle from their own count of epochs, which
-  starts at 0 in every ``fit``: it is saved and set again before the first epoch of a resumed ``fit``.
+* **tf.data, a new iterator per epoch**: a reshuffling ``shuffle`` draws each iterator's order from the dataset's
+  seed generator when the iterator is made, so we count those ``fit`` made and, on resume, make as many.
+* **tf.data with ``steps_per_epoch``**: Keras keeps one iterator; ``tf.train.Checkpoint`` saves it (TensorFlow), or
+  a new one is read to the saved run's step (JAX, torch: Keras's iterable hides it).
+* **PyDataset**: ``get_state()`` / ``set_state()``, else its small attributes after ``on_epoch_end``
+  (:mod:`candle_ckpt.engine.dataset_attrs`); Keras 3.16's adapter epoch count. A generator: one warning.
 
-**The global RNGs** (:func:`capture_rngs`, :func:`restore_rngs`), as Accelerate's ``save_state``: Python's
-``random``, NumPy's ``np.random``, TensorFlow's global generator (through
-:mod:`candle_ckpt.distributed.tf_internals`: the public getter would create one) and the op-seed counter of its
-eager context (through :mod:`candle_ckpt.keras.internals`), Keras's global ``SeedGenerator``; and the backend's
-own (:func:`backend_capture`, :func:`backend_restore`): torch's CPU and CUDA states (an unseeded ``Dropout`` and
-the shuffle's ``RandomSampler`` draw from them; keys ``rng.torch.*``), on every backend once torch is imported (a
-torch ``DataLoader`` feeding ``fit`` on TensorFlow or JAX draws its order from them), and nothing more on JAX
-(every draw comes from ``SeedGenerator`` variables, which travel with the model). Capture copies a few KB and
-draws nothing.
+**The global RNGs** (:func:`capture_rngs`, :func:`restore_rngs`): Python's, NumPy's, TensorFlow's global generator
+and op-seed counter, Keras's ``SeedGenerator``, and torch's once imported (:func:`backend_capture`: the torch
+backend, or a ``DataLoader`` on another). Capture copies a few KB and draws nothing.
 """
 
 from __future__ import annotations
@@ -31,10 +22,12 @@ import os
 import random
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import keras
 import numpy as np
 
 from candle_ckpt.distributed.tf_internals import tf_global_generator
@@ -83,6 +76,7 @@ class Pipeline:
         self.warn = warn
         self.iterators = 0  # made on the dataset, in earlier runs (restored) and this one
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
+        self.note = ""  # how it was put there, when that took time: for the log
         self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
         if self.kind == "tf.data":
             fit_internals.count_iterators(epoch_iterator, self._count_iterator)
@@ -126,7 +120,9 @@ class Pipeline:
         if self.kind == "tf.data":
             doc["iterators"] = self.iterators
             current = fit_internals.kept_iterator(self.it)
-            if self.it.steps_per_epoch and current is not None:
+            if self.it.steps_per_epoch and current is not None and keras.backend.backend() != "tensorflow":
+                doc["steps_seen"] = fit_internals.steps_seen(self.it)  # made again on resume (replayed)
+            elif self.it.steps_per_epoch and current is not None:
                 try:
                     arrays.update(_iterator_bytes(current))
                     doc["steps_seen"] = fit_internals.steps_seen(self.it)
@@ -159,8 +155,14 @@ class Pipeline:
             self._restore_pydataset(doc, arrays)
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        dataset = fit_internals.new_dataset(self.it)
-        if "steps_seen" in doc:
+        dataset, iterators = fit_internals.new_dataset(self.it), int(doc["iterators"])
+        if "steps_seen" in doc and not any(key.startswith(_ITER_PREFIX) for key in arrays):  # JAX, torch
+            for _ in range(iterators - 1):  # the iterators made before the kept one
+                iter(dataset)
+            began = time.perf_counter()
+            current = fit_internals.replayed_iterator(self.it, doc["steps_seen"])
+            self.note = f", {doc['steps_seen']} batches read again in {time.perf_counter() - began:.3f} s"
+        elif "steps_seen" in doc:
             current = iter(dataset)
             try:
                 _load_iterator(current, arrays)
@@ -170,13 +172,13 @@ class Pipeline:
                     "it starts from its beginning and the run will not be bit-identical"
                 )
                 return
-            fit_internals.keep_iterator(self.it, current, doc["steps_seen"])
-            self.iterators = int(doc["iterators"])
-            self.positioned = True
+        else:
+            for _ in range(iterators):
+                iter(dataset)  # each draw advances a reshuffling dataset's seed generator
+            self.iterators = iterators
             return
-        for _ in range(int(doc["iterators"])):
-            iter(dataset)  # each draw advances a reshuffling dataset's seed generator
-        self.iterators = int(doc["iterators"])
+        fit_internals.keep_iterator(self.it, current, doc["steps_seen"])
+        self.iterators, self.positioned = iterators, True
 
     def _restore_pydataset(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         ds = self.dataset

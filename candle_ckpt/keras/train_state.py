@@ -1,22 +1,15 @@
 """``train.state.npz``: the training state beside the weights that an exact resume needs.
 
-One small member of each checkpoint (listed in the sidecar, so CRC-checked
-like the others) holding, as a JSON document plus arrays:
-
-* ``rng``: the global RNG states (:func:`~candle_ckpt.keras.pipeline_state.capture_rngs`);
-* ``callbacks``: the other callbacks' state (:mod:`candle_ckpt.keras.callback_state`);
-* ``pipeline``: the position of ``fit``'s input (:mod:`candle_ckpt.keras.pipeline_state`).
-
-It is captured on the training thread after every callback's ``on_epoch_end`` of the saved epoch, and
+One small member of each checkpoint (listed in the sidecar, so CRC-checked), a JSON document plus arrays:
+``rng``, the global RNG states (:func:`~candle_ckpt.keras.pipeline_state.capture_rngs`); ``callbacks``, the other
+callbacks' state (:mod:`candle_ckpt.keras.callback_state`); ``pipeline``, the position of ``fit``'s input
+(:mod:`candle_ckpt.keras.pipeline_state`). Captured after every callback's ``on_epoch_end`` of the saved epoch;
 restored after every callback's ``on_train_begin`` of the resumed ``fit``, before its first epoch.
 
-A step (mid-epoch) checkpoint's holds two moments (``mid``): the epoch's beginning (the global RNG states and
-the number of ``tf.data`` iterators made when every callback's ``on_epoch_begin`` was about to run, see
-:meth:`TrainState.mark_epoch_begin`), and the save itself (the RNG states again, the other callbacks, and the
-values of the model's metric variables, so the epoch's metrics accumulate over the whole epoch). A resumed
-``fit`` puts the first back before the epoch begins (:meth:`TrainState.restore`), so the input draws the epoch's
-order as the uninterrupted run did, skips the steps already done, and then puts the second back
-(:meth:`TrainState.restore_mid`).
+A step checkpoint's holds two moments (``mid``): the epoch's beginning (RNG states, tf.data iterators made:
+:meth:`TrainState.mark_epoch_begin`), put back before the epoch begins (:meth:`TrainState.restore`) so the input
+draws the epoch's order as before and the done steps are skipped; and the save (RNG states, callbacks, metric
+variables), put back after them (:meth:`TrainState.restore_mid`).
 """
 
 from __future__ import annotations
@@ -106,7 +99,7 @@ class TrainState:
             done = []
             if self.pipeline is not None and "pipeline" in doc:
                 self.pipeline.restore(doc["pipeline"], arrays)
-                done.append(f"input ({self.pipeline.kind})")
+                done.append(f"input ({self.pipeline.kind}{self.pipeline.note})")
             begin = {k[len("begin.") :]: v for k, v in arrays.items() if k.startswith("begin.")}
             return done + [f"rng:{n}@epoch-begin" for n in restore_rngs(doc["mid"]["rng_begin"], begin)]
         return self._restore_now(doc, arrays)
@@ -133,7 +126,7 @@ class TrainState:
         done = callback_state.restore(self.callbacks, doc.get("callbacks", {}), arrays, self.warn_once)
         if self.pipeline is not None and "pipeline" in doc:
             self.pipeline.restore(doc["pipeline"], arrays)
-            done.append(f"input ({self.pipeline.kind})")
+            done.append(f"input ({self.pipeline.kind}{self.pipeline.note})")
         if "rng" in doc:  # last: a replayed PyDataset.on_epoch_end draws from the RNGs first
             done += [f"rng:{name}" for name in restore_rngs(doc["rng"], arrays)]
         return done

@@ -1,6 +1,7 @@
 """Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` in fresh processes.
 
-``exact_job.py --once SETUP PHASE DIR OUT`` runs one job in the process itself, under ``$KERAS_BACKEND``.
+``exact_job.py --once SETUP PHASE DIR OUT [steps]`` runs one job in the process itself, under ``$KERAS_BACKEND``
+(``steps``: a step checkpoint after every step, written at once).
 Served (no arguments), like ``crash_job.py --serve``: the server imports TensorFlow once, then for
 every line ``SETUP PHASE DIR OUT [async|sync]`` on stdin forks a child that runs
 one job and prints ``reaped <status>`` when it is gone. The server never runs
@@ -198,18 +199,16 @@ def other_callbacks(setup: str) -> tuple[list, list]:
     return [], []
 
 
-def params(directory: str, use_async: bool | None, setup: str = "") -> dict:
-    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto). ``jax_step`` and
-    ``torch_loader`` save a step checkpoint after every step, written at once: the kill after step 2 of epoch 3
-    resumes from step 1's (for ``jax_step``, taken from the state that Keras's JAX ``fit`` keeps outside the
-    model's variables)."""
+def params(directory: str, use_async: bool | None, every_step: bool = False) -> dict:
+    """The job's gParameters; ``use_async`` None leaves ``ckpt_async`` at its default (auto). ``every_step``: a
+    step checkpoint after every step, written at once, so the kill after step 2 of epoch 3 resumes from step 1's."""
     gp = {"epochs": EPOCHS, "ckpt_directory": directory, "ckpt_save_best_metric": "loss", "ckpt_keep_limit": 2}
-    if setup in ("jax_step", "torch_loader"):
+    if every_step:
         gp.update(ckpt_save_steps=1, ckpt_async=False)
     return gp if use_async is None else {**gp, "ckpt_async": use_async}
 
 
-def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None) -> None:
+def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None, every_step: bool = False) -> None:
     """Run one job of ``setup`` (see the module docstring)."""
     import keras
     import numpy as np
@@ -223,7 +222,7 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
         torch_loader.seed(1)
     set_policy(setup)
     model = build_model(setup)
-    gp = params(directory, use_async, setup)
+    gp = params(directory, use_async, every_step)
     ckpt = None
     if setup == "callback_before_restart":  # candle_lib's CandleCkptKeras order
         ckpt = candle_ckpt.CandleCheckpointCallback(gp, logger=None)
@@ -345,7 +344,7 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--once"]:  # one job in this process, under $KERAS_BACKEND: SETUP PHASE DIR OUT
-        run(*sys.argv[2:6], use_async=None)
+    if sys.argv[1:2] == ["--once"]:  # one job in this process, under $KERAS_BACKEND: SETUP PHASE DIR OUT [steps]
+        run(*sys.argv[2:6], use_async=None, every_step=sys.argv[6:7] == ["steps"])
     else:
         serve()

@@ -1,8 +1,9 @@
 """Models that ``fit`` trains through their own ``train_step`` (``jobs/custom_step.py``): what a restore does
 with a GAN's optimizers, which Keras builds only at their first ``apply_gradients`` (in this process, on
 TensorFlow), the GAN killed and resumed on torch, and keras.io's JAX guide's model killed and resumed on JAX.
-And a torch ``DataLoader`` feeding ``fit`` on TensorFlow and JAX (``jobs/torch_loader.py``), killed and resumed
-(jobs of ``exact_job.py`` run once, under a backend of their own).
+And inputs on a backend other than their own, killed and resumed: a torch ``DataLoader`` feeding ``fit`` on
+TensorFlow and JAX (``jobs/torch_loader.py``), tf.data on JAX and torch (jobs of ``exact_job.py`` run once, under
+a backend of their own).
 
 The kill and signal tests of these models on TensorFlow are in ``test_exact_resume.py`` and
 ``test_preemption.py``.
@@ -78,24 +79,31 @@ def test_a_gan_optimizer_built_on_other_variables_is_refused_at_its_build(traine
     assert int(np.asarray(fresh.d_optimizer.iterations)) == 0
 
 
-def _once(backend: str, setup: str, phase: str, directory, out, expect: int) -> str:
-    """``exact_job.py --once SETUP PHASE DIR OUT`` under ``backend``; its exit status checked, its stdout
+def _once(backend: str, setup: str, phase: str, directory, out, expect: int, *more: str) -> str:
+    """``exact_job.py --once SETUP PHASE DIR OUT [MORE]`` under ``backend``; its exit status checked, its stdout
     returned."""
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    job = [sys.executable, str(job_script("exact_job.py")), "--once", setup, phase, str(directory), str(out)]
+    job = [sys.executable, str(job_script("exact_job.py")), "--once", setup, phase, str(directory), str(out), *more]
     done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == expect, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
     return done.stdout
 
 
-def _killed_and_resumed(backend: str, setup: str, tmp_path, starts=("start 1", "start 2")) -> tuple[list[str], int]:
-    """``setup`` under ``backend``, run uninterrupted, then killed with SIGKILL mid-epoch 3 and resumed (its first
-    line one of ``starts``: by default epoch 1 or 2, as epoch 2's write may be in flight at the kill): the names of
-    the arrays that differ between the two runs' ends, and how many optimizer variables were compared."""
-    _once(backend, setup, "full", tmp_path / "full", tmp_path / "full.npz", 0)
-    _once(backend, setup, "kill", tmp_path / "job", tmp_path / "killed.npz", -signal.SIGKILL)
-    said = _once(backend, setup, "resume", tmp_path / "job", tmp_path / "resumed.npz", 0)
-    assert said.splitlines()[0] in starts, said
+def _killed_and_resumed(backend: str, setup: str, tmp_path, every_step: bool = False) -> tuple[list[str], int]:
+    """``setup`` under ``backend``, run uninterrupted, then killed with SIGKILL after step 2 of epoch 3 and resumed:
+    from epoch 1 or 2 (epoch 2's write may be in flight at the kill), or, ``every_step``, from the step
+    checkpoint of step 1 of epoch 3 (one after every step, written at once). Returns the names of the arrays that
+    differ between the two runs' ends, and how many optimizer variables were compared."""
+    more = ("steps",) if every_step else ()
+    _once(backend, setup, "full", tmp_path / "full", tmp_path / "full.npz", 0, *more)
+    _once(backend, setup, "kill", tmp_path / "job", tmp_path / "killed.npz", -signal.SIGKILL, *more)
+    said = _once(backend, setup, "resume", tmp_path / "job", tmp_path / "resumed.npz", 0, *more)
+    log = (tmp_path / "job" / "ckpt.log").read_text()
+    if every_step:
+        assert said.splitlines()[0] == "start 2", said
+        assert re.search(r"resumed from \S+/steps/\d+ \(epoch 3, step 1,", log), log
+    else:
+        assert said.splitlines()[0] in ("start 1", "start 2"), said
     with np.load(tmp_path / "full.npz") as a, np.load(tmp_path / "resumed.npz") as b:
         assert a.files == b.files
         return [k for k in a.files if a[k].tobytes() != b[k].tobytes()], sum(k.startswith("opt") for k in a.files)
@@ -115,9 +123,7 @@ def test_a_stateless_jax_train_step_killed_mid_epoch_resumes_bit_identical(tmp_p
     outside the variables until the epoch ends), with Dropout, a metric and validation data, killed with SIGKILL
     after step 2 of epoch 3 and resumed from the step checkpoint of its step 1: its weights and Adam's variables
     end as in the uninterrupted run."""
-    differ, slots = _killed_and_resumed("jax", "jax_step", tmp_path, starts=("start 2",))
-    log = (tmp_path / "job" / "ckpt.log").read_text()
-    assert re.search(r"resumed from \S+/steps/\d+ \(epoch 3, step 1,", log), log
+    differ, slots = _killed_and_resumed("jax", "jax_step", tmp_path, every_step=True)
     assert slots >= 10 and differ == []  # Adam: iterations, learning rate, two moments of four weights
 
 
@@ -128,7 +134,26 @@ def test_a_torch_dataloader_on_another_backend_killed_mid_epoch_resumes_bit_iden
     feeding fit on TensorFlow or JAX draws each epoch's order from torch's global generator: killed after step 2
     of epoch 3 and resumed from step 1's checkpoint, the run ends as the uninterrupted one (it did not while
     torch's generator was saved on the torch backend only: every weight differed)."""
-    differ, slots = _killed_and_resumed(backend, "torch_loader", tmp_path, starts=("start 2",))
+    differ, slots = _killed_and_resumed(backend, "torch_loader", tmp_path, every_step=True)
     log = (tmp_path / "job" / "ckpt.log").read_text()
     assert re.search(r"restored input \(TorchDataLoaderAdapter\), .*rng:torch_cpu@epoch-begin", log), log
+    assert slots >= 10 and differ == []
+
+
+@pytest.mark.needs_package("jax", "torch")
+@pytest.mark.parametrize(
+    ("backend", "setup", "every_step"),
+    [("jax", "tfdata_reshuffle", False), ("jax", "tfdata_repeat", False), ("torch", "tfdata_reshuffle", True)],
+)
+def test_tf_data_on_jax_and_torch_killed_mid_epoch_resumes_bit_identical(backend, setup, every_step, tmp_path):
+    """tf.data on JAX and torch, whose fit makes each epoch's TensorFlow iterator only when it first reads it (and
+    makes one it never reads at each epoch's end): a reshuffling dataset resumed from an epoch's checkpoint and
+    from a step checkpoint, and a ``.repeat()`` one with steps_per_epoch, whose kept iterator cannot be saved
+    there and is read again to its place. Before, the first drew one reshuffle too many (the iterators Keras made
+    were counted, not those it read) and the second started from the dataset's beginning: every weight differed."""
+    differ, slots = _killed_and_resumed(backend, setup, tmp_path, every_step)
+    log = (tmp_path / "job" / "ckpt.log").read_text()
+    if setup == "tfdata_repeat":
+        assert re.search(r"restored input \(tf\.data, \d+ batches read again in [\d.]+ s\)", log), log
+        assert "cannot be saved" not in log, log
     assert slots >= 10 and differ == []
