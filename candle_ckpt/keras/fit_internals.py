@@ -184,17 +184,22 @@ def set_steps_seen(epoch_iterator: Any, steps: int) -> None:
     epoch_iterator._steps_seen = steps
 
 
-def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
-    """Call ``on_new()`` each time ``fit`` makes a TensorFlow iterator over its tf.data input: on JAX and torch at
-    its first read (Keras also makes one at each epoch's end that it never reads).
+def hides_tf_iterator() -> bool:
+    """Whether ``fit`` reads tf.data through an iterable that makes the TensorFlow iterator at its first read and
+    hides it (JAX's generator, torch's DataLoader). Relies on: each backend's ``EpochIterator._get_iterator`` --
+    tripwire ``test_custom_step.py`` (tf.data on JAX and torch)."""
+    return keras.backend.backend() != "tensorflow"
 
-    Relies on: ``EpochIterator._get_iterator``, its result iterated at once -- tripwire ``test_exact_resume.py``
-    (tfdata_*), ``test_custom_step.py`` (tf.data on JAX, torch).
-    """
+
+def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
+    """Call ``on_new()`` each time ``fit`` makes a TensorFlow iterator over its tf.data input: where it hides it, at
+    its first read (Keras also makes one at each epoch's end that it never reads). Relies on:
+    ``EpochIterator._get_iterator``, its result iterated at once -- tripwire ``test_exact_resume.py`` (tfdata_*),
+    ``test_custom_step.py`` (tf.data on JAX, torch)."""
     make = epoch_iterator._get_iterator
 
     def counted() -> Any:
-        if keras.backend.backend() == "tensorflow":
+        if not hides_tf_iterator():
             on_new()
             return make()
         iterator = iter(make())
@@ -209,22 +214,18 @@ def count_iterators(epoch_iterator: Any, on_new: Callable[[], None]) -> None:
 
 
 def new_dataset(epoch_iterator: Any) -> Any:
-    """A new iterable over ``fit``'s tf.data input whose ``iter()`` makes an epoch's TensorFlow iterator: Keras's
-    on TensorFlow; on JAX and torch, whose iterable makes it only when first read, the dataset itself.
-
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_exact_resume.py`` (tfdata_*), ``test_custom_step.py``.
-    """
-    if keras.backend.backend() == "tensorflow":
-        return epoch_iterator._get_iterator()
-    return epoch_iterator.data_adapter.get_tf_dataset()
+    """A new iterable over ``fit``'s tf.data input whose ``iter()`` makes an epoch's TensorFlow iterator: Keras's,
+    or the dataset itself where Keras's hides it. Relies on: ``EpochIterator._get_iterator`` -- tripwire
+    ``test_exact_resume.py`` (tfdata_*), ``test_custom_step.py``."""
+    if hides_tf_iterator():
+        return epoch_iterator.data_adapter.get_tf_dataset()
+    return epoch_iterator._get_iterator()
 
 
 def replayed_iterator(epoch_iterator: Any, steps: int) -> Any:
-    """Keras's iterator of a new epoch ``steps`` batches in: a saved run's kept iterator made again (on JAX and torch,
-    where its TensorFlow iterator cannot be saved; a tf.data pipeline reads the same batches again).
-
-    Relies on: ``EpochIterator._get_iterator`` -- tripwire ``test_custom_step.py`` (tfdata_repeat on JAX).
-    """
+    """Keras's iterator of a new epoch ``steps`` batches in: a saved run's kept iterator made again where its state
+    was not saved (a tf.data pipeline reads the same batches again). Relies on: ``EpochIterator._get_iterator`` --
+    tripwire ``test_custom_step.py`` (tfdata_repeat on JAX)."""
     iterator = iter(epoch_iterator._get_iterator())
     for _ in range(steps):
         next(iterator)

@@ -27,7 +27,6 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import keras
 import numpy as np
 
 from candle_ckpt.distributed.tf_internals import tf_global_generator
@@ -120,11 +119,10 @@ class Pipeline:
         if self.kind == "tf.data":
             doc["iterators"] = self.iterators
             current = fit_internals.kept_iterator(self.it)
-            if self.it.steps_per_epoch and current is not None and keras.backend.backend() != "tensorflow":
-                doc["steps_seen"] = fit_internals.steps_seen(self.it)  # made again on resume (replayed)
-            elif self.it.steps_per_epoch and current is not None:
+            if self.it.steps_per_epoch and current is not None:
                 try:
-                    arrays.update(_iterator_bytes(current))
+                    if not fit_internals.hides_tf_iterator():  # else made again on resume and read to its step
+                        arrays.update(_iterator_bytes(current))
                     doc["steps_seen"] = fit_internals.steps_seen(self.it)
                 except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
                     self.warn(
@@ -156,7 +154,8 @@ class Pipeline:
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         dataset, iterators = fit_internals.new_dataset(self.it), int(doc["iterators"])
-        if "steps_seen" in doc and not any(key.startswith(_ITER_PREFIX) for key in arrays):  # JAX, torch
+        saved = any(key.startswith(_ITER_PREFIX) for key in arrays)  # the kept iterator's state (TensorFlow)
+        if "steps_seen" in doc and (fit_internals.hides_tf_iterator() or not saved):  # read again to its step
             for _ in range(iterators - 1):  # the iterators made before the kept one
                 iter(dataset)
             began = time.perf_counter()
@@ -273,8 +272,8 @@ def _torch_draws(backend: str | None) -> bool:
 
 
 def backend_capture(backend: str | None = None) -> dict[str, np.ndarray]:
-    """Return torch's global RNG states as owned uint8 arrays (empty unless :func:`_torch_draws`; ``backend``:
-    ``"torch"``, ``"jax"`` or ``"tensorflow"``, by default the one in use)."""
+    """Return torch's global RNG states as owned uint8 arrays (empty unless :func:`_torch_draws`: torch imported,
+    or ``backend`` ``"torch"``)."""
     if not _torch_draws(backend):
         return {}
     import torch
