@@ -138,7 +138,7 @@ CLUSTER_SPECS: tuple[Spec, ...] = (
         help=(
             "Seconds a preemption save's drain may take before the process exits (less if ckpt_deadline is "
             "closer); Slurm's default grace between SIGTERM and SIGKILL is 30 s. Not finished in time: exit "
-            "status 75."
+            "status 75. At any other exit with the run still open (an error in fit), the newest commit's drain."
         ),
         allowed="finite number > 0 (seconds)",
         minimum=0.0,

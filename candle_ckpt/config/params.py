@@ -64,7 +64,8 @@ class CkptConfig:
         persistent_url: The persistent tier (a path or an fsspec URL), or None (see :attr:`persistent`).
         drain: ``"every"``, ``"interval"``, ``"preempt"``, ``"end"`` or None (see :attr:`drain_policy`).
         drain_interval: With ``drain="interval"``: drain every N-th epoch commit.
-        drain_timeout: Seconds a preemption save's drain may take before the process exits.
+        drain_timeout: Seconds a drain may take before the process exits (a preemption save's; at any other
+            exit with the run open, the newest commit's).
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         compile_cache: ``"auto"``, ``"off"`` or a directory: JAX's persistent compilation cache

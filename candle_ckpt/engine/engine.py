@@ -124,7 +124,8 @@ class CheckpointEngine:
         if self.remote is None and self.cfg.persistent:
             from candle_ckpt.storage.drain import Drain
 
-            self.remote = Drain(self.cfg, self.store, self.log, self.retention.select, group_timeout())
+            at_exit = self.writer.join_at_exit if self.writer.is_async else None  # the write in flight first
+            self.remote = Drain(self.cfg, self.store, self.log, self.retention.select, group_timeout(), at_exit)
             self.after_commit.append(self.remote.committed)
         return self.remote
 

@@ -22,6 +22,7 @@ process count once, and a process never refuses a checkpoint it has already resu
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -105,7 +106,9 @@ class History:
         if not self.cfg.persistent:
             return
         if background:
-            threading.Thread(target=self._append_persistent, args=(record,), daemon=True).start()
+            thread = threading.Thread(target=self._append_persistent, args=(record,), daemon=True)
+            _APPENDS.add(thread)
+            thread.start()
         else:
             self._append_persistent(record)
 
@@ -117,6 +120,12 @@ class History:
 
     def _append_persistent(self, record: Mapping[str, Any]) -> None:
         """An append on a POSIX path; elsewhere (an object store has no append) the file is rewritten whole."""
+        try:
+            self._write_persistent(record)
+        finally:
+            _APPENDS.discard(threading.current_thread())
+
+    def _write_persistent(self, record: Mapping[str, Any]) -> None:
         try:
             tier, path = self._tier()
             if tier.posix:
@@ -135,6 +144,19 @@ class History:
         if not self._said:
             self._said = True
             self.log.warning(f"restart history: could not {what} {H.HISTORY_FILE}: {err}")
+
+
+# The persistent tier's appends under way on their threads (History.append(background=True)): a process that exits
+# waits for them, bounded, so that a start's last record (its progress) is not cut off by the exit.
+_APPENDS: set[threading.Thread] = set()
+EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _join_appends() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_APPENDS):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def resumed_name(layout: L.Layout, side: Sidecar) -> str:

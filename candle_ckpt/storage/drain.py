@@ -35,12 +35,15 @@ exits. See docs/campaigns.rst.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import queue
 import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +80,8 @@ class Drain:
         store: The fast tier.
         log: ``ckpt.log``.
         select: The retention policy's ``select(epochs, protected)``, applied to the persistent epochs.
+        parts_wait_s: A node-local job's primary: how long it waits for the other ranks' parts.
+        before_exit: Run at interpreter exit before :meth:`at_exit` (the asynchronous writer's join).
     """
 
     def __init__(
@@ -86,9 +91,14 @@ class Drain:
         log: OpsLog,
         select: Callable[[list[int], set[int]], set[int]],
         parts_wait_s: float = 300.0,
+        before_exit: Callable[[], None] | None = None,
     ) -> None:
         self.cfg, self.store, self.log, self.select = cfg, store, log, select
-        self.parts_wait_s = parts_wait_s  # a node-local job's primary: how long it waits for the others' parts
+        # At interpreter exit, after before_exit (the async writer's commit in flight): at_exit (hook registered
+        # after the writer's, so run before it).
+        self.before_exit = before_exit
+        atexit.register(functools.partial(_at_exit, weakref.ref(self)))
+        self.parts_wait_s = parts_wait_s
         self.tier = PersistentTier.of(cfg)
         self.policy = cfg.drain_policy
         self.records: list[dict[str, Any]] = []
@@ -104,6 +114,7 @@ class Drain:
         self._known: dict[tuple[str, int], Sidecar] | None = None
         self._refused: str | None = None
         self._said: int | None = None  # the generation whose completion was last logged
+        self._finished: int | None = None  # the newest generation a finish() was given (at_exit leaves it be)
 
     # -- called on the writer's thread -------------------------------------------
     def committed(self, side: Sidecar) -> None:
@@ -287,16 +298,17 @@ class Drain:
             errors, self._errors = self._errors, []
         return errors
 
-    def finish(self, timeout: float) -> bool:
+    def finish(self, timeout: float, exiting: bool = False) -> bool:
         """Drain what the policy leaves for the end, wait up to ``timeout`` s, and log whether it completed.
 
         ``every``, ``interval`` and ``preempt``: the newest commit (the last
         save, or a preemption save) if it was not drained yet. ``end``: best and
-        last.
+        last. ``exiting``: the process ends once this returns (said if the drain is not complete).
 
         Returns:
             True if every queued checkpoint reached the persistent tier in time.
         """
+        self._finished = self._latest.generation if self._latest is not None else None
         for side in self._final_sides():
             self._enqueue(side)
         deadline = time.monotonic() + timeout
@@ -306,7 +318,12 @@ class Drain:
         if self._queue.unfinished_tasks:
             self.log.warning(
                 f"drain: NOT complete after {timeout:g} s: {describe(latest) if latest else 'a checkpoint'} is not "
-                f"yet in the persistent tier {self.tier.url} (the drain goes on while this process lives)"
+                f"yet in the persistent tier {self.tier.url} "
+                + (
+                    "and this process exits now: a restart elsewhere resumes the newest checkpoint there"
+                    if exiting
+                    else "(the drain goes on while this process lives)"
+                )
             )
             return False
         if latest is not None and self._said != latest.generation and self._refused is None:
@@ -315,6 +332,22 @@ class Drain:
             if drained or self.policy == "end":
                 self.log.info(f"drain: complete: {describe(latest)} is in the persistent tier {self.tier.url}")
         return self._refused is None
+
+    def at_exit(self, timeout: float) -> None:
+        """The process is exiting with a commit no :meth:`finish` was given (``fit`` ended by an uncaught error, a
+        ``SystemExit``, a signal that is no preemption): drain as :meth:`finish` does, up to ``timeout`` s, saying so.
+        Without this the drain's daemon thread dies with the process, and the next node resumes an older checkpoint
+        (or none) from the persistent tier."""
+        if self.before_exit is not None:
+            self.before_exit()
+        latest = self._latest
+        if latest is None or self._finished == latest.generation or self._refused is not None:
+            return
+        self.log.info(
+            f"exit: draining {describe(latest)} to {self.tier.url} before this process exits "
+            f"(up to {timeout:g} s, ckpt_drain_timeout)"
+        )
+        self.finish(timeout, exiting=True)
 
     def _final_sides(self) -> list[Sidecar]:
         if self.policy != "end":
@@ -335,3 +368,9 @@ class Drain:
 
 
 __all__ = ["DRAIN_INCOMPLETE_EXIT", "Drain"]
+
+
+def _at_exit(ref: weakref.ref) -> None:
+    drain = ref()
+    if drain is not None:
+        drain.at_exit(drain.cfg.drain_timeout)

@@ -3,11 +3,14 @@
 Usage::
 
     python loop_job.py DIR EPOCHS [--crash EPOCH:BATCH] [--sleep S] [--fast FAST] [--persistent URL] [--k K]
+                       [--slow-drain S]
 
 ``--crash E:B`` raises ``RuntimeError("bad batch E:B")`` at batch B of epoch index E, in every process that
 gets there (bad data at a fixed batch); ``--sleep`` sleeps S seconds after every batch (a job slow enough to
 kill); ``--fast`` puts the fast tier in FAST instead of DIR (a run moved to a new node); ``--persistent`` sets
-``ckpt_persistent_url``; ``--k`` sets ``ckpt_max_no_progress_restarts``. A run that ends prints ``done`` and
+``ckpt_persistent_url``; ``--k`` sets ``ckpt_max_no_progress_restarts``; ``--slow-drain S`` makes
+``slowfile://PATH`` a persistent tier: the local file system, each file opened for writing S seconds late (a slow
+network store). A run that ends prints ``done`` and
 ``start=<stats()["start"] as JSON>``.
 """
 
@@ -45,6 +48,27 @@ class CrashAt(keras.callbacks.Callback):
             time.sleep(self.sleep)
 
 
+def slow_file_system(seconds: float) -> None:
+    """Register ``slowfile://``: the local file system, each file opened for writing ``seconds`` late."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    class SlowFile(LocalFileSystem):
+        protocol = ("slowfile",)
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            path = str(path)
+            return super()._strip_protocol(path[len("slowfile://") :] if path.startswith("slowfile://") else path)
+
+        def _open(self, path, mode="rb", **kwargs):
+            if "w" in mode or "a" in mode:
+                time.sleep(seconds)
+            return super()._open(path, mode, **kwargs)
+
+    fsspec.register_implementation("slowfile", SlowFile, clobber=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
@@ -54,7 +78,10 @@ def main() -> None:
     parser.add_argument("--fast", default=None)
     parser.add_argument("--persistent", default=None)
     parser.add_argument("--k", type=int, default=None)
+    parser.add_argument("--slow-drain", type=float, default=None)
     args = parser.parse_args()
+    if args.slow_drain is not None:
+        slow_file_system(args.slow_drain)
     params = {
         "epochs": args.epochs,
         "ckpt_directory": args.fast or args.directory,

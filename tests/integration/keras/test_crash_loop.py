@@ -125,6 +125,28 @@ def test_a_moved_run_still_counts_its_loop(tmp_path: Path) -> None:
     assert (tmp_path / "node2" / "ckpts" / "restarts.jsonl").is_file()  # each node's fast tier has its copy
 
 
+def test_a_crash_drains_its_last_commit_before_the_process_exits(tmp_path: Path) -> None:
+    """A job that fails at the first batch after an epoch commit, its persistent tier slow (each file written 1 s
+    late): the failing process waits for the drain before it exits, and says so in ckpt.log, so that its next start,
+    on a new node, resumes that epoch from the persistent tier (before, the drain's thread died with the process
+    and the next node resumed an older checkpoint: the moved run's loop went uncounted)."""
+    persistent = tmp_path / "persistent"
+    url = f"slowfile://{persistent}"
+    first = start(tmp_path / "job", "4", "--crash", "2:0", "--fast", str(tmp_path / "node0"), "--persistent", url,
+                  "--slow-drain", "1")  # fmt: skip
+    assert first.returncode == 1 and "RuntimeError: bad batch 2:0" in first.stderr, first.stderr[-2000:]
+    log = (tmp_path / "node0" / "ckpt.log").read_text()
+    (line,) = [line for line in log.splitlines() if "exit: draining" in line]
+    assert "epochs/002 (generation 2, epoch 2) to " + url in line, log[-2000:]
+    assert_log_example("campaigns.rst", line, "INFO exit: draining")
+    assert "drain: complete: epochs/002" in log, log[-2000:]
+    second = start(tmp_path / "job", "4", "--fast", str(tmp_path / "node1"), "--persistent", url,
+                   "--slow-drain", "0")  # fmt: skip
+    assert second.returncode == 0 and "done" in second.stdout, second.stderr[-2000:]
+    resumes = [r for r in read_local(str(persistent / "restarts.jsonl")) if r["event"] == "restart" and r["resumed"]]
+    assert [(r["resumed"], r["source"]) for r in resumes] == [("epochs/002", "persistent")], resumes
+
+
 def test_the_readme_sbatch_script_does_not_requeue_a_refused_crash_loop(tmp_path: Path) -> None:
     """The README's sbatch script, srun stubbed to end as a refused restart() does (status 65): no requeue, one
     line saying why, and the job ends with 65."""

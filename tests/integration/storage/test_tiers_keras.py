@@ -84,7 +84,7 @@ def test_a_stale_fast_tier_resumes_from_the_newer_persistent_epoch_and_leaves_it
     line = [x for x in log.splitlines() if "restart: tier:" in x]
     assert len(line) == 1 and "restart: tier: persistent:" in line[0]
     assert "epochs/006 (generation 6, epoch 6) is newer than the fast tier's epochs/003 (generation 3" in line[0]
-    assert_log_example("campaigns.rst", line[0])
+    assert_log_example("campaigns.rst", line[0], "INFO restart: tier: persistent:")
     after = tree(p)
     assert {k: after[k] for k in before} == before
     assert {k.split("/")[1] for k in after if k.startswith("epochs/")} >= {"007", "008"}

@@ -168,6 +168,25 @@ def test_each_drain_policy_drains_what_it_says(tmp_path: Path, policy: str, expe
     assert "drain: complete: epochs/005" in (tmp_path / "A" / "ckpt.log").read_text()
 
 
+def test_an_exit_drains_the_newest_commit_once_and_never_after_a_finish(tmp_path: Path) -> None:
+    """The interpreter-exit hook (Drain.at_exit): a commit no finish() was given (a fit that raised) is drained,
+    said in one line; once finished (the end of training, a preemption's exit), the hook waits for nothing again."""
+    p, fast = tmp_path / "P", tmp_path / "A"
+    run = Run(fast, p, ckpt_drain="preempt")
+    run.train(3)
+    assert persistent(p) == {}  # "preempt" drains nothing during training
+    run.engine.remote.at_exit(60)
+    run.engine.remote.at_exit(60)
+    assert list(persistent(p)) == ["epochs/003"]
+    lines = [line for line in (fast / "ckpt.log").read_text().splitlines() if "exit: draining" in line]
+    assert len(lines) == 1 and "epochs/003 (generation 3, epoch 3) to " in lines[0], lines
+    run.train(4)
+    run.engine.finish()
+    run.engine.remote.at_exit(60)
+    assert list(persistent(p)) == ["epochs/003", "epochs/004"]
+    assert (fast / "ckpt.log").read_text().count("exit: draining") == 1
+
+
 def test_another_lineage_in_the_persistent_tier_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
     """A second run that did not resume (restart off) shares P by mistake: its drain refuses, names both
     lineages, and P is unchanged."""
