@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -185,6 +187,26 @@ def test_an_exit_drains_the_newest_commit_once_and_never_after_a_finish(tmp_path
     run.engine.remote.at_exit(60)
     assert list(persistent(p)) == ["epochs/003", "epochs/004"]
     assert (fast / "ckpt.log").read_text().count("exit: draining") == 1
+
+
+def test_an_exit_whose_drain_does_not_finish_in_time_says_so_and_returns(tmp_path: Path) -> None:
+    """A persistent tier that stops answering: the exit hook waits its timeout, no longer, and says the newest
+    checkpoint is not there and the process exits (a restart elsewhere resumes what the persistent tier has)."""
+    p, fast = tmp_path / "P", tmp_path / "A"
+    run = Run(fast, p, ckpt_drain="preempt")
+    run.train(2)
+    release = threading.Event()
+    put = run.engine.remote.tier.put
+    run.engine.remote.tier.put = lambda *a: release.wait(30) and put(*a)
+    start = time.monotonic()
+    run.engine.remote.at_exit(0.3)
+    assert time.monotonic() - start < 10
+    log = (fast / "ckpt.log").read_text()
+    assert "drain: NOT complete after 0.3 s: epochs/002 (generation 2, epoch 2) is not yet in the persistent" in log
+    assert "and this process exits now: a restart elsewhere resumes the newest checkpoint there" in log
+    release.set()
+    run.end()
+    assert list(persistent(p)) == ["epochs/002"]
 
 
 def test_another_lineage_in_the_persistent_tier_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
