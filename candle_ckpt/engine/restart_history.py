@@ -237,6 +237,7 @@ def _forked() -> None:
     """A forked child (a job server's) is a process, and a start, of its own."""
     _TOKEN[0] = uuid.uuid4().hex
     _START.clear()
+    _APPENDS.clear()  # the parent's appends are the parent's to wait for
 
 
 os.register_at_fork(after_in_child=_forked)
