@@ -30,6 +30,7 @@ LOG_EXAMPLES = {
     ("performance.rst", "WARNING epoch 2: training waited"): "tests/integration/engine/test_async.py",
     ("async.rst", "WARNING epoch 1: the host copy"): "tests/integration/engine/test_async.py",
     ("campaigns.rst", "INFO restart: tier: persistent:"): "tests/integration/storage/test_tiers_keras.py",
+    ("preemption.rst", "ERROR restart: refused: reading"): "tests/integration/keras/test_hang.py",  # before the next
     ("preemption.rst", "ERROR restart: refused:"): "tests/integration/keras/test_crash_loop.py",
     ("campaigns.rst", "INFO exit: draining"): "tests/integration/keras/test_crash_loop.py",
     ("preemption.rst", "INFO start:"): "tests/integration/keras/test_crash_loop.py",

@@ -234,9 +234,9 @@ CLUSTER_SPECS: tuple[Spec, ...] = (
         kind="timeout",
         default="auto",
         help=(
-            "End a run that makes no progress (no step, save or meeting finished) for this long: every thread's "
-            "stack to ckpt.log, then exit 124 to be requeued. auto: from the measured step, save and start-up "
-            "times (docs/preemption.rst); seconds; or none."
+            "End a run that makes no progress (no step, save or meeting finished; or restart()'s restore) for this "
+            "long: every thread's stack to ckpt.log, then exit 124 to be requeued. auto: from the measured step, "
+            "save and start-up times (docs/preemption.rst); seconds; or none."
         ),
         allowed="auto, none, or seconds > 0",
         none_is_value=True,

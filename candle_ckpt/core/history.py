@@ -170,6 +170,29 @@ def no_progress_restarts(records: Iterable[Mapping[str, Any]], resumed: str | No
     return count
 
 
+def hung_restores(records: Iterable[Mapping[str, Any]]) -> tuple[int, str | None]:
+    """``(count, name)``: how many starts in a row, counting back from the newest restart, hung in their restore
+    (a ``failure`` ``hang`` in phase ``restore``: the read of a checkpoint never returned), and the checkpoint
+    the newest of them was reading (None if it hung before it knew). As :func:`no_progress_restarts`, a
+    ``progress`` or ``refused`` record ends the count and a start with no record of its own is passed over; any
+    other start ends it. ``records``: one ``restart`` per process."""
+    records = list(records)
+    failures = [r for r in records if r.get("event") == "failure"]
+    failed = {r.get("restart") for r in failures} | {_life(r) for r in failures}
+    hung = {r.get("restart") for r in failures if (r.get("error"), r.get("phase")) == ("hang", "restore")}
+    count, name = 0, None
+    for record in reversed(records):
+        if record.get("event") in ("refused", "progress"):
+            break
+        if record.get("event") != "restart" or (record.get("id") not in failed and _life(record) not in failed):
+            continue
+        if record.get("id") not in hung:
+            break
+        name = name if count else record.get("resumed")
+        count += 1
+    return count, name
+
+
 def _life(record: Mapping[str, Any]) -> tuple[Any, Any]:
     """The process a record was written by (its host and pid)."""
     return record.get("host"), record.get("pid")
@@ -207,6 +230,7 @@ __all__ = [
     "append_local",
     "encode",
     "failure_rate",
+    "hung_restores",
     "last_failure",
     "merge",
     "new_record",

@@ -8,7 +8,8 @@ it, except for the one refusal below.
 - :class:`History`: one directory's history (read, append).
 - :func:`refuse_crash_loop`: ``restart()`` refuses to resume a checkpoint that was resumed
   ``ckpt_max_no_progress_restarts`` times in a row, this time included, with no commit after it: one line,
-  a ``refused`` record, exit status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`.
+  a ``refused`` record, exit status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`;
+  :func:`refuse_hung_restore` the same, before reading, when the starts before hung reading it.
 - :class:`Start`: this process's start (one per process: the first ``restart()``, or the first run when there
   was none), with its breakdown (``import_s``: process start to ``restart()``; ``choose_s``, ``verify_s``,
   ``read_s``, ``restore_s``: the restore; ``first_step_s``: ``restart()``'s return, or the run's begin, to
@@ -176,8 +177,7 @@ def refuse_crash_loop(
     cfg: CkptConfig, history: History, records: list[dict[str, Any]], name: str, side: Sidecar
 ) -> None:
     """Exit with :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT` if resuming ``name`` now makes it
-    ``ckpt_max_no_progress_restarts`` resumes in a row with no commit after it (``records``: the history as
-    read before this restore); else return.
+    ``ckpt_max_no_progress_restarts`` resumes in a row with no commit after it (``records``: as read before).
 
     Raises:
         SystemExit: the refusal (a ``refused`` record and one line in ``ckpt.log`` first).
@@ -189,13 +189,37 @@ def refuse_crash_loop(
     if count < limit:
         return
     last = H.last_failure(records)
-    history.append(H.new_record("refused", resumed=name, count=count, last_failure=last, process=process_token()))
-    line = (
+    _refuse(history, name, count, last, (
         f"restart: refused: {name} has been resumed {count} times in a row, this time included, with no checkpoint "
         f"committed after it (ckpt_max_no_progress_restarts={limit}); last failure: {last or 'none recorded'}; "
         f"exit status {H.CRASH_LOOP_EXIT}: fix the cause and start again (this refusal ends the count), or set "
         "ckpt_max_no_progress_restarts=0"
-    )
+    ))  # fmt: skip
+
+
+def refuse_hung_restore(cfg: CkptConfig, history: History, records: list[dict[str, Any]]) -> None:
+    """Exit with :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`, before anything is read, if the starts before
+    this one hung in their restore (:func:`~candle_ckpt.core.history.hung_restores`: a read that never returned,
+    ended by the restore's watchdog) and this one would make ``ckpt_max_no_progress_restarts`` in a row. Their
+    read would hang again before :func:`refuse_crash_loop` could refuse."""
+    limit = cfg.max_no_progress_restarts
+    if not limit or any(r.get("process") == process_token() for r in records):
+        return
+    count, name = H.hung_restores(_one_per_process(records))
+    if count + 1 < limit:
+        return
+    what = name or "the checkpoint to resume from"
+    _refuse(history, what, count + 1, "hang in phase restore", (
+        f"restart: refused: reading {what} hung in the last {count} starts in a row (the watchdog ended each, "
+        f"phase restore), with no checkpoint committed since (ckpt_max_no_progress_restarts={limit}); exit status "
+        f"{H.CRASH_LOOP_EXIT}: fix the file system it is read from, or move it aside to resume the one before it, "
+        "and start again (this refusal ends the count), or set ckpt_max_no_progress_restarts=0"
+    ))  # fmt: skip
+
+
+def _refuse(history: History, name: str, count: int, last: str | None, line: str) -> None:
+    """The refusal: a ``refused`` record, ``line`` in ``ckpt.log`` (and on stderr without a logger), the exit."""
+    history.append(H.new_record("refused", resumed=name, count=count, last_failure=last, process=process_token()))
     history.log.error(line)
     if history.log.logger is None:  # the process's last word reaches the console whatever the logger
         print(f"ERROR {line}", file=sys.stderr)

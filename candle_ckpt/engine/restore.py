@@ -9,7 +9,9 @@ prune of it) is :class:`~candle_ckpt.engine.run.TrainingRun`'s, once.
 The order:
 
 1. the restart history is read (:mod:`candle_ckpt.engine.restart_history`), by every process before the
-   first meeting, so that all of a group decide alike and none reads what the primary appends after;
+   first meeting, so that all of a group decide alike and none reads what the primary appends after; a
+   restore that hung in the starts before this one is refused here, before anything is read
+   (:func:`~candle_ckpt.engine.restart_history.refuse_hung_restore`);
 2. the choice and its verification: one process, :func:`~candle_ckpt.engine.resume.select_checkpoint`; a
    group, :func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint` (the primary chooses, all verify);
 3. a crash loop is refused (:func:`~candle_ckpt.engine.restart_history.refuse_crash_loop`, exit status 65);
@@ -17,6 +19,15 @@ The order:
 5. the primary appends the ``restart`` record, with the start's breakdown: ``import_s`` (process start to
    here), ``choose_s``, ``verify_s`` (this process's CRC reads through its store), ``read_s`` (the load),
    ``restore_s`` (their sum); the first step adds ``first_step_s``.
+
+Steps 2 to 4 run under a hang watchdog of their own (:class:`~candle_ckpt.engine.watchdog.Watchdog`, phase
+``restore``; ``ckpt_hang_timeout``: auto's limit is :data:`~candle_ckpt.engine.watchdog.START_S`), where
+progress is a byte read or written (:class:`~candle_ckpt.engine.watchdog.ReadMeter`), so that a long pull or
+a large file is never taken for a hang: a read that never returns (a file system that stopped answering, with this
+process reading nothing else) ends the process with status 124 and every
+thread's stack in ``ckpt.log``, after the primary appended a ``restart`` record of the checkpoint it was
+verifying or reading and its ``failure`` (``hang``, phase ``restore``). The Slurm script requeues it; the same
+hang after every requeue is refused at step 1 once ``ckpt_max_no_progress_restarts`` is reached.
 """
 
 from __future__ import annotations
@@ -30,34 +41,87 @@ from candle_ckpt.core import history as H
 from candle_ckpt.core import layout as L
 from candle_ckpt.core.group import SOLO, Group, is_primary
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine import restart_history
+from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.group_restore import Keep, Needed, agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, close_chosen, load_chosen, select_checkpoint
+from candle_ckpt.engine.watchdog import ReadMeter, Watchdog
 from candle_ckpt.storage.store import CheckpointStore
 
 
 class _VerifyClock:
-    """Times a store's ``verify_files`` (the CRC reads) while a restore chooses through it."""
+    """Times a store's ``verify_files`` (the CRC reads) while a restore chooses through it, and tells ``watch``
+    which checkpoint it reads (its sidecar, then its files)."""
 
-    def __init__(self, store: CheckpointStore | None) -> None:
+    def __init__(self, store: CheckpointStore | None, watch: _RestoreWatch) -> None:
         self.store, self.spent = store, 0.0
         if store is None:
             return
-        inner = store.verify_files
+        inner, epoch_side, step_side = store.verify_files, store.read_sidecar, store.steps.read_sidecar
 
-        def verify_files(*args: Any, **kwargs: Any) -> Any:
+        def verify_files(directory: str, side: Sidecar, **kwargs: Any) -> Any:
+            watch.reading(directory, side)
             began = time.perf_counter()
             try:
-                return inner(*args, **kwargs)
+                return inner(directory, side, **kwargs)
             finally:
                 self.spent += time.perf_counter() - began
 
-        store.verify_files = verify_files  # type: ignore[method-assign]
+        def read_sidecar(epoch: int) -> Sidecar:
+            watch.reading(store.layout.epoch_dir(epoch))
+            return epoch_side(epoch)
 
-    def stop(self) -> None:
-        if self.store is not None:
-            del self.store.verify_files  # the store's own method again
+        def read_step_sidecar(generation: int) -> Sidecar:
+            watch.reading(store.layout.step_dir(generation))
+            return step_side(generation)
+
+        store.verify_files, store.read_sidecar = verify_files, read_sidecar  # type: ignore[method-assign]
+        store.steps.read_sidecar = read_step_sidecar  # type: ignore[method-assign]
+
+    def __enter__(self) -> _VerifyClock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.store is not None:  # the store's own methods again
+            del self.store.verify_files, self.store.read_sidecar, self.store.steps.read_sidecar
+
+
+class _RestoreWatch:
+    """Steps 2 to 4 under the hang watchdog (module docstring): armed on entry, stopped on exit."""
+
+    def __init__(self, cfg: CkptConfig, history: restart_history.History, group: Group, breakdown: dict) -> None:
+        self.cfg, self.history, self.breakdown = cfg, history, breakdown
+        self.name: str | None = None  # the checkpoint being read (for the hang's record), and its sidecar
+        self.side: Sidecar | None = None
+        self.ckpts = L.Layout.of(cfg).ckpts
+        off = checkpointing_off(cfg) or cfg.hang_timeout == "none"
+        self.watchdog = Watchdog(
+            None if off else cfg.hang_timeout,
+            L.Layout.of(cfg).log,
+            self._record,
+            who=f"process {group.rank} of {group.size}" if group.size > 1 else "",
+            moving=ReadMeter(),  # bytes that move (a long pull, a large file) are progress
+        )
+
+    def __enter__(self) -> _RestoreWatch:
+        self.watchdog.arm("restore")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.watchdog.disarm()
+
+    def reading(self, directory: str, side: Sidecar | None = None) -> None:
+        """The restore reads the checkpoint in ``directory`` now (``side``: its sidecar, once read)."""
+        self.name, self.side = os.path.relpath(directory, self.ckpts).replace(os.sep, "/"), side
+
+    def _record(self, error: str, phase: str) -> None:
+        """The hang's records (the primary's; from the watchdog's reporter thread, bounded by it)."""
+        record = _restart_record(self.name, self.side, None, self.breakdown)
+        self.history.append(record)
+        self.history.append(H.new_record("failure", restart=record["id"], error=error, phase=phase,
+                                          process=restart_history.process_token()))  # fmt: skip
 
 
 def restore(
@@ -102,24 +166,23 @@ def restore(
         SystemExit: a crash loop refused (status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`).
     """
     began = time.perf_counter()
-    import_s = restart_history.seconds_since_process_start()
+    breakdown: dict[str, Any] = {"import_s": restart_history.seconds_since_process_start()}
     history = restart_history.History(cfg, log, writes=is_primary(group))
     records = history.records()
+    restart_history.refuse_hung_restore(cfg, history, records)
     if is_primary(group):  # SOLO is its own primary
         store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
-    clock = _VerifyClock(store)
-    try:
-        chosen = _choose(cfg, log, adapter, group, name, epoch, store, mapped, needed, keep, timeout_s, node_local)
-    finally:
-        clock.stop()
-    chose = time.perf_counter() - began
-    breakdown = {"import_s": import_s, "choose_s": round(max(0.0, chose - clock.spent), 3)}
-    breakdown["verify_s"] = round(clock.spent, 3)
-    if chosen is None:
-        breakdown.update(read_s=0.0, restore_s=round(chose, 3))
-        _recorded(history, None, breakdown)
-        return None
-    return _load(cfg, log, adapter, chosen, history, records, breakdown, began, who)
+    with _RestoreWatch(cfg, history, group, breakdown) as watch:
+        with _VerifyClock(store, watch) as clock:
+            chosen = _choose(cfg, log, adapter, group, name, epoch, store, mapped, needed, keep, timeout_s, node_local)
+        chose = time.perf_counter() - began
+        breakdown.update(choose_s=round(max(0.0, chose - clock.spent), 3), verify_s=round(clock.spent, 3))
+        if chosen is None:
+            breakdown.update(read_s=0.0, restore_s=round(chose, 3))
+            _recorded(history, None, breakdown)
+            return None
+        watch.name, watch.side = restart_history.resumed_name(L.Layout.of(cfg), chosen.sidecar), chosen.sidecar
+        return _load(cfg, log, adapter, chosen, history, records, breakdown, began, who)
 
 
 def _load(
@@ -175,22 +238,27 @@ def _choose(
     )  # fmt: skip
 
 
-def _recorded(
-    history: restart_history.History, resumed: Resumed | None, breakdown: dict[str, Any], name: str | None = None
-) -> None:
-    """Step 5: the ``restart`` record (the primary writes it), and this process's start."""
-    side = resumed.sidecar if resumed is not None else None
-    record = H.new_record(
+def _restart_record(name: str | None, side: Sidecar | None, source: str | None, breakdown: dict) -> dict[str, Any]:
+    """A ``restart`` record of ``name`` (``side``: its sidecar), with the start's ``breakdown`` so far."""
+    return H.new_record(
         "restart",
         resumed=name,
         epoch=side.epoch if side is not None else None,
         step=side.step if side is not None else None,
         generation=side.generation if side is not None else None,
-        source=resumed.source if resumed is not None else None,
+        source=source,
         lineage=side.lineage if side is not None else None,
         start=dict(breakdown),
         process=restart_history.process_token(),
     )
+
+
+def _recorded(
+    history: restart_history.History, resumed: Resumed | None, breakdown: dict[str, Any], name: str | None = None
+) -> None:
+    """Step 5: the ``restart`` record (the primary writes it), and this process's start."""
+    side = resumed.sidecar if resumed is not None else None
+    record = _restart_record(name, side, resumed.source if resumed is not None else None, breakdown)
     # Written now where a history exists. Else (a job that never failed) only once the run gets somewhere: at its
     # first step (a resume), or with its failure, so that a run that trains nothing (a finished run's rerun, a
     # stop condition already met) and a first fresh start leave no file beside the checkpoints.

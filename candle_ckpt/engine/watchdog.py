@@ -7,6 +7,9 @@ go (:meth:`~candle_ckpt.engine.signals.SignalOwner.release`, after its last meet
 every few seconds (a bounded wait on a monotonic clock) and compares the time since the last progress with the
 limit of the *phase* the run is in:
 
+- ``restore``: inside ``restart()``'s restore (choose, verify, read: :mod:`candle_ckpt.engine.restore` watches
+  it with a watchdog of its own, stopped when ``restart()`` returns, so the user's set-up between ``restart()``
+  and ``fit`` is never watched);
 - ``start``: before the first step ended (start-up, the first batch, the compile);
 - ``input``: the training thread waits for its next batch (the input pipeline);
 - ``step``: inside a step, a validation pass or a callback between steps;
@@ -17,11 +20,12 @@ The training thread's cost per step is one timestamp stored. ``input`` and ``ste
 hang is seen, from where the training thread stands (the front end's ``where`` probe: its framework's data
 pipeline or not).
 
-``ckpt_hang_timeout`` sets the limit: seconds, none (no watchdog), or ``auto`` (:func:`auto_limit`): before
-the first step ends :data:`START_S`; after it, the largest of :data:`FLOOR_S`, twice the first step (start-up
-and compile: a later compile, the validation's, takes no longer) and :data:`SAFETY` times the longest interval
-seen so far for the phase's kind (steps, saves or meetings; a kind not seen yet takes the longest interval of
-any kind). With steps under 12 s and a first step under a minute, a hang is ended within 2 minutes.
+``ckpt_hang_timeout`` sets the limit: seconds (in every phase, the restore included), none (no watchdog), or
+``auto`` (:func:`auto_limit`): in the restore and before the first step ends :data:`START_S`; after it, the
+largest of :data:`FLOOR_S`, twice the first step (start-up and compile: a later compile, the validation's,
+takes no longer) and :data:`SAFETY` times the longest interval seen so far for the phase's kind (steps, saves
+or meetings; a kind not seen yet takes the longest interval of any kind). With steps under 12 s and a first
+step under a minute, a hang is ended within 2 minutes.
 
 On a hang (:meth:`Watchdog.fire`): one block in ``ckpt.log`` naming the phase, the time without progress and
 the limit, followed by every thread's stack (:func:`faulthandler.dump_traceback`); the same on stderr; a
@@ -51,13 +55,14 @@ from typing import Any
 
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
-START_S = 600.0  # auto: the limit before the first step ended (start-up, restore, compile)
+START_S = 600.0  # auto: the limit in restart()'s restore, and before the first step ended (start-up, compile)
 FLOOR_S = 60.0  # auto: never less, once a step ended
 SAFETY = 5.0  # auto: times the longest interval seen (NVIDIA's resiliency extension uses 5)
 REPORT_S = 10.0  # the most the hang's report (log, stderr, history) may take before the process exits
-PHASES = ("start", "input", "step", "save", "meeting")
+PHASES = ("restore", "start", "input", "step", "save", "meeting")
 _KIND = {"input": "step", "step": "step", "save": "save", "meeting": "meeting"}
 _SAID = {
+    "restore": "restart() choosing, verifying or reading the checkpoint to resume from",
     "start": "before the first step ended",
     "input": "waiting for the next batch of the input pipeline",
     "step": "inside a training step",
@@ -74,7 +79,7 @@ def auto_limit(phase: str, first_s: float | None, longest: Mapping[str, float]) 
         first_s: Seconds from the run's start to its first step's end; None before it.
         longest: The longest interval seen so far per kind (``"step"``, ``"save"``, ``"meeting"``).
     """
-    if first_s is None:
+    if first_s is None or phase == "restore":
         return START_S
     seen = longest.get(_KIND.get(phase, "step"))
     if seen is None:
@@ -96,6 +101,8 @@ class Watchdog:
         saves: The longest save the engine measured so far, in seconds (an asynchronous one's write, which the
             training thread waits for only at the next save or the end), for auto's ``save`` kind.
         exit: What ends the process (``os._exit``; a test passes its own).
+        moving: A probe read at each wake-up (:class:`ReadMeter`: the bytes this process read so far); a new
+            value is progress. The restore's: a long read that moves is not a hang, one that stopped is.
     """
 
     def __init__(
@@ -108,9 +115,10 @@ class Watchdog:
         where: Callable[[], str | None] | None = None,
         saves: Callable[[], float] | None = None,
         exit: Callable[[int], Any] = os._exit,
+        moving: Callable[[], int | None] | None = None,
     ) -> None:
         self.timeout, self.log_path, self.record_failure = timeout, log_path, record_failure
-        self.who, self.where, self.saves, self._exit = who, where, saves, exit
+        self.who, self.where, self.saves, self._exit, self.moving = who, where, saves, exit, moving
         self.on = timeout is not None
         self.last = 0.0  # monotonic time of the last progress: the one store per step (beat)
         self.phase = "step"  # where the training thread is: step (or input), save or meeting; see now()
@@ -156,12 +164,13 @@ class Watchdog:
                 longest["save"] = max(longest.get("save", 0.0), float(self.saves()))
         return auto_limit(self.phase, self.first_s, longest)
 
-    def arm(self) -> None:
-        """The run begins: start watching (no thread when off)."""
+    def arm(self, phase: str = "step") -> None:
+        """The run begins (``phase`` ``"step"``; :mod:`~candle_ckpt.engine.restore` arms its own in ``"restore"``):
+        start watching (no thread when off)."""
         if not self.on or self._thread is not None:
             return
         self._began = self.last = time.monotonic()
-        self.phase, self.first_s, self.longest = "step", None, {}
+        self.phase, self.first_s, self.longest = phase, None, {}
         self._stop = threading.Event()  # this run's: a thread of an earlier run still asleep ends at its wake-up
         self._thread = threading.Thread(
             target=self._watch, args=(self._stop,), name="candle_ckpt-watchdog", daemon=True
@@ -174,11 +183,13 @@ class Watchdog:
         self._thread = None
 
     def _watch(self, stop: threading.Event) -> None:
-        seen = self.last
+        seen, moved = self.last, self.moving() if self.moving is not None else None
         while True:
             limit = self.limit()
             if stop.wait(min(5.0, max(0.2, limit / 10.0))):
                 return
+            if self.moving is not None and moved != (moved := self.moving()):
+                self.last = time.monotonic()  # the probe moved (bytes read): progress
             last, now = self.last, time.monotonic()
             if last != seen:  # progress since the last wake-up: learn the interval (at most the time between)
                 if self.first_s is None:
@@ -220,6 +231,32 @@ class Watchdog:
         if self.record_failure is not None:
             with contextlib.suppress(Exception):
                 self.record_failure("hang", phase)
+
+
+class ReadMeter:
+    """The bytes this process has read and written through files so far (Linux's ``/proc/self/io``, ``rchar`` +
+    ``wchar``: local and network file systems, pipes, and the local copy that a download from an object store
+    writes as it goes; not a socket's ``recv``), less the meter's own reads of that file; None where there is
+    none. ``/proc/self/io`` shows ``rchar`` as it was before the read that returns it, so the meter's own bytes
+    are subtracted from the next value: with nothing else read or written, two calls give the same number.
+    """
+
+    def __init__(self) -> None:
+        self._own = 0
+
+    def __call__(self) -> int | None:
+        try:
+            fd = os.open("/proc/self/io", os.O_RDONLY)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = dict(line.split(b":") for line in data.splitlines() if b":" in line)
+            value = int(fields[b"rchar"]) + int(fields[b"wchar"]) - self._own
+        except (OSError, KeyError, ValueError):
+            return None
+        self._own += len(data)
+        return value
 
 
 class WatchedGroup:
@@ -293,4 +330,6 @@ def _append(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-__all__ = ["FLOOR_S", "HANG_EXIT", "PHASES", "SAFETY", "START_S", "WatchedGroup", "Watchdog", "auto_limit"]
+__all__ = [
+    "FLOOR_S", "HANG_EXIT", "PHASES", "SAFETY", "START_S", "ReadMeter", "WatchedGroup", "Watchdog", "auto_limit",
+]  # fmt: skip

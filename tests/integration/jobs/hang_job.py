@@ -4,7 +4,9 @@
 ``EPOCHS`` epochs over a ``PyDataset`` of ``BATCHES`` batches, a checkpoint every epoch, ``ckpt_hang_timeout=S``
 (default: auto). ``--block input``: the dataset's third batch of epoch ``EPOCH`` (1-based) never comes (a
 read that blocks for good); ``--block save``: the file system stops answering in the save of epoch ``EPOCH``
-(``LocalFS.hook`` blocks at the first file created). Before it blocks the job prints ``blocking``. At the end
+(``LocalFS.hook`` blocks at the first file created); ``--block restore``: the file system under the checkpoints
+stops answering in ``restart()`` (every open of a file in ``ckpts/epochs`` or ``ckpts/steps`` never returns, as
+on a hung NFS mount). Before it blocks the job prints ``blocking``. At the end
 it writes the final weights and optimizer variables to ``OUT`` (``.npz``) and prints ``done``.
 """
 
@@ -26,11 +28,34 @@ def say(message: str) -> None:
     os.write(1, (message + "\n").encode())
 
 
+def stuck_opens(ckpts: str) -> None:
+    """From now on every open of a file in ``ckpts``'s epochs/ or steps/ blocks for good (a hung file system)."""
+    import builtins  # noqa: PLC0415
+
+    inside = tuple(os.path.join(ckpts, kind) + os.sep for kind in ("epochs", "steps"))
+    real_open, real_os_open = builtins.open, os.open
+
+    def check(path) -> None:
+        if isinstance(path, str | bytes | os.PathLike) and os.path.abspath(os.fsdecode(path)).startswith(inside):
+            say("blocking")
+            FOREVER.wait()
+
+    def blocked_open(file, *args, **kwargs):
+        check(file)
+        return real_open(file, *args, **kwargs)
+
+    def blocked_os_open(path, *args, **kwargs):
+        check(path)
+        return real_os_open(path, *args, **kwargs)
+
+    builtins.open, os.open = blocked_open, blocked_os_open
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("out")
-    parser.add_argument("--block", choices=("input", "save"))
+    parser.add_argument("--block", choices=("input", "save", "restore"))
     parser.add_argument("--at", type=int, default=3)
     parser.add_argument("--timeout", default="auto")
     args = parser.parse_args()
@@ -83,6 +108,8 @@ def main() -> None:
         "ckpt_save_best_metric": "loss",
     }
     params["ckpt_hang_timeout"] = args.timeout
+    if args.block == "restore":
+        stuck_opens(os.path.join(os.path.abspath(args.directory), "ckpts"))
     found = candle_ckpt.restart(params, model, logger=None)
     start = found["epoch"] if found else 0
     ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None, fs=StuckFS())

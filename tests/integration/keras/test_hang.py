@@ -1,9 +1,10 @@
 """Hangs become requeues: a run that makes no progress exits 124 with every stack in ckpt.log, and the rerun is exact.
 
-Real processes (``jobs/hang_job.py``, Keras 3 on JAX): an input pipeline that blocks for good, and a save whose
-file system stops answering (``LocalFS.hook``). Each blocked run must exit with ``HANG_EXIT`` within its
-``ckpt_hang_timeout`` plus the watchdog's wake-up and a margin scaled to this machine's speed, name the phase,
-leave the committed checkpoints as they were, and the rerun must end bit-identical to an uninterrupted run.
+Real processes (``jobs/hang_job.py``, Keras 3 on JAX): an input pipeline that blocks for good, a save whose
+file system stops answering (``LocalFS.hook``), and a restore whose file opens never return (then refused). Each
+blocked run must exit with ``HANG_EXIT`` within its ``ckpt_hang_timeout`` plus the watchdog's wake-up and a
+margin scaled to this machine's speed, name the phase, leave the committed checkpoints as they were, and the
+rerun must end bit-identical to an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("jax")
+from doclines import assert_log_example  # noqa: E402
 from locations import REPO  # noqa: E402
 from pace import wait_s  # noqa: E402
 from pipe_lines import PipeLines  # noqa: E402
@@ -125,6 +127,44 @@ def test_a_save_whose_file_system_stops_answering_is_ended_and_the_rerun_is_exac
     """The file system stops answering in epoch 3's save: exit 124 within the bound, phase save, nothing of epoch 3
     committed; the rerun (file system answering) ends bit-identical."""
     _check(tmp_path, reference, "save", "save")
+
+
+def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_is_exact(tmp_path, reference):
+    """restart() over epochs 1-2 whose files no longer open (a hung mount): exit 124 within the bound, phase restore
+    with every stack in ckpt.log, a restart record of epochs/002 with its hang in the history; a second start the
+    same; the third (ckpt_max_no_progress_restarts=3) is refused at once with exit 65 and one line naming
+    epochs/002, before reading anything. The checkpoints are left alone, and the rerun (file system back) resumes
+    epoch 2 and ends bit-identical."""
+    directory, _, _ = _hang(tmp_path, "input", _timeout())  # epochs 1-2 committed, then a hang in epoch 3
+    before = _snapshot(directory)
+    timeout = _timeout()
+    for _ in range(2):
+        _, log, took = _hang(tmp_path, "restore", timeout)
+        assert timeout * 0.9 <= took < timeout + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
+        assert log.count("in phase restore (restart() choosing, verifying or reading") >= 1, log[-3000:]
+        assert "Thread 0x" in log[log.rindex("in phase restore") :], log[-3000:]
+    records = [json.loads(line) for line in (directory / "ckpts" / "restarts.jsonl").read_text().splitlines()]
+    starts = {r["id"]: r for r in records if r["event"] == "restart"}
+    hangs = [r for r in records if r["event"] == "failure" and r["phase"] == "restore"]
+    assert len(hangs) == 2 and all(starts[h["restart"]]["resumed"] == "epochs/002" for h in hangs), records
+    refused = subprocess.run(
+        [sys.executable, str(JOB), str(directory), str(tmp_path / "x.npz"), "--block", "restore",
+         "--timeout", str(timeout)],
+        env=_env(), capture_output=True, text=True, timeout=wait_s(120),
+    )  # fmt: skip
+    assert refused.returncode == 65, refused.stderr[-3000:]
+    assert "blocking" not in refused.stdout  # refused before anything was read
+    line = "restart: refused: reading epochs/002 hung in the last 2 starts in a row"
+    (logged,) = [x for x in (directory / "ckpt.log").read_text().splitlines() if line in x]
+    assert line in refused.stderr, refused.stderr[-3000:]
+    assert_log_example("preemption.rst", logged, "ERROR restart: refused: reading")
+    assert _snapshot(directory) == before
+    rerun = _run(directory, tmp_path / "out.npz")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "start 2" in rerun.stdout
+    got = _arrays(tmp_path / "out.npz")
+    for key, value in reference.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
 def test_auto_ends_a_hang_at_the_defaults_within_two_minutes(tmp_path):

@@ -82,3 +82,61 @@ def test_the_process_start_time_comes_from_the_os() -> None:
     import time
 
     assert 0 <= time.time() - started < 3600
+
+
+def hung(history: R.History, name: str | None, process: str, error: str = "hang", phase: str = "restore") -> None:
+    """A start that resumed (or was reading) ``name`` and failed as given (by default: hung in its restore)."""
+    start = H.new_record("restart", resumed=name, process=process)
+    history.append(start)
+    history.append(H.new_record("failure", restart=start["id"], error=error, phase=phase, process=process))
+
+
+def test_restores_that_hung_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+    """Two starts in a row whose read of epochs/002 never returned (the restore's watchdog): the third start (K=3)
+    exits 65 at once, naming the checkpoint and the count, with a refused record that ends the count."""
+    cfg, history = setup(tmp_path)
+    hung(history, "epochs/002", "a")
+    R.refuse_hung_restore(cfg, history, history.records())  # one hang: the second start may try
+    hung(history, "epochs/002", "b")
+    assert H.hung_restores(history.records()) == (2, "epochs/002")
+    with pytest.raises(SystemExit, match="65"):
+        R.refuse_hung_restore(cfg, history, history.records())
+    refused = history.records()[-1]
+    assert (refused["event"], refused["resumed"], refused["count"]) == ("refused", "epochs/002", 3)
+    assert refused["last_failure"] == "hang in phase restore"
+    log = (tmp_path / "save" / "ckpt.log").read_text()
+    assert "refused: reading epochs/002 hung in the last 2 starts in a row" in log
+    assert "ckpt_max_no_progress_restarts=3" in log and "exit status 65" in log
+    R.refuse_hung_restore(cfg, history, history.records())  # the refusal ended the count
+
+
+def test_a_restore_hang_count_ends_at_progress_or_another_failure_and_skips_a_kill(tmp_path: Path) -> None:
+    """hung_restores counts back from the newest start: a progress record or a start that failed otherwise (a
+    crash in fit, a hang in a step) ends the count; a start with no record of its own (SIGKILL) is passed over;
+    the name is the newest hang's (None: it hung before it knew which checkpoint)."""
+    _, history = setup(tmp_path)
+    hung(history, "epochs/001", "a")
+    hung(history, "epochs/001", "b")
+    history.append(H.new_record("progress", process="b"))
+    assert H.hung_restores(history.records()) == (0, None)
+    hung(history, "epochs/002", "c")
+    history.append(H.new_record("restart", resumed="epochs/002", process="d", host="elsewhere", pid=1))  # killed
+    hung(history, None, "e")
+    assert H.hung_restores(history.records()) == (2, None)
+    hung(history, "epochs/002", "f", error="ValueError: nan", phase="step")
+    assert H.hung_restores(history.records()) == (0, None)
+    hung(history, "epochs/002", "g", phase="step")
+    assert H.hung_restores(history.records()) == (0, None)
+
+
+def test_restore_hangs_are_never_refused_with_k0_or_by_the_process_that_resumed(tmp_path: Path) -> None:
+    """ckpt_max_no_progress_restarts=0 never refuses; nor does a second restart() of a process already counted."""
+    cfg, history = setup(tmp_path, ckpt_max_no_progress_restarts=0)
+    for process in "abcd":
+        hung(history, "epochs/002", process)
+    R.refuse_hung_restore(cfg, history, history.records())
+    cfg, history = setup(tmp_path / "again")
+    for process in "ab":
+        hung(history, "epochs/002", process)
+    history.append(H.new_record("restart", resumed="epochs/002", process=R.process_token()))
+    R.refuse_hung_restore(cfg, history, history.records())

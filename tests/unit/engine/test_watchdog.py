@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -9,7 +10,7 @@ import pytest
 
 from candle_ckpt.core import history
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.engine.watchdog import FLOOR_S, HANG_EXIT, START_S, Watchdog, WatchedGroup, auto_limit
+from candle_ckpt.engine.watchdog import FLOOR_S, HANG_EXIT, START_S, ReadMeter, Watchdog, WatchedGroup, auto_limit
 from candle_ckpt.testing.groups import ThreadGroup
 
 
@@ -17,6 +18,64 @@ def test_auto_judges_nothing_before_the_first_step_but_by_the_start_floor():
     """Before the first step ended, auto's limit is START_S whatever the phase."""
     assert auto_limit("step", None, {}) == START_S
     assert auto_limit("input", None, {"step": 30.0}) == START_S
+
+
+def test_auto_judges_a_restore_by_the_start_floor():
+    """restart()'s restore (phase restore) is judged by START_S under auto, whatever was seen before."""
+    assert auto_limit("restore", None, {}) == START_S
+    assert auto_limit("restore", 5.0, {"step": 1.0}) == START_S
+
+
+def test_a_restore_that_never_returns_is_reported_in_phase_restore(tmp_path):
+    """A watchdog armed in phase restore (engine/restore.py's) with no progress: phase restore named, ended 124;
+    disarmed in time, it ends nothing."""
+    dog, ended = _dog(tmp_path, 0.5)
+    dog.arm("restore")
+    assert dog.now() == "restore" and dog.limit() == 0.5
+    _wait(ended, 10.0)
+    assert ended == [HANG_EXIT]
+    assert "in phase restore (restart() choosing, verifying or reading" in (tmp_path / "ckpt.log").read_text()
+    (record,) = history.read_local(str(tmp_path / "restarts.jsonl"))
+    assert record["phase"] == "restore"
+    quiet, ended = _dog(tmp_path / "quiet", 0.5)
+    quiet.arm("restore")
+    quiet.disarm()
+    time.sleep(1.0)
+    assert ended == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's /proc/self/io")
+def test_the_read_meter_counts_bytes_read_and_not_its_own(tmp_path):
+    """Two readings with nothing read between are equal (the meter's own reads of /proc/self/io are not
+    counted); a 1 MB file written, then read, between them moves it by at least 1 MB each time."""
+    meter = ReadMeter()
+    quiet = [meter() for _ in range(5)]
+    assert len(set(quiet)) == 1 and quiet[0] is not None, quiet
+    path = tmp_path / "data.bin"
+    before = meter()
+    path.write_bytes(os.urandom(1 << 20))
+    assert meter() - before >= 1 << 20
+    before = meter()
+    assert len(path.read_bytes()) == 1 << 20
+    assert meter() - before >= 1 << 20
+
+
+def test_a_read_that_moves_is_progress_in_the_restore(tmp_path):
+    """A restore watchdog whose probe keeps moving (a long read) does not fire past its limit; once the probe
+    stops (the read hangs), it fires within the limit and a wake-up."""
+    ticks = [0]
+    ended: list[int] = []
+    dog = Watchdog(1.5, str(tmp_path / "ckpt.log"), None, exit=ended.append, moving=lambda: ticks[0])
+    dog.arm("restore")
+    deadline = time.monotonic() + 4.5
+    while time.monotonic() < deadline:  # three times the limit, moving
+        ticks[0] += 1
+        time.sleep(0.02)
+    assert ended == []
+    stopped = time.monotonic()
+    _wait(ended, 10.0)
+    assert ended == [HANG_EXIT] and time.monotonic() - stopped < 1.5 + 5.0
+    assert "in phase restore" in (tmp_path / "ckpt.log").read_text()
 
 
 def test_auto_at_the_defaults_ends_a_hang_within_two_minutes():
