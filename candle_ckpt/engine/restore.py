@@ -23,11 +23,12 @@ The order:
 Steps 2 to 4 run under a hang watchdog of their own (:class:`~candle_ckpt.engine.watchdog.Watchdog`, phase
 ``restore``; ``ckpt_hang_timeout``: auto's limit is :data:`~candle_ckpt.engine.watchdog.START_S`), where
 progress is a byte read or written (:class:`~candle_ckpt.engine.watchdog.ReadMeter`), so that a long pull or
-a large file is never taken for a hang: a read that never returns (a file system that stopped answering, with this
-process reading nothing else) ends the process with status 124 and every
-thread's stack in ``ckpt.log``, after the primary appended a ``restart`` record of the checkpoint it was
-verifying or reading and its ``failure`` (``hang``, phase ``restore``). The Slurm script requeues it; the same
-hang after every requeue is refused at step 1 once ``ckpt_max_no_progress_restarts`` is reached.
+a large file is never taken for a hang. A read that never returns (a file system that stopped answering)
+ends the process with status 124 and every thread's stack in ``ckpt.log``, after the primary appended a
+``restart`` record of the checkpoint it was verifying or reading and its ``failure`` (``hang``, phase
+``restore``). The Slurm script requeues it; the same hang after every requeue is refused at step 1 once
+``ckpt_max_no_progress_restarts`` is reached. A meeting of a group that times out still raises
+:class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s callers handle it).
 """
 
 from __future__ import annotations
