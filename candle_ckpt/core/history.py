@@ -33,7 +33,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 HISTORY_FILE = "restarts.jsonl"
@@ -154,19 +154,11 @@ def no_progress_restarts(records: Iterable[Mapping[str, Any]], resumed: str | No
     """
     if resumed is None:
         return 0
-    records = list(records)
-    failed = {_life(r) for r in records if r.get("event") == "failure"}
-    failed |= {r.get("restart") for r in records if r.get("event") == "failure" and r.get("restart")}
     count = 0
-    for record in reversed(records):
-        if record.get("event") in ("refused", "progress"):
-            break
-        if record.get("event") != "restart":
-            continue
+    for record, failed in _starts_back(records):
         if record.get("resumed") != resumed:
             break
-        if record.get("id") in failed or _life(record) in failed:
-            count += 1
+        count += failed
     return count
 
 
@@ -177,20 +169,33 @@ def hung_restores(records: Iterable[Mapping[str, Any]]) -> tuple[int, str | None
     ``progress`` or ``refused`` record ends the count and a start with no record of its own is passed over; any
     other start ends it. ``records``: one ``restart`` per process."""
     records = list(records)
-    failures = [r for r in records if r.get("event") == "failure"]
-    failed = {r.get("restart") for r in failures} | {_life(r) for r in failures}
-    hung = {r.get("restart") for r in failures if (r.get("error"), r.get("phase")) == ("hang", "restore")}
+    hung = {
+        r.get("restart")
+        for r in records
+        if (r.get("event"), r.get("error"), r.get("phase")) == ("failure", "hang", "restore")
+    }
     count, name = 0, None
-    for record in reversed(records):
-        if record.get("event") in ("refused", "progress"):
-            break
-        if record.get("event") != "restart" or (record.get("id") not in failed and _life(record) not in failed):
+    for record, failed in _starts_back(records):
+        if not failed:
             continue
         if record.get("id") not in hung:
             break
         name = name if count else record.get("resumed")
         count += 1
     return count, name
+
+
+def _starts_back(records: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mapping[str, Any], bool]]:
+    """The ``restart`` records, newest first, until a ``progress`` or ``refused`` record, each with whether its
+    process then failed (a ``failure`` record of it, or of its process): what both counts above walk."""
+    records = list(records)
+    failures = [r for r in records if r.get("event") == "failure"]
+    failed = {_life(r) for r in failures} | {r.get("restart") for r in failures if r.get("restart")}
+    for record in reversed(records):
+        if record.get("event") in ("refused", "progress"):
+            return
+        if record.get("event") == "restart":
+            yield record, record.get("id") in failed or _life(record) in failed
 
 
 def _life(record: Mapping[str, Any]) -> tuple[Any, Any]:

@@ -156,6 +156,12 @@ def checkpointing_off(cfg: CkptConfig) -> bool:
     return cfg.save_interval == 0
 
 
+def hang_timeout(cfg: CkptConfig) -> float | str | None:
+    """``ckpt_hang_timeout`` as a :class:`~candle_ckpt.engine.watchdog.Watchdog` takes it: ``"auto"`` or seconds,
+    or None (no watchdog) when it is none or checkpointing is off (the run's watchdog and the restore's alike)."""
+    return None if checkpointing_off(cfg) or cfg.hang_timeout == "none" else cfg.hang_timeout
+
+
 def saves_epoch(cfg: CkptConfig, done: int) -> bool:
     """The end of epoch ``done`` (completed epochs) is saved whatever the metrics say (rules 1, 3, 5 and 6 of
     :class:`SaveDecisionPolicy`; a new best may save an epoch that this says no to)."""

@@ -44,7 +44,7 @@ from candle_ckpt.core.group import SOLO, Group, is_primary
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine import restart_history
-from candle_ckpt.engine.decision import checkpointing_off
+from candle_ckpt.engine.decision import hang_timeout
 from candle_ckpt.engine.group_restore import Keep, Needed, agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, close_chosen, load_chosen, select_checkpoint
@@ -96,11 +96,11 @@ class _RestoreWatch:
         self.cfg, self.history, self.breakdown = cfg, history, breakdown
         self.name: str | None = None  # the checkpoint being read (for the hang's record), and its sidecar
         self.side: Sidecar | None = None
-        self.ckpts = L.Layout.of(cfg).ckpts
-        off = checkpointing_off(cfg) or cfg.hang_timeout == "none"
+        layout = L.Layout.of(cfg)
+        self.ckpts = layout.ckpts
         self.watchdog = Watchdog(
-            None if off else cfg.hang_timeout,
-            L.Layout.of(cfg).log,
+            hang_timeout(cfg),
+            layout.log,
             self._record,
             who=f"process {group.rank} of {group.size}" if group.size > 1 else "",
             moving=ReadMeter(),  # bytes that move (a long pull, a large file) are progress
@@ -183,7 +183,7 @@ def restore(
             _recorded(history, None, breakdown)
             return None
         watch.name, watch.side = restart_history.resumed_name(L.Layout.of(cfg), chosen.sidecar), chosen.sidecar
-        return _load(cfg, log, adapter, chosen, history, records, breakdown, began, who)
+        return _load(cfg, log, adapter, chosen, watch.name, history, records, breakdown, began, who)
 
 
 def _load(
@@ -191,14 +191,15 @@ def _load(
     log: OpsLog,
     adapter: Adapter,
     chosen: Chosen,
+    name: str,
     history: restart_history.History,
     records: list[dict[str, Any]],
     breakdown: dict[str, Any],
     began: float,
     who: str,
 ) -> Resumed:
-    """Steps 3 to 5: a crash loop refused, else the load, then the record."""
-    name = restart_history.resumed_name(L.Layout.of(cfg), chosen.sidecar)
+    """Steps 3 to 5: a crash loop refused, else the load, then the record (``name``: the history's name of
+    ``chosen``)."""
     try:
         restart_history.refuse_crash_loop(cfg, history, records, name, chosen.sidecar)
     except SystemExit:

@@ -53,7 +53,7 @@ from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine import restart_history
 from candle_ckpt.engine.capture import Capture
-from candle_ckpt.engine.decision import checkpointing_off
+from candle_ckpt.engine.decision import checkpointing_off, hang_timeout
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_port import FitGuard, FitPlumbing, FitPort
 from candle_ckpt.engine.group_commit import group_timeout
@@ -144,7 +144,7 @@ class TrainingRun:
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
         layout = Layout.of(cfg)
         self.watchdog = Watchdog(
-            None if checkpointing_off(cfg) or cfg.hang_timeout == "none" else cfg.hang_timeout,
+            hang_timeout(cfg),
             layout.log,
             restart_history.record_failure,
             who=f"{name} of {group.size}" if group.size > 1 else "",

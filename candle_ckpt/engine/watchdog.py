@@ -101,8 +101,8 @@ class Watchdog:
         saves: The longest save the engine measured so far, in seconds (an asynchronous one's write, which the
             training thread waits for only at the next save or the end), for auto's ``save`` kind.
         exit: What ends the process (``os._exit``; a test passes its own).
-        moving: A probe read at each wake-up (:class:`ReadMeter`: the bytes this process read so far); a new
-            value is progress. The restore's: a long read that moves is not a hang, one that stopped is.
+        moving: A probe read at each wake-up (:class:`ReadMeter`: the bytes this process read and wrote so far);
+            a new value is progress. The restore's: a long read that moves is not a hang, one that stopped is.
     """
 
     def __init__(
@@ -189,7 +189,7 @@ class Watchdog:
             if stop.wait(min(5.0, max(0.2, limit / 10.0))):
                 return
             if self.moving is not None and moved != (moved := self.moving()):
-                self.last = time.monotonic()  # the probe moved (bytes read): progress
+                self.last = time.monotonic()  # the probe moved (bytes read or written): progress
             last, now = self.last, time.monotonic()
             if last != seen:  # progress since the last wake-up: learn the interval (at most the time between)
                 if self.first_s is None:
