@@ -20,14 +20,16 @@ The order:
    here), ``choose_s``, ``verify_s`` (this process's CRC reads through its store), ``read_s`` (the load),
    ``restore_s`` (their sum); the first step adds ``first_step_s``.
 
-Steps 2 to 4 run under a hang watchdog of their own (:class:`~candle_ckpt.engine.watchdog.Watchdog`, phase
-``restore``; ``ckpt_hang_timeout``: auto's limit is :data:`~candle_ckpt.engine.watchdog.START_S`), where
-progress is a byte read or written (:class:`~candle_ckpt.engine.watchdog.ReadMeter`), so that a long pull or
-a large file is never taken for a hang. A read that never returns (a file system that stopped answering)
-ends the process with status 124 and every thread's stack in ``ckpt.log``, after the primary appended a
-``restart`` record of the checkpoint it was verifying or reading and its ``failure`` (``hang``, phase
-``restore``). The Slurm script requeues it; the same hang after every requeue is refused at step 1 once
-``ckpt_max_no_progress_restarts`` is reached. A meeting of a group that times out still raises
+Steps 1 to 4 run under a hang watchdog of their own (:class:`~candle_ckpt.engine.watchdog.Watchdog`, phase
+``restore``; ``ckpt_hang_timeout``: auto's limit is :data:`~candle_ckpt.engine.watchdog.START_S`), from the
+first read on (a mount that stopped answering whole blocks the history's), where progress is a byte read or
+written (:class:`~candle_ckpt.engine.watchdog.ReadMeter`), so that a long pull or a large file is never taken
+for a hang. A read that never returns (a file system that stopped answering) ends the process with status 124
+and every thread's stack in ``ckpt.log`` (where that file cannot be written either: on stderr only), after the
+primary appended a ``restart`` record of the checkpoint it was verifying or reading and its ``failure``
+(``hang``, phase ``restore``; nothing, where the history cannot be written). The Slurm script requeues it;
+the same recorded hang after every requeue is refused at step 1 once ``ckpt_max_no_progress_restarts`` is
+reached. A meeting of a group that times out still raises
 :class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s callers handle it).
 """
 
@@ -90,7 +92,7 @@ class _VerifyClock:
 
 
 class _RestoreWatch:
-    """Steps 2 to 4 under the hang watchdog (module docstring): armed on entry, stopped on exit."""
+    """Steps 1 to 4 under the hang watchdog (module docstring): armed on entry, stopped on exit."""
 
     def __init__(self, cfg: CkptConfig, history: restart_history.History, group: Group, breakdown: dict) -> None:
         self.cfg, self.history, self.breakdown = cfg, history, breakdown
@@ -169,11 +171,11 @@ def restore(
     began = time.perf_counter()
     breakdown: dict[str, Any] = {"import_s": restart_history.seconds_since_process_start()}
     history = restart_history.History(cfg, log, writes=is_primary(group))
-    records = history.records()
-    restart_history.refuse_hung_restore(cfg, history, records)
-    if is_primary(group):  # SOLO is its own primary
-        store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
-    with _RestoreWatch(cfg, history, group, breakdown) as watch:
+    with _RestoreWatch(cfg, history, group, breakdown) as watch:  # from the first read: a mount that hangs whole
+        records = history.records()
+        restart_history.refuse_hung_restore(cfg, history, records)
+        if is_primary(group):  # SOLO is its own primary
+            store = store if store is not None else CheckpointStore.of(cfg, fs=fs)
         with _VerifyClock(store, watch) as clock:
             chosen = _choose(cfg, log, adapter, group, name, epoch, store, mapped, needed, keep, timeout_s, node_local)
         chose = time.perf_counter() - began

@@ -5,8 +5,11 @@
 (default: auto). ``--block input``: the dataset's third batch of epoch ``EPOCH`` (1-based) never comes (a
 read that blocks for good); ``--block save``: the file system stops answering in the save of epoch ``EPOCH``
 (``LocalFS.hook`` blocks at the first file created); ``--block restore``: the file system under the checkpoints
-stops answering in ``restart()`` (every open of a file in ``ckpts/epochs`` or ``ckpts/steps`` never returns, as
-on a hung NFS mount). Before it blocks the job prints ``blocking``. At the end
+stops answering in ``restart()`` under the checkpoints (every open of a file in ``ckpts/epochs`` or
+``ckpts/steps`` never returns, as when the storage targets that hold them hang); ``--block mount``: the whole
+directory stops answering in ``restart()`` (every open, stat, listing, creation, rename or removal of a path in it
+never returns, as on a hung NFS mount; ckpt.log and the restart history are on it too). Before it blocks the job
+prints ``blocking``; it prints ``restarting`` right before ``restart()``. At the end
 it writes the final weights and optimizer variables to ``OUT`` (``.npz``) and prints ``done``.
 """
 
@@ -28,34 +31,38 @@ def say(message: str) -> None:
     os.write(1, (message + "\n").encode())
 
 
-def stuck_opens(ckpts: str) -> None:
-    """From now on every open of a file in ``ckpts``'s epochs/ or steps/ blocks for good (a hung file system)."""
-    import builtins  # noqa: PLC0415
+# What a path's access goes through in Python (a hung mount blocks each of them; pathlib and os.path call these).
+OS_CALLS = ("open", "stat", "lstat", "listdir", "scandir", "mkdir", "rmdir", "unlink", "rename", "replace",
+            "symlink", "link", "readlink", "access", "utime", "chmod")  # fmt: skip
 
-    inside = tuple(os.path.join(ckpts, kind) + os.sep for kind in ("epochs", "steps"))
-    real_open, real_os_open = builtins.open, os.open
+
+def stuck_paths(inside: tuple[str, ...], calls: tuple[str, ...] = ("open",)) -> None:
+    """From now on every ``open`` and ``os.<call>`` of a path in one of the directories ``inside`` (each ending in
+    a separator; the directory itself is not in it) blocks for good."""
+    import builtins  # noqa: PLC0415
 
     def check(path) -> None:
         if isinstance(path, str | bytes | os.PathLike) and os.path.abspath(os.fsdecode(path)).startswith(inside):
             say("blocking")
             FOREVER.wait()
 
-    def blocked_open(file, *args, **kwargs):
-        check(file)
-        return real_open(file, *args, **kwargs)
+    def blocking(real):
+        def call(path, *args, **kwargs):
+            check(path)
+            return real(path, *args, **kwargs)
 
-    def blocked_os_open(path, *args, **kwargs):
-        check(path)
-        return real_os_open(path, *args, **kwargs)
+        return call
 
-    builtins.open, os.open = blocked_open, blocked_os_open
+    builtins.open = blocking(builtins.open)
+    for name in calls:
+        setattr(os, name, blocking(getattr(os, name)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("out")
-    parser.add_argument("--block", choices=("input", "save", "restore"))
+    parser.add_argument("--block", choices=("input", "save", "restore", "mount"))
     parser.add_argument("--at", type=int, default=3)
     parser.add_argument("--timeout", default="auto")
     args = parser.parse_args()
@@ -108,8 +115,12 @@ def main() -> None:
         "ckpt_save_best_metric": "loss",
     }
     params["ckpt_hang_timeout"] = args.timeout
+    directory = os.path.abspath(args.directory)
     if args.block == "restore":
-        stuck_opens(os.path.join(os.path.abspath(args.directory), "ckpts"))
+        stuck_paths(tuple(os.path.join(directory, "ckpts", kind) + os.sep for kind in ("epochs", "steps")))
+    elif args.block == "mount":  # the directory's own entries and everything under them
+        stuck_paths((directory + os.sep,), OS_CALLS)
+    say("restarting")
     found = candle_ckpt.restart(params, model, logger=None)
     start = found["epoch"] if found else 0
     ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None, fs=StuckFS())
