@@ -234,7 +234,8 @@ CLUSTER_SPECS: tuple[Spec, ...] = (
         kind="timeout",
         default="auto",
         help=(
-            "End a run that makes no progress (no step, save or meeting finished; or restart()'s restore) for this "
+            "End a run that makes no progress (no step, save or meeting finished; or restart()'s restore, or the "
+            "directory's opening, with no byte read or written) for this "
             "long: every thread's stack to ckpt.log, then exit 124 to be requeued. auto: from the measured step, "
             "save and start-up times (docs/preemption.rst); seconds; or none."
         ),

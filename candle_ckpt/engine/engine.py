@@ -27,11 +27,12 @@ from candle_ckpt.core.retention import retention_policy
 from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine.aftercommit import prune_after_commit, report_summary, save_record, saved_line, supersede_steps
 from candle_ckpt.engine.capture import Capture, new_lineage, save_template
-from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy
+from candle_ckpt.engine.decision import Decision, DecisionContext, SaveDecisionPolicy, hang_timeout
 from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.on_error import failed_at_exit, save_failed, upload_failed
-from candle_ckpt.engine.restart_history import current_start
+from candle_ckpt.engine.restart_history import current_start, record_failure
 from candle_ckpt.engine.topology import MirroredWorkers, Topology, parts_of
+from candle_ckpt.engine.watchdog import watched
 from candle_ckpt.engine.writer import SaveFailure, inline_write_message, make_writer, slow_writer_message
 from candle_ckpt.storage.store import CheckpointStore
 
@@ -81,9 +82,7 @@ class CheckpointEngine:
         self.store = CheckpointStore.of(cfg, fs=fs)
         self.open()
         self.retention = retention_policy(cfg.keep_mode, cfg.keep_limit)
-        # What a restart restored reaches this engine through its adapter
-        # (adopt_resumed), never through process-global state.
-        self.adopt_resumed(None)
+        self.adopt_resumed(None)  # what a restart restored comes through adopt_resumed, never a process global
         self.writer = make_writer(cfg.async_save, cfg.async_timeout, log.write, self._exit_error)
         self.records: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -360,11 +359,12 @@ class CheckpointEngine:
             self._check_remote()
 
     def open(self) -> None:
-        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held). Only the topology's
-        primary writes the store (not a non-chief worker, not a non-primary rank), and with checkpointing off
-        (``ckpt_save_interval=0``) nothing is written at all."""
+        """Take the directory's writer lock again, e.g. for a second ``fit`` (no-op if held): the topology's primary
+        only, and not with checkpointing off (``ckpt_save_interval=0``). Watched (phase ``open``): a mount that
+        stopped answering ends the process with 124, as in a run."""
         if self.topology.primary and not self.policy.off:
-            self.store.open_for_write()
+            with watched(hang_timeout(self.cfg), self.store.layout.log, "open", record_failure):
+                self.store.open_for_write()
 
     def close(self, timeout: float | None = None) -> None:
         """Release the writer lock once no write is in flight; never raises.

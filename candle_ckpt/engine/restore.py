@@ -20,7 +20,7 @@ The order:
    here), ``choose_s``, ``verify_s`` (this process's CRC reads through its store), ``read_s`` (the load),
    ``restore_s`` (their sum); the first step adds ``first_step_s``.
 
-Steps 1 to 4 run under a hang watchdog of their own (:class:`~candle_ckpt.engine.watchdog.Watchdog`, phase
+Steps 1 to 4 run under a hang watchdog of their own (:func:`~candle_ckpt.engine.watchdog.watched`, phase
 ``restore``; ``ckpt_hang_timeout``: auto's limit is :data:`~candle_ckpt.engine.watchdog.START_S`), from the
 first read on (a mount that stopped answering whole blocks the history's), where progress is a byte read or
 written (:class:`~candle_ckpt.engine.watchdog.ReadMeter`), so that a long pull or a large file is never taken
@@ -50,7 +50,7 @@ from candle_ckpt.engine.decision import hang_timeout
 from candle_ckpt.engine.group_restore import Keep, Needed, agree_on_checkpoint
 from candle_ckpt.engine.pending import Pending
 from candle_ckpt.engine.resume import Adapter, Chosen, Resumed, close_chosen, load_chosen, select_checkpoint
-from candle_ckpt.engine.watchdog import ReadMeter, Watchdog
+from candle_ckpt.engine.watchdog import watched
 from candle_ckpt.storage.store import CheckpointStore
 
 
@@ -100,20 +100,15 @@ class _RestoreWatch:
         self.side: Sidecar | None = None
         layout = L.Layout.of(cfg)
         self.ckpts = layout.ckpts
-        self.watchdog = Watchdog(
-            hang_timeout(cfg),
-            layout.log,
-            self._record,
-            who=f"process {group.rank} of {group.size}" if group.size > 1 else "",
-            moving=ReadMeter(),  # bytes that move (a long pull, a large file) are progress
-        )
+        who = f"process {group.rank} of {group.size}" if group.size > 1 else ""
+        self._watch = watched(hang_timeout(cfg), layout.log, "restore", self._record, who=who)
 
     def __enter__(self) -> _RestoreWatch:
-        self.watchdog.arm("restore")
+        self._watch.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.watchdog.disarm()
+        self._watch.__exit__(*exc)
 
     def reading(self, directory: str, side: Sidecar | None = None) -> None:
         """The restore reads the checkpoint in ``directory`` now (``side``: its sidecar, once read)."""

@@ -7,9 +7,12 @@ go (:meth:`~candle_ckpt.engine.signals.SignalOwner.release`, after its last meet
 every few seconds (a bounded wait on a monotonic clock) and compares the time since the last progress with the
 limit of the *phase* the run is in:
 
-- ``restore``: inside ``restart()``'s restore (choose, verify, read: :mod:`candle_ckpt.engine.restore` watches
-  it with a watchdog of its own, stopped when ``restart()`` returns, so the user's set-up between ``restart()``
-  and ``fit`` is never watched);
+- ``restore``: inside ``restart()``'s restore (the history, choose, verify, read: :mod:`candle_ckpt.engine.restore`
+  watches it with a watchdog of its own, stopped when ``restart()`` returns, so the user's set-up between
+  ``restart()`` and ``fit`` is never watched);
+- ``open``: inside the opening of the checkpoint directory, when a front end is made and when each ``fit``
+  begins (its writer lock and checks: :meth:`~candle_ckpt.engine.engine.CheckpointEngine.open`, watched by
+  :func:`watched` for its length only);
 - ``start``: before the first step ended (start-up, the first batch, the compile);
 - ``input``: the training thread waits for its next batch (the input pipeline);
 - ``step``: inside a step, a validation pass or a callback between steps;
@@ -21,7 +24,8 @@ hang is seen, from where the training thread stands (the front end's ``where`` p
 pipeline or not).
 
 ``ckpt_hang_timeout`` sets the limit: seconds (in every phase, the restore included), none (no watchdog), or
-``auto`` (:func:`auto_limit`): in the restore and before the first step ends :data:`START_S`; after it, the
+``auto`` (:func:`auto_limit`): in the restore, the opening and before the first step ends :data:`START_S`; after
+it, the
 largest of :data:`FLOOR_S`, twice the first step (start-up and compile: a later compile, the validation's,
 takes no longer) and :data:`SAFETY` times the longest interval seen so far for the phase's kind (steps, saves
 or meetings; a kind not seen yet takes the longest interval of any kind). With steps under 12 s and a first
@@ -59,10 +63,12 @@ START_S = 600.0  # auto: the limit in restart()'s restore, and before the first 
 FLOOR_S = 60.0  # auto: never less, once a step ended
 SAFETY = 5.0  # auto: times the longest interval seen (NVIDIA's resiliency extension uses 5)
 REPORT_S = 10.0  # the most the hang's report (log, stderr, history) may take before the process exits
-PHASES = ("restore", "start", "input", "step", "save", "meeting")
+PHASES = ("restore", "open", "start", "input", "step", "save", "meeting")
+_OURS = ("restore", "open")  # work of ours outside a run, each watched alone (START_S under auto)
 _KIND = {"input": "step", "step": "step", "save": "save", "meeting": "meeting"}
 _SAID = {
     "restore": "restart() choosing, verifying or reading the checkpoint to resume from",
+    "open": "opening the checkpoint directory: its writer lock and checks",
     "start": "before the first step ended",
     "input": "waiting for the next batch of the input pipeline",
     "step": "inside a training step",
@@ -79,7 +85,7 @@ def auto_limit(phase: str, first_s: float | None, longest: Mapping[str, float]) 
         first_s: Seconds from the run's start to its first step's end; None before it.
         longest: The longest interval seen so far per kind (``"step"``, ``"save"``, ``"meeting"``).
     """
-    if first_s is None or phase == "restore":
+    if first_s is None or phase in _OURS:
         return START_S
     seen = longest.get(_KIND.get(phase, "step"))
     if seen is None:
@@ -312,6 +318,27 @@ class WatchedGroup:
             return self.group.close(timeout_s)
 
 
+@contextlib.contextmanager
+def watched(
+    timeout: float | str | None,
+    log_path: str | None,
+    phase: str,
+    record_failure: Callable[[str, str], None] | None = None,
+    *,
+    who: str = "",
+    exit: Callable[[int], Any] = os._exit,
+) -> Iterator[Watchdog]:
+    """Work of ours outside a run, under a watchdog of its own for its length: armed in ``phase`` (one of
+    :data:`_OURS`), where any byte this process reads or writes is progress (:class:`ReadMeter`), so that a slow
+    disk is never taken for a hang and one that stopped answering is (the arguments: :class:`Watchdog`'s)."""
+    watchdog = Watchdog(timeout, log_path, record_failure, who=who, exit=exit, moving=ReadMeter())
+    watchdog.arm(phase)
+    try:
+        yield watchdog
+    finally:
+        watchdog.disarm()
+
+
 def stacks() -> str:
     """Every thread's stack now, as :func:`faulthandler.dump_traceback` writes it."""
     with tempfile.TemporaryFile() as tmp:
@@ -332,4 +359,5 @@ def _append(path: str, data: bytes) -> None:
 
 __all__ = [
     "FLOOR_S", "HANG_EXIT", "PHASES", "SAFETY", "START_S", "ReadMeter", "WatchedGroup", "Watchdog", "auto_limit",
+    "watched",
 ]  # fmt: skip

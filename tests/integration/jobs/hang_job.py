@@ -1,15 +1,17 @@
 """A small Keras 3 job (JAX) that hangs on demand, run by ``test_hang.py`` in fresh processes.
 
-``python hang_job.py DIR OUT [--block input|save] [--at EPOCH] [--timeout S]``: ``restart()``, then ``fit`` of
+``python hang_job.py DIR OUT [--block KIND] [--at EPOCH] [--timeout S] [--candle-lib]``: ``restart()``, then ``fit`` of
 ``EPOCHS`` epochs over a ``PyDataset`` of ``BATCHES`` batches, a checkpoint every epoch, ``ckpt_hang_timeout=S``
 (default: auto). ``--block input``: the dataset's third batch of epoch ``EPOCH`` (1-based) never comes (a
 read that blocks for good); ``--block save``: the file system stops answering in the save of epoch ``EPOCH``
-(``LocalFS.hook`` blocks at the first file created); ``--block restore``: the file system under the checkpoints
-stops answering in ``restart()`` under the checkpoints (every open of a file in ``ckpts/epochs`` or
+(``LocalFS.hook`` blocks at the first file created); ``--block restore``: the file system stops answering in
+``restart()`` under the checkpoints (every open of a file in ``ckpts/epochs`` or
 ``ckpts/steps`` never returns, as when the storage targets that hold them hang); ``--block mount``: the whole
 directory stops answering in ``restart()`` (every open, stat, listing, creation, rename or removal of a path in it
-never returns, as on a hung NFS mount; ckpt.log and the restart history are on it too). Before it blocks the job
-prints ``blocking``; it prints ``restarting`` right before ``restart()``. At the end
+never returns, as on a hung NFS mount; ckpt.log and the restart history are on it too); ``--block fit-mount``: the
+same from after ``restart()``, before ``fit``. ``--candle-lib``: candle_lib's order, as Uno's (``CandleCkptKeras``
+made first, ``set_model``, ``ckpt.restart(params)``; its flat layout). Before it blocks the job prints
+``blocking``; it prints ``restarting`` right before ``restart()``. At the end
 it writes the final weights and optimizer variables to ``OUT`` (``.npz``) and prints ``done``.
 """
 
@@ -62,7 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("out")
-    parser.add_argument("--block", choices=("input", "save", "restore", "mount"))
+    parser.add_argument("--block", choices=("input", "save", "restore", "mount", "fit-mount"))
+    parser.add_argument("--candle-lib", action="store_true")
     parser.add_argument("--at", type=int, default=3)
     parser.add_argument("--timeout", default="auto")
     args = parser.parse_args()
@@ -120,10 +123,18 @@ def main() -> None:
         stuck_paths(tuple(os.path.join(directory, "ckpts", kind) + os.sep for kind in ("epochs", "steps")))
     elif args.block == "mount":  # the directory's own entries and everything under them
         stuck_paths((directory + os.sep,), OS_CALLS)
-    say("restarting")
-    found = candle_ckpt.restart(params, model, logger=None)
+    if args.candle_lib:  # candle_lib's order, as Uno's: the callback first (it opens the directory), then restart()
+        ckpt = candle_ckpt.CandleCkptKeras(params, logger=None, fs=StuckFS())
+        ckpt.set_model(model)
+        say("restarting")
+        found = ckpt.restart(params)
+    else:
+        say("restarting")
+        found = candle_ckpt.restart(params, model, logger=None)
+        ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None, fs=StuckFS())
     start = found["epoch"] if found else 0
-    ckpt = candle_ckpt.CandleCheckpointCallback(params, logger=None, fs=StuckFS())
+    if args.block == "fit-mount":  # the mount stops answering after restart(), before fit takes the writer lock
+        stuck_paths((directory + os.sep,), OS_CALLS)
     say(f"start {start}")
     model.fit(Data(), epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=[Epochs(), ckpt])
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}

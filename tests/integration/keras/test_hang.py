@@ -73,14 +73,14 @@ def _snapshot(ckpts: Path) -> dict[str, bytes]:
 
 
 def _hang(
-    tmp_path: Path, block: str, timeout: float | str, directory: Path | None = None
+    tmp_path: Path, block: str, timeout: float | str, directory: Path | None = None, *extra: str
 ) -> tuple[Path, str, float, str]:
-    """Run the job with ``--block block`` in ``directory`` (default ``tmp_path/ck``); return that directory, its
-    ckpt.log, seconds from 'blocking' to exit and its stderr."""
+    """Run the job with ``--block block`` (and ``extra``) in ``directory`` (default ``tmp_path/ck``); return that
+    directory, its ckpt.log, seconds from 'blocking' to exit and its stderr."""
     directory = directory if directory is not None else tmp_path / "ck"
     proc = subprocess.Popen(
         [sys.executable, str(JOB), str(directory), str(tmp_path / "x.npz"), "--block", block, "--at", "3",
-         "--timeout", str(timeout)],
+         "--timeout", str(timeout), *extra],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -142,7 +142,8 @@ def test_a_save_whose_file_system_stops_answering_is_ended_and_the_rerun_is_exac
 
 def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_is_exact(tmp_path, reference):
     """restart() over epochs 1-2 on a mount that stopped answering whole: exit 124 within the bound plus the
-    report's, phase restore on stderr (the restart history's read), nothing recorded. Then over checkpoint files
+    report's, phase restore on stderr (the restart history's read), nothing recorded; the same mount stopping
+    after restart(), before fit: phase open (the writer lock). Then over checkpoint files
     that no longer open: exit 124 within the bound, phase restore
     with every stack in ckpt.log, a restart record of epochs/002 with its hang in the history; a second start the
     same; the third (ckpt_max_no_progress_restarts=3) is refused at once with exit 65 and one line naming
@@ -159,6 +160,12 @@ def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_
     assert "in phase restore (restart() choosing, verifying or reading" in err, err[-3000:]
     assert "in read_local" in err[err.rindex("in phase restore") :], err[-3000:]  # the history's read, its stack
     assert (directory / "ckpts" / "restarts.jsonl").read_bytes() == history  # nothing recorded: not counted
+    # Then restart() reads, but the mount stops answering before fit: fit's opening of the directory (its writer
+    # lock) is the watchdog's phase open.
+    _, _, took, err = _hang(tmp_path, "fit-mount", timeout)
+    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
+    assert "in phase open (opening the checkpoint directory" in err, err[-3000:]
+    assert "in open_for_write" in err[err.rindex("in phase open") :], err[-3000:]
     for _ in range(2):
         _, log, took, _ = _hang(tmp_path, "restore", timeout)
         assert timeout * 0.9 <= took < timeout + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
@@ -181,6 +188,26 @@ def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_
     assert_log_example("preemption.rst", logged, "ERROR restart: refused: reading")
     assert _snapshot(directory) == before
     rerun = _run(directory, tmp_path / "out.npz")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "start 2" in rerun.stdout
+    got = _arrays(tmp_path / "out.npz")
+    for key, value in reference.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_uno_s_order_on_a_mount_that_stopped_answering_is_ended_and_the_rerun_is_exact(tmp_path, reference):
+    """candle_lib's order, as Uno's (CandleCkptKeras made first, set_model, ckpt.restart(params)): the callback's
+    opening of the directory is the job's first access to it; on a mount that stopped answering it ends with 124
+    within the bound plus the report's, phase open on stderr; the rerun resumes epoch 2, bit-identical."""
+    lib = "--candle-lib"
+    directory, _, _, _ = _hang(tmp_path, "input", _timeout(), None, lib)  # epochs 1-2 committed, then a hang
+    timeout = _timeout()
+    _, _, took, err = _hang(tmp_path, "mount", timeout, None, lib)
+    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
+    assert "in phase open (opening the checkpoint directory" in err, err[-3000:]
+    stack = err[err.rindex("in phase open") :]
+    assert "in open_for_write" in stack and "candle_api.py" in stack, err[-3000:]  # made by CandleCkptKeras
+    rerun = _run(directory, tmp_path / "out.npz", lib)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "start 2" in rerun.stdout
     got = _arrays(tmp_path / "out.npz")

@@ -209,19 +209,21 @@ OWNED = {
     "PreemptionWatcher",
     "StepPlan",
     "Watchdog",
+    "watched",
 }
 ALLOWED = {
     "candle_ckpt/engine/run.py",  # the owner
     "candle_ckpt/engine/preempt_control.py",  # the controller makes its watcher
     "candle_ckpt/engine/signals.py",  # the process's one signal owner
     "candle_ckpt/engine/restore.py",  # the restore driver watches its own reads (phase restore): no run exists yet
+    "candle_ckpt/engine/engine.py",  # the directory's opening, watched for its length (phase open): made before a run
 }
 
 
 def test_only_the_training_run_makes_the_lifecycle_pieces() -> None:
     """No front end builds a signal handler, a fit guard, the Ctrl-C notice or a controller of its own: they
     are made in engine/run.py only (the watcher by the controller; the restore's own watchdog by the restore
-    driver, before any run exists), so each is installed in one place."""
+    driver and the opening's by the engine, both before any run exists), so each is installed in one place."""
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE.parent).as_posix()

@@ -10,7 +10,16 @@ import pytest
 
 from candle_ckpt.core import history
 from candle_ckpt.core.errors import GroupTimeout
-from candle_ckpt.engine.watchdog import FLOOR_S, HANG_EXIT, START_S, ReadMeter, Watchdog, WatchedGroup, auto_limit
+from candle_ckpt.engine.watchdog import (
+    FLOOR_S,
+    HANG_EXIT,
+    START_S,
+    ReadMeter,
+    Watchdog,
+    WatchedGroup,
+    auto_limit,
+    watched,
+)
 from candle_ckpt.testing.groups import ThreadGroup
 
 
@@ -20,10 +29,30 @@ def test_auto_judges_nothing_before_the_first_step_but_by_the_start_floor():
     assert auto_limit("input", None, {"step": 30.0}) == START_S
 
 
-def test_auto_judges_a_restore_by_the_start_floor():
-    """restart()'s restore (phase restore) is judged by START_S under auto, whatever was seen before."""
-    assert auto_limit("restore", None, {}) == START_S
-    assert auto_limit("restore", 5.0, {"step": 1.0}) == START_S
+@pytest.mark.parametrize("phase", ["restore", "open"])
+def test_auto_judges_our_own_work_outside_a_run_by_the_start_floor(phase):
+    """restart()'s restore and the directory's opening are judged by START_S under auto, whatever was seen."""
+    assert auto_limit(phase, None, {}) == START_S
+    assert auto_limit(phase, 5.0, {"step": 1.0}) == START_S
+
+
+def test_watched_work_that_stops_is_ended_in_its_phase_and_finished_work_ends_nothing(tmp_path):
+    """watched() (the opening's and the restore's watchdog): an opening with no byte moving is reported in phase
+    open and ended 124 (a fake exit here); one that returns in time leaves nothing armed."""
+    ended: list[int] = []
+    log = tmp_path / "ckpt.log"
+    with watched(0.5, str(log), "open", exit=ended.append) as dog:
+        assert dog.now() == "open" and dog.limit() == 0.5
+        _wait(ended, 10.0)
+    assert ended == [HANG_EXIT]
+    assert "in phase open (opening the checkpoint directory: its writer lock and checks)" in log.read_text()
+    ended.clear()
+    with watched(0.5, str(tmp_path / "quiet.log"), "open", exit=ended.append):
+        pass
+    time.sleep(1.0)
+    assert ended == [] and not (tmp_path / "quiet.log").exists()
+    with watched(None, str(log), "open") as off:  # ckpt_hang_timeout=none: no thread
+        assert not off.on
 
 
 def test_a_restore_that_never_returns_is_reported_in_phase_restore(tmp_path):
