@@ -106,6 +106,17 @@ def _timeout() -> float:
     return wait_s(6.0)
 
 
+def _rerun_is_exact(directory: Path, tmp_path: Path, reference, *extra: str) -> None:
+    """A rerun with nothing blocked resumes epoch 2 and ends bit-identical to the uninterrupted run."""
+    rerun = _run(directory, tmp_path / "out.npz", *extra)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "start 2" in rerun.stdout
+    got = _arrays(tmp_path / "out.npz")
+    assert got.keys() == reference.keys()
+    for key, value in reference.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
 def _check(tmp_path: Path, reference, block: str, phase: str) -> None:
     timeout = _timeout()
     directory, log, took, _ = _hang(tmp_path, block, timeout)
@@ -117,15 +128,9 @@ def _check(tmp_path: Path, reference, block: str, phase: str) -> None:
     assert any(r["event"] == "failure" and r["error"] == "hang" and r["phase"] == phase for r in records), records
     before = _snapshot(directory)
     assert sorted({name.split(os.sep)[0] for name in before}) == ["001", "002"]  # epoch 3 never committed
-    rerun = _run(directory, tmp_path / "out.npz")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "start 2" in rerun.stdout
+    _rerun_is_exact(directory, tmp_path, reference)
     after = _snapshot(directory)
     assert {k: v for k, v in after.items() if k in before} == before  # the committed checkpoints were left alone
-    got = _arrays(tmp_path / "out.npz")
-    assert got.keys() == reference.keys()
-    for key, value in reference.items():
-        np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
 def test_an_input_pipeline_that_blocks_is_ended_and_the_rerun_is_exact(tmp_path, reference):
@@ -187,12 +192,7 @@ def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_
     assert line in refused.stderr, refused.stderr[-3000:]
     assert_log_example("preemption.rst", logged, "ERROR restart: refused: reading")
     assert _snapshot(directory) == before
-    rerun = _run(directory, tmp_path / "out.npz")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "start 2" in rerun.stdout
-    got = _arrays(tmp_path / "out.npz")
-    for key, value in reference.items():
-        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    _rerun_is_exact(directory, tmp_path, reference)
 
 
 def test_uno_s_order_on_a_mount_that_stopped_answering_is_ended_and_the_rerun_is_exact(tmp_path, reference):
@@ -207,12 +207,7 @@ def test_uno_s_order_on_a_mount_that_stopped_answering_is_ended_and_the_rerun_is
     assert "in phase open (opening the checkpoint directory" in err, err[-3000:]
     stack = err[err.rindex("in phase open") :]
     assert "in open_for_write" in stack and "candle_api.py" in stack, err[-3000:]  # made by CandleCkptKeras
-    rerun = _run(directory, tmp_path / "out.npz", lib)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "start 2" in rerun.stdout
-    got = _arrays(tmp_path / "out.npz")
-    for key, value in reference.items():
-        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    _rerun_is_exact(directory, tmp_path, reference, lib)
 
 
 def test_auto_ends_a_hang_at_the_defaults_within_two_minutes(tmp_path):
@@ -300,9 +295,4 @@ def test_a_restore_on_a_real_mount_that_stops_answering_ends_with_124_and_the_re
             proc.kill()
             proc.wait()
         assert code == HANG_EXIT
-        rerun = _run(directory, tmp_path / "out.npz")
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
-        assert "start 2" in rerun.stdout
-        got = _arrays(tmp_path / "out.npz")
-        for key, value in reference.items():
-            np.testing.assert_array_equal(got[key], value, err_msg=key)
+        _rerun_is_exact(directory, tmp_path, reference)
