@@ -24,12 +24,11 @@ hang is seen, from where the training thread stands (the front end's ``where`` p
 pipeline or not).
 
 ``ckpt_hang_timeout`` sets the limit: seconds (in every phase, the restore included), none (no watchdog), or
-``auto`` (:func:`auto_limit`): in the restore, the opening and before the first step ends :data:`START_S`; after
-it, the
-largest of :data:`FLOOR_S`, twice the first step (start-up and compile: a later compile, the validation's,
-takes no longer) and :data:`SAFETY` times the longest interval seen so far for the phase's kind (steps, saves
-or meetings; a kind not seen yet takes the longest interval of any kind). With steps under 12 s and a first
-step under a minute, a hang is ended within 2 minutes.
+``auto`` (:func:`auto_limit`): in the restore, the opening and before the first step ends :data:`START_S`;
+after it, the largest of :data:`FLOOR_S`, twice the first step (start-up and compile: a later compile, the
+validation's, takes no longer) and :data:`SAFETY` times the longest interval seen so far for the phase's kind
+(steps, saves or meetings; a kind not seen yet takes the longest interval of any kind). With steps under 12 s
+and a first step under a minute, a hang is ended within 2 minutes.
 
 On a hang (:meth:`Watchdog.fire`): one block in ``ckpt.log`` naming the phase, the time without progress and
 the limit, followed by every thread's stack (:func:`faulthandler.dump_traceback`); the same on stderr; a
@@ -59,7 +58,7 @@ from typing import Any
 
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
-START_S = 600.0  # auto: the limit in restart()'s restore, and before the first step ended (start-up, compile)
+START_S = 600.0  # auto: the limit in restart()'s restore, the opening, and before the first step ended (compile)
 FLOOR_S = 60.0  # auto: never less, once a step ended
 SAFETY = 5.0  # auto: times the longest interval seen (NVIDIA's resiliency extension uses 5)
 REPORT_S = 10.0  # the most the hang's report (log, stderr, history) may take before the process exits
