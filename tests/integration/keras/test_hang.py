@@ -1,9 +1,9 @@
 """Hangs become requeues: a run that makes no progress exits 124 with every stack in ckpt.log, and the rerun is exact.
 
 Real processes (``jobs/hang_job.py``, Keras 3 on JAX): an input pipeline that blocks for good, a save whose
-file system stops answering (``LocalFS.hook``), a restore on a mount that stopped answering whole, and one whose
-checkpoint files never open (then refused). Each
-blocked run must exit with ``HANG_EXIT`` within its ``ckpt_hang_timeout`` plus the watchdog's wake-up and a
+file system stops answering (``LocalFS.hook``), a restore or an opening of the directory on a mount that stopped
+answering whole (patched, and a real FUSE mount), and a restore whose checkpoint files never open (then refused).
+Each blocked run must exit with ``HANG_EXIT`` within its ``ckpt_hang_timeout`` plus the watchdog's wake-up and a
 margin scaled to this machine's speed, name the phase, leave the committed checkpoints as they were, and the
 rerun must end bit-identical to an uninterrupted run.
 """
@@ -133,6 +133,19 @@ def _check(tmp_path: Path, reference, block: str, phase: str) -> None:
     assert {k: v for k, v in after.items() if k in before} == before  # the committed checkpoints were left alone
 
 
+def _mount_hang(tmp_path: Path, block: str, phase: str, frame: str, *extra: str) -> str:
+    """Run the job with ``--block block`` (a mount that stopped answering, ckpt.log and the history on it): it must
+    exit 124 within the limit plus the report's bound (its writes there are given up after REPORT_S), report
+    ``phase`` on stderr with ``frame`` in the stack after it; returns that stack."""
+    timeout = _timeout()
+    _, _, took, err = _hang(tmp_path, block, timeout, None, *extra)
+    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
+    assert f"in phase {phase}" in err, err[-3000:]
+    stack = err[err.rindex(f"in phase {phase}") :]
+    assert frame in stack, err[-3000:]
+    return stack
+
+
 def test_an_input_pipeline_that_blocks_is_ended_and_the_rerun_is_exact(tmp_path, reference):
     """The PyDataset's batch 3 of epoch 3 never comes: exit 124 within the bound, phase input with every stack in
     ckpt.log, a hang failure in the restart history, epochs 1-2 untouched; the rerun ends bit-identical."""
@@ -148,29 +161,22 @@ def test_a_save_whose_file_system_stops_answering_is_ended_and_the_rerun_is_exac
 def test_a_restore_whose_reads_never_return_is_ended_then_refused_and_the_rerun_is_exact(tmp_path, reference):
     """restart() over epochs 1-2 on a mount that stopped answering whole: exit 124 within the bound plus the
     report's, phase restore on stderr (the restart history's read), nothing recorded; the same mount stopping
-    after restart(), before fit: phase open (the writer lock). Then over checkpoint files
-    that no longer open: exit 124 within the bound, phase restore
-    with every stack in ckpt.log, a restart record of epochs/002 with its hang in the history; a second start the
-    same; the third (ckpt_max_no_progress_restarts=3) is refused at once with exit 65 and one line naming
-    epochs/002, before reading anything. The checkpoints are left alone, and the rerun (file system back) resumes
-    epoch 2 and ends bit-identical."""
+    after restart(), before fit: phase open (the writer lock). Then over checkpoint files that no longer open:
+    exit 124 within the bound, phase restore with every stack in ckpt.log, a restart record of epochs/002 with its
+    hang in the history; a second start the same; the third (ckpt_max_no_progress_restarts=3) is refused at once
+    with exit 65 and one line naming epochs/002, before reading anything. The checkpoints are left alone, and the
+    rerun (file system back) resumes epoch 2 and ends bit-identical."""
     directory, _, _, _ = _hang(tmp_path, "input", _timeout())  # epochs 1-2 committed, then a hang in epoch 3
     before = _snapshot(directory)
     history = (directory / "ckpts" / "restarts.jsonl").read_bytes()
     timeout = _timeout()
-    # First the whole mount hangs: its first read (the restart history) never returns, and ckpt.log and the
-    # history cannot be written. The block reaches stderr; the report's writes are given up after REPORT_S.
-    _, _, took, err = _hang(tmp_path, "mount", timeout)
-    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
-    assert "in phase restore (restart() choosing, verifying or reading" in err, err[-3000:]
-    assert "in read_local" in err[err.rindex("in phase restore") :], err[-3000:]  # the history's read, its stack
-    assert (directory / "ckpts" / "restarts.jsonl").read_bytes() == history  # nothing recorded: not counted
+    # First the whole mount hangs: its first read (the restart history's) never returns, and ckpt.log and the
+    # history cannot be written: the block reaches stderr only, and nothing is recorded, so it is not counted.
+    _mount_hang(tmp_path, "mount", "restore (restart() choosing, verifying or reading", "in read_local")
+    assert (directory / "ckpts" / "restarts.jsonl").read_bytes() == history
     # Then restart() reads, but the mount stops answering before fit: fit's opening of the directory (its writer
     # lock) is the watchdog's phase open.
-    _, _, took, err = _hang(tmp_path, "fit-mount", timeout)
-    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
-    assert "in phase open (opening the checkpoint directory" in err, err[-3000:]
-    assert "in open_for_write" in err[err.rindex("in phase open") :], err[-3000:]
+    _mount_hang(tmp_path, "fit-mount", "open (opening the checkpoint directory", "in open_for_write")
     for _ in range(2):
         _, log, took, _ = _hang(tmp_path, "restore", timeout)
         assert timeout * 0.9 <= took < timeout + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
@@ -201,12 +207,8 @@ def test_uno_s_order_on_a_mount_that_stopped_answering_is_ended_and_the_rerun_is
     within the bound plus the report's, phase open on stderr; the rerun resumes epoch 2, bit-identical."""
     lib = "--candle-lib"
     directory, _, _, _ = _hang(tmp_path, "input", _timeout(), None, lib)  # epochs 1-2 committed, then a hang
-    timeout = _timeout()
-    _, _, took, err = _hang(tmp_path, "mount", timeout, None, lib)
-    assert timeout * 0.9 <= took < timeout + REPORT_S + min(5.0, timeout / 10) + wait_s(10), (took, timeout)
-    assert "in phase open (opening the checkpoint directory" in err, err[-3000:]
-    stack = err[err.rindex("in phase open") :]
-    assert "in open_for_write" in stack and "candle_api.py" in stack, err[-3000:]  # made by CandleCkptKeras
+    stack = _mount_hang(tmp_path, "mount", "open (opening the checkpoint directory", "in open_for_write", lib)
+    assert "candle_api.py" in stack, stack  # made by CandleCkptKeras
     _rerun_is_exact(directory, tmp_path, reference, lib)
 
 
