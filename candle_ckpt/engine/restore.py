@@ -29,19 +29,26 @@ and every thread's stack in ``ckpt.log`` (where that file cannot be written eith
 primary appended a ``restart`` record of the checkpoint it was verifying or reading and its ``failure``
 (``hang``, phase ``restore``; nothing, where the history cannot be written). The Slurm script requeues it;
 the same recorded hang after every requeue is refused at step 1 once ``ckpt_max_no_progress_restarts`` is
-reached. A meeting of a group that times out still raises
-:class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s callers handle it).
+reached. The front end's own work before the first read runs under the same watch (``prepare``: in a JAX
+group, ``restart()`` builds the optimizer's variables, a collective that waits for every process). A meeting
+of a group that times out (``CANDLE_CKPT_GROUP_TIMEOUT_S``: a peer stuck before or inside its restore, or gone)
+is a hang too where the front end asks (``timeout_exits``: ``restart()``, whose caller has nothing to catch
+it): the same block, record and exit status 124, naming the meeting point and the ranks that never came.
+Elsewhere it raises :class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s and
+``JobRunner``'s callers handle it).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
 from candle_ckpt.core import history as H
 from candle_ckpt.core import layout as L
+from candle_ckpt.core.errors import GroupTimeout
 from candle_ckpt.core.group import SOLO, Group, is_primary
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
@@ -94,8 +101,10 @@ class _VerifyClock:
 class _RestoreWatch:
     """Steps 1 to 4 under the hang watchdog (module docstring): armed on entry, stopped on exit."""
 
-    def __init__(self, cfg: CkptConfig, history: restart_history.History, group: Group, breakdown: dict) -> None:
-        self.cfg, self.history, self.breakdown = cfg, history, breakdown
+    def __init__(
+        self, cfg: CkptConfig, history: restart_history.History, group: Group, breakdown: dict, exits: bool
+    ) -> None:
+        self.cfg, self.history, self.breakdown, self.exits = cfg, history, breakdown, exits
         self.name: str | None = None  # the checkpoint being read (for the hang's record), and its sidecar
         self.side: Sidecar | None = None
         layout = L.Layout.of(cfg)
@@ -104,11 +113,13 @@ class _RestoreWatch:
         self._watch = watched(hang_timeout(cfg), layout.log, "restore", self._record, who=who)
 
     def __enter__(self) -> _RestoreWatch:
-        self._watch.__enter__()
+        self.watchdog = self._watch.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._watch.__exit__(*exc)
+    def __exit__(self, kind: type | None, value: BaseException | None, tb: object) -> None:
+        self._watch.__exit__(kind, value, tb)
+        if self.exits and self.watchdog.on and isinstance(value, GroupTimeout):  # a peer stuck or gone: a hang
+            self.watchdog.fire(value.timeout_s, value.timeout_s, how=f"CANDLE_CKPT_GROUP_TIMEOUT_S: {value}")
 
     def reading(self, directory: str, side: Sidecar | None = None) -> None:
         """The restore reads the checkpoint in ``directory`` now (``side``: its sidecar, once read)."""
@@ -138,23 +149,21 @@ def restore(
     keep: Keep = None,
     timeout_s: float | None = None,
     node_local: bool = True,
+    prepare: Callable[[], object] | None = None,
+    timeout_exits: bool = False,
 ) -> Resumed | None:
     """Choose, verify and load the checkpoint to resume from (the module docstring's order).
 
     Args:
-        cfg: The job's configuration (``ckpt_restart_mode``, ``ckpt_restart_epoch``, the tiers, and
-            ``ckpt_max_no_progress_restarts``).
-        log: The job's log.
-        adapter: What loads (``reads``, ``restore(chosen, log, where)``; its ``pending`` and ``read_stats``
-            when it has them).
+        cfg, log: The job's configuration (the restart mode and epoch, the tiers, the crash-loop limit), its log.
+        adapter: What loads (``reads``, ``restore(chosen, log, where)``; its ``pending``, ``read_stats``).
         group: The job's processes (``SOLO``: one); call it on every one.
-        name: The group's meeting point prefix for this restore (default ``group.meeting("restore")``).
-        epoch: Exactly this epoch (over ``ckpt_restart_epoch``).
-        fs: The file-system seam of a store made here.
-        store: The writer's own store, when it holds the lock (a pull then commits through it).
-        mapped: The files read as read-only mmaps.
-        who: How this process is named in the log line of a group's load.
+        name, epoch: The group's meeting point prefix (``group.meeting("restore")``); exactly this epoch.
+        fs, store: The file-system seam of a store made here; the writer's own store, when it holds the lock.
+        mapped, who: The files read as read-only mmaps; how this process is named in a group's load line.
         needed, keep, timeout_s, node_local: A group's (:func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint`).
+        prepare: The front end's own work before the first read, watched with the rest (module docstring).
+        timeout_exits: A meeting that times out is a hang (exit 124), as ``restart()`` asks; else it raises.
 
     Returns:
         What was resumed, or None (nothing to resume from; the mode allows it).
@@ -162,11 +171,14 @@ def restore(
     Raises:
         NoValidCheckpoint: ``required`` mode or an exact epoch, and none valid.
         SystemExit: a crash loop refused (status :data:`~candle_ckpt.core.history.CRASH_LOOP_EXIT`).
+        GroupTimeout: a meeting timed out (unless ``timeout_exits``).
     """
-    began = time.perf_counter()
-    breakdown: dict[str, Any] = {"import_s": restart_history.seconds_since_process_start()}
+    breakdown: dict[str, Any] = {}
     history = restart_history.History(cfg, log, writes=is_primary(group))
-    with _RestoreWatch(cfg, history, group, breakdown) as watch:  # from the first read: a mount that hangs whole
+    with _RestoreWatch(cfg, history, group, breakdown, timeout_exits) as watch:  # from the first read on
+        (prepare or _nothing)()
+        began = time.perf_counter()
+        breakdown["import_s"] = restart_history.seconds_since_process_start()
         records = history.records()
         restart_history.refuse_hung_restore(cfg, history, records)
         if is_primary(group):  # SOLO is its own primary
@@ -181,6 +193,10 @@ def restore(
             return None
         watch.name, watch.side = restart_history.resumed_name(L.Layout.of(cfg), chosen.sidecar), chosen.sidecar
         return _load(cfg, log, adapter, chosen, watch.name, history, records, breakdown, began, who)
+
+
+def _nothing() -> None:
+    """No front-end work before the first read."""
 
 
 def _load(

@@ -207,13 +207,15 @@ class Watchdog:
                 self.fire(idle, self.limit())
                 return
 
-    def fire(self, idle: float, limit: float) -> None:
-        """Report the hang (bounded by :data:`REPORT_S`), then end the process with :data:`HANG_EXIT`."""
+    def fire(self, idle: float, limit: float, how: str | None = None) -> None:
+        """Report the hang (bounded by :data:`REPORT_S`), then end the process with :data:`HANG_EXIT`.
+
+        ``how``: what set ``limit``, when not ``ckpt_hang_timeout`` (a group's meeting bound that ran out)."""
         phase = self.now()
         if phase == "step" and self.where is not None:
             with contextlib.suppress(Exception):
                 phase = self.where() or phase
-        how = "auto" if self.timeout == "auto" else "ckpt_hang_timeout"
+        how = how or ("auto" if self.timeout == "auto" else "ckpt_hang_timeout")
         line = (
             f"hang: {self.who + ' ' if self.who else ''}made no progress for {idle:.0f} s (limit {limit:.0f} s, "
             f"{how}) in phase {phase} ({_SAID.get(phase, phase)}); every thread's stack follows; the committed "

@@ -66,12 +66,13 @@ def restart(
     if group.size > 1:  # several JAX processes: the primary chooses, all load the same one or none
         from candle_ckpt.multihost.group_restart import restart_group
 
-        # Nothing in the group's restore may create a Keras variable on only some processes (a collective under
-        # a distribution): the skip sets of the plan walk, and the optimizer's variables, are made here, on all.
-        internals.warm_skipsets()
-        if getattr(model, "optimizer", None) is not None:
-            build_optimizer(model)
-        return restart_group(cfg, model, scoped(group, "restore"), logger, verbose, KerasModelAdapter)
+        def prepare() -> None:  # the restore's first work, on all, watched (a peer that never comes: exit 124)
+            # No Keras variable may be made on only some processes (a collective under a distribution)
+            internals.warm_skipsets()
+            if getattr(model, "optimizer", None) is not None:
+                build_optimizer(model)
+
+        return restart_group(cfg, model, scoped(group, "restore"), logger, verbose, KerasModelAdapter, prepare)
     return _restart_keras(cfg, model, logger, verbose)
 
 

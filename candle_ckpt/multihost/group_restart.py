@@ -20,6 +20,7 @@ loads whole) after preparing the model through Keras's internals: this room reac
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
@@ -69,13 +70,15 @@ def restart_group(
     logger: str | logging.Logger | None,
     verbose: bool,
     one_process: Any,
+    prepare: Callable[[], object] | None = None,
 ) -> dict[str, Any] | None:
     """``restart()`` on one process of ``group`` (call it on every process; see the module docstring).
 
     ``group`` is this restore's own scope (:func:`~candle_ckpt.core.group.scoped`): closed at the end.
     ``model``'s optimizer, if it has one, is built, on every process (nothing below may create a Keras
-    variable on only some processes: under a distribution that is a collective). ``one_process``: see
-    :class:`GroupModelAdapter`.
+    variable on only some processes: under a distribution that is a collective): ``prepare`` does it, under the
+    restore's hang watch, as every meeting below is (a meeting that times out exits 124, as a hang does).
+    ``one_process``: see :class:`GroupModelAdapter`.
     """
     layout = L.Layout.of(cfg)
     log = OpsLog(layout.log if is_primary(group) else None, get_logger(logger, verbose))
@@ -85,8 +88,9 @@ def restart_group(
     needed = lambda where: files_to_read(model, where, group.rank)  # noqa: E731
     keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
     resumed = restore(
-        cfg, log, adapter, group=group, name=name, mapped=True, who=f"process {group.rank}", needed=needed, keep=keep
-    )
+        cfg, log, adapter, group=group, name=name, mapped=True, who=f"process {group.rank}", needed=needed, keep=keep,
+        prepare=prepare, timeout_exits=True,
+    )  # fmt: skip
     group.close(group_timeout())  # the last meeting: every key of this restore is deleted
     if resumed is None:
         return None

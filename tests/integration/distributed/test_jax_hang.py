@@ -1,4 +1,8 @@
-"""A 2-process JAX job with one process stopped (SIGSTOP) in mid-epoch: the other ends with 124, the rerun is exact.
+"""2-process JAX jobs with one process stuck: the other ends with 124 within its bound, the rerun is exact.
+
+Stuck in mid-epoch (SIGSTOP), before its ``restart()`` (its set-up never ends: the other waits in
+``restart()``'s first collective), and in ``restart()``'s reads (its disk stopped answering: the other waits at
+the restore's meeting until ``CANDLE_CKPT_GROUP_TIMEOUT_S``).
 
 ``jax_mp_job.py``, DataParallel over 2 processes x 2 CPU devices, at the defaults but for
 ``ckpt_hang_timeout`` (short, from this machine's measured speed) and a JAX heartbeat long enough that the
@@ -9,6 +13,7 @@ or a meeting). The test then SIGKILLs the stopped one, and the rerun ends bit-id
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,3 +68,77 @@ def test_a_stopped_peer_ends_the_other_with_124_and_the_rerun_is_exact(tmp_path)
     assert [rerun.restored_epoch(i) for i in (0, 1)] == [1, 1]
     for i in (0, 1):
         assert differing(rerun.final(i), want[i]) == [], f"process {i}"
+
+
+def _resumable(tmp_path):
+    """A reference run of EPOCHS and a 1-epoch run in ``ck`` (a checkpoint to resume from): (want, ck, pace)."""
+    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref", EPOCHS, timeout_s=wait_s(120))
+    took = ref.succeed()
+    ck = tmp_path / "ck"
+    JaxJob(tmp_path, "one", "dp", ck, 1, timeout_s=wait_s(120)).succeed()
+    return [ref.final(0), ref.final(1)], ck, took
+
+
+def _ended(job: JaxJob, i: int, bound: float) -> tuple[int, float]:
+    """Process ``i``'s exit status and seconds until it ended, waiting at most ``bound`` (else kill all, fail)."""
+    began = time.monotonic()
+    try:
+        code = job.procs[i].wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        out = job.output(i)[-3000:]
+        job.kill()
+        pytest.fail(f"process {i} still ran after {bound:.0f} s:\n{out}")
+    return code, time.monotonic() - began
+
+
+def _rerun_is_exact(tmp_path, ck, want) -> None:
+    rerun = JaxJob(tmp_path, "b", "dp", ck, EPOCHS, timeout_s=wait_s(120))
+    rerun.succeed()
+    assert [rerun.restored_epoch(i) for i in (0, 1)] == [1, 1]
+    for i in (0, 1):
+        assert differing(rerun.final(i), want[i]) == [], f"process {i}"
+
+
+def test_a_peer_stuck_before_its_restart_ends_the_other_in_restart_with_124(tmp_path):
+    """Process 1 never reaches restart() (alive, heartbeating: its set-up hangs): process 0, in restart()'s first
+    collective (the optimizer's variables under the distribution), exits 124 within ckpt_hang_timeout + a margin,
+    its block names phase restore with the stack in the optimizer's build; the rerun is exact."""
+    want, ck, took = _resumable(tmp_path)
+    timeout = max(wait_s(8.0), took / 2)
+    flags = [f"--hang-timeout={timeout:.1f}", f"--heartbeat={int(4 * timeout + 120)}"]
+    job = JaxJob(tmp_path, "a", "dp", ck, EPOCHS, extra={0: flags, 1: [*flags, "--pause-before-restart=600"]},
+                 timeout_s=wait_s(120))  # fmt: skip
+    job.wait_for(1, "PAUSED")
+    code, ended = _ended(job, 0, timeout + wait_s(60))
+    job.kill(1)
+    assert code == HANG_EXIT, job.output(0)[-3000:]
+    assert ended < timeout + wait_s(25), (ended, timeout)
+    log = (ck / "ckpt.log").read_text()
+    assert "hang: process 0 of 2 made no progress" in log and "in phase restore" in log, log[-3000:]
+    assert "build_optimizer" in log and "exiting with status 124" in log, log[-3000:]
+    _rerun_is_exact(tmp_path, ck, want)
+
+
+def test_a_peer_whose_restore_reads_never_return_ends_both_with_124(tmp_path):
+    """Process 1's checkpoint reads never return: process 0 waits at the restore's meeting, and when the group's
+    bound (CANDLE_CKPT_GROUP_TIMEOUT_S) runs out it exits 124 naming the meeting point and rank 1 (not a
+    GroupTimeout traceback, exit 1); the history records the hang of the restore; the rerun is exact."""
+    want, ck, took = _resumable(tmp_path)
+    group_s = max(wait_s(8.0), took / 2)
+    flags = [f"--hang-timeout={4 * group_s:.1f}", f"--heartbeat={int(8 * group_s + 120)}"]
+    env = {"CANDLE_CKPT_GROUP_TIMEOUT_S": f"{group_s:.1f}"}
+    job = JaxJob(tmp_path, "a", "dp", ck, EPOCHS, extra={0: flags, 1: [*flags, "--stuck-reads"]},
+                 timeout_s=wait_s(120), env=env)  # fmt: skip
+    job.wait_for(1, "blocking")
+    code, ended = _ended(job, 0, 4 * group_s + wait_s(60))
+    job.kill(1)
+    out = job.output(0)
+    assert code == HANG_EXIT, out[-3000:]
+    assert ended < 2 * group_s + wait_s(25), (ended, group_s)
+    assert "GroupTimeout" not in out, out[-3000:]
+    log = (ck / "ckpt.log").read_text()
+    assert "hang: process 0 of 2 made no progress" in log and "CANDLE_CKPT_GROUP_TIMEOUT_S" in log, log[-3000:]
+    assert "rank(s) 1 never came" in log and "in phase restore" in log, log[-3000:]
+    history = [json.loads(line) for line in (ck / "ckpts" / "restarts.jsonl").read_text().splitlines()]
+    assert {"event": "failure", "error": "hang", "phase": "restore"}.items() <= history[-1].items(), history[-1]
+    _rerun_is_exact(tmp_path, ck, want)

@@ -17,6 +17,9 @@ Every process runs the same code: ``restart(params, model)`` before ``fit``, the
 weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
 ``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
 ``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
+``--pause-before-restart=S`` prints ``PAUSED`` just before ``restart()`` and sleeps S seconds there.
+``--stuck-reads``: from ``restart()`` on, every read under ``ckpts/epochs`` and ``ckpts/steps`` blocks for good
+(printing ``blocking``), as on a disk that stopped answering.
 ``--pause-epoch-end=E`` prints ``PAUSED`` in ``on_epoch_end`` of epoch E, before that epoch's checkpoint, and sleeps.
 ``--heartbeat=S``: ``jax.distributed.initialize(heartbeat_timeout_seconds=S)`` (how soon a dead peer is noticed).
 ``--hidden=H``: H units in the first Dense layer (16 by default; larger values make the state big enough to be
@@ -221,6 +224,13 @@ def main() -> None:
         params["ckpt_async"] = "--async" in flags
     if flag(flags, "mtbf"):
         params["ckpt_mtbf"] = float(flag(flags, "mtbf"))
+    if flag(flags, "pause-before-restart"):  # a process stuck before its restore (an import on a hung mount)
+        print("PAUSED", flush=True)
+        time.sleep(float(flag(flags, "pause-before-restart")))
+    if "--stuck-reads" in flags:  # every read of a checkpoint blocks for good (its disk stopped answering)
+        from hang_job import stuck_paths
+
+        stuck_paths(tuple(os.path.join(os.path.abspath(directory), "ckpts", k) + os.sep for k in ("epochs", "steps")))
     found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)

@@ -18,6 +18,8 @@ from candle_ckpt.core.errors import GroupTimeout, NoValidCheckpoint
 from candle_ckpt.core.group import Group
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.engine.group_restore import agree_on_checkpoint
+from candle_ckpt.engine.restore import restore
+from candle_ckpt.engine.watchdog import HANG_EXIT, Watchdog
 from candle_ckpt.storage.reader import CheckpointReader
 from candle_ckpt.storage.sharded import MANIFEST
 from candle_ckpt.testing.groups import ThreadGroup
@@ -121,3 +123,42 @@ def test_a_rank_that_never_comes_is_named_within_the_bound_given(tmp_path: Path)
     log = OpsLog(None, logging.getLogger(LOGGER))
     with pytest.raises(GroupTimeout, match=r"'restore/0/tiers' within 0.2 s \(rank\(s\) 1 never came\)"):
         agree_on_checkpoint(cfg, log, primary, "restore/0", (), None, timeout_s=0.2)
+
+
+class _NoLoad:
+    """An adapter with nothing to read (a rank that never comes makes the restore time out before any load)."""
+
+    reads = ()
+
+    def restore(self, chosen: Any, log: OpsLog, where: str) -> None:
+        raise AssertionError("nothing is loaded when a rank never comes")
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["raises", "hang"])
+def test_a_meeting_that_times_out_is_a_hang_only_where_the_front_end_asks(tmp_path: Path, monkeypatch, exits) -> None:
+    """restore() of a group whose rank 1 never comes: GroupTimeout for WorkerTrainingState's and JobRunner's
+    callers; with timeout_exits (restart()'s), the watchdog's report, naming the bound, the meeting point and
+    rank 1, ends the process instead (its exit replaced here), after ``prepare`` ran under the watch."""
+    fired: list[tuple[float, str]] = []
+
+    def fire(dog: Watchdog, idle: float, limit: float, how: str | None = None) -> None:
+        fired.append((limit, how or "", dog.now()))
+        raise SystemExit(HANG_EXIT)
+
+    monkeypatch.setattr(Watchdog, "fire", fire)
+    monkeypatch.setenv("CANDLE_CKPT_GROUP_TIMEOUT_S", "0.2")
+    cfg = CkptConfig.from_params({"ckpt_directory": str(tmp_path)})
+    log = OpsLog(None, logging.getLogger(LOGGER))
+    prepared: list[str] = []
+    kwargs = {"group": ThreadGroup(2).members[0], "timeout_s": 0.2, "timeout_exits": exits}
+    if not exits:
+        with pytest.raises(GroupTimeout, match=r"rank\(s\) 1 never came"):
+            restore(cfg, log, _NoLoad(), **kwargs)
+        assert fired == []
+        return
+    with pytest.raises(SystemExit) as ended:
+        restore(cfg, log, _NoLoad(), prepare=lambda: prepared.append("prepared"), **kwargs)
+    assert ended.value.code == HANG_EXIT and prepared == ["prepared"]
+    ((limit, how, phase),) = fired
+    assert (limit, phase) == (0.2, "restore"), fired
+    assert how.startswith("CANDLE_CKPT_GROUP_TIMEOUT_S: ") and "'restore/0/tiers'" in how and "rank(s) 1" in how
