@@ -110,7 +110,7 @@ class _RestoreWatch:
         layout = L.Layout.of(cfg)
         self.ckpts = layout.ckpts
         who = f"process {group.rank} of {group.size}" if group.size > 1 else ""
-        self._watch = watched(hang_timeout(cfg), layout.log, "restore", self._record, who=who)
+        self._watch = watched(hang_timeout(cfg), layout.log, "restore", self._record, who=who, group=group)
 
     def __enter__(self) -> _RestoreWatch:
         self.watchdog = self._watch.__enter__()

@@ -221,6 +221,7 @@ class TrainingRun:
         self.engine.open()
         if self.group.size > 1:
             self.fit_group = scoped(self.group, self._scope) if self._scope else self.group
+            self.watchdog.among(self.fit_group)  # a hang is said to the others (engine/hang_notice.py)
             if self.watchdog.on:  # the training thread's meetings are the watchdog's phase "meeting"
                 self.fit_group = WatchedGroup(self.fit_group, self.watchdog)
             if self._meets:

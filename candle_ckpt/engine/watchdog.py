@@ -56,6 +56,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from candle_ckpt.engine.hang_notice import HANDOFF_S, LISTEN, HangNotice
+
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
 START_S = 600.0  # auto: the limit in restart()'s restore, the opening, and before the first step ended (compile)
@@ -132,6 +134,11 @@ class Watchdog:
         self._began = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.notice: HangNotice | None = None
+
+    def among(self, group: Any) -> None:
+        """The processes of this run or restore: a hang is said to them and heard from them (:mod:`.hang_notice`)."""
+        self.notice = HangNotice(group) if group.size > 1 else None
 
     # -- the training thread's side ------------------------------------------------------------------------
     def beat(self) -> None:
@@ -203,27 +210,36 @@ class Watchdog:
                     self.longest["step"] = max(self.longest.get("step", 0.0), last - seen)
                 seen = last
             idle = now - last
-            if idle > self.limit() and not stop.is_set():
-                self.fire(idle, self.limit())
+            peer = self.notice.heard() if self.notice is not None and idle > LISTEN * self.limit() else None
+            if (peer is not None or idle > self.limit()) and not stop.is_set():
+                self.fire(idle, self.limit(), peer=peer)
                 return
 
-    def fire(self, idle: float, limit: float, how: str | None = None) -> None:
-        """Report the hang (bounded by :data:`REPORT_S`), then end the process with :data:`HANG_EXIT`.
+    def fire(self, idle: float, limit: float, how: str | None = None, peer: str | None = None) -> None:
+        """Report the hang (bounded by :data:`REPORT_S`), tell the other processes and let them leave first
+        (:meth:`~candle_ckpt.engine.hang_notice.HangNotice.leave`), then end the process with :data:`HANG_EXIT`.
 
-        ``how``: what set ``limit``, when not ``ckpt_hang_timeout`` (a group's meeting bound that ran out)."""
+        ``how``: what set ``limit``, when not ``ckpt_hang_timeout`` (a group's meeting bound that ran out);
+        ``peer``: the process that found the hang first, when this one heard it from it."""
         phase = self.now()
         if phase == "step" and self.where is not None:
             with contextlib.suppress(Exception):
                 phase = self.where() or phase
         how = how or ("auto" if self.timeout == "auto" else "ckpt_hang_timeout")
+        heard = f"; {peer} found the job hung first" if peer else ""
         line = (
             f"hang: {self.who + ' ' if self.who else ''}made no progress for {idle:.0f} s (limit {limit:.0f} s, "
-            f"{how}) in phase {phase} ({_SAID.get(phase, phase)}); every thread's stack follows; the committed "
-            f"checkpoints are left as they are; exiting with status {HANG_EXIT} to be requeued"
+            f"{how}) in phase {phase} ({_SAID.get(phase, phase)}){heard}; every thread's stack follows; the "
+            f"committed checkpoints are left as they are; exiting with status {HANG_EXIT} to be requeued"
         )
         reporter = threading.Thread(target=self._report, args=(line, phase), name="candle_ckpt-hang", daemon=True)
         reporter.start()
         reporter.join(REPORT_S)
+        if self.notice is not None:  # process 0, the JAX service's host, leaves last (hang_notice.py)
+            args = (peer is None, self.who)
+            handoff = threading.Thread(target=self.notice.leave, args=args, name="candle_ckpt-hang", daemon=True)
+            handoff.start()
+            handoff.join(HANDOFF_S + REPORT_S)
         self._exit(HANG_EXIT)
 
     def _report(self, line: str, phase: str) -> None:
@@ -328,11 +344,15 @@ def watched(
     *,
     who: str = "",
     exit: Callable[[int], Any] = os._exit,
+    group: Any = None,
 ) -> Iterator[Watchdog]:
     """Work of ours outside a run, under a watchdog of its own for its length: armed in ``phase`` (one of
     :data:`_OURS`), where any byte this process reads or writes is progress (:class:`ReadMeter`), so that a slow
-    disk is never taken for a hang and one that stopped answering is (the arguments: :class:`Watchdog`'s)."""
+    disk is never taken for a hang and one that stopped answering is (the arguments: :class:`Watchdog`'s; ``group``:
+    the processes that hear of the hang, :meth:`Watchdog.among`)."""
     watchdog = Watchdog(timeout, log_path, record_failure, who=who, exit=exit, moving=ReadMeter())
+    if group is not None:
+        watchdog.among(group)
     watchdog.arm(phase)
     try:
         yield watchdog

@@ -208,3 +208,76 @@ def test_the_engine_s_measured_writes_count_as_saves(tmp_path):
         pass
     dog.phase = "save"
     assert dog.limit() == 150.0
+
+
+class _Counted:
+    """A group whose reads (``heard``) are counted."""
+
+    def __init__(self, group) -> None:
+        self.group, self.rank, self.size, self.reads = group, group.rank, group.size, 0
+
+    def heard(self, name: str, timeout_s: float):
+        self.reads += 1
+        return self.group.heard(name, timeout_s)
+
+    def notice(self, name: str, value: str) -> bool:
+        return self.group.notice(name, value)
+
+
+def _pair(tmp_path, limits: tuple[float, float]):
+    """Two processes' watchdogs over one ThreadGroup (limits: process 0's, process 1's); their exits, each
+    ``(rank, code, whether process 1 had said that it leaves)``."""
+    members = [_Counted(m) for m in ThreadGroup(2).members]
+    exits: list[tuple[int, int, bool]] = []
+    dogs = []
+    for rank, limit in enumerate(limits):
+        (tmp_path / f"p{rank}").mkdir()
+
+        def leave(code: int, rank: int = rank) -> None:
+            exits.append((rank, code, members[0].group.heard("hang-left/1", 0.001) == "1"))
+
+        dog = Watchdog(limit, str(tmp_path / f"p{rank}" / "ckpt.log"), None, who=f"process {rank} of 2", exit=leave)
+        dog.among(members[rank])
+        dogs.append(dog)
+    return dogs, members, exits
+
+
+def test_a_hang_one_process_finds_ends_the_other_with_124_and_process_0_leaves_last(tmp_path):
+    """Process 1's watchdog fires (0.5 s): process 0 (limit 6 s), without progress for a quarter of it, hears it
+    and ends too, long before its own limit, naming process 1; process 0 exits only after process 1 said that it
+    leaves (the JAX service's host last: the others are not aborted with 134)."""
+    dogs, _, exits = _pair(tmp_path, (6.0, 0.5))
+    began = time.monotonic()
+    for dog in dogs:
+        dog.arm()
+    while len(exits) < 2 and time.monotonic() - began < 15.0:
+        time.sleep(0.05)
+    took = time.monotonic() - began
+    assert sorted(exits) == [(0, HANG_EXIT, True), (1, HANG_EXIT, True)], exits
+    assert took < 6.0, took
+    log0 = (tmp_path / "p0" / "ckpt.log").read_text()
+    assert "process 1 of 2 found the job hung first" in log0 and "exiting with status 124" in log0, log0
+    assert "found the job hung first" not in (tmp_path / "p1" / "ckpt.log").read_text()
+
+
+def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, monkeypatch):
+    """Process 0 finds the hang and process 1 never answers (stopped): process 0 exits after HANDOFF_S."""
+    monkeypatch.setattr("candle_ckpt.engine.hang_notice.HANDOFF_S", 1.5)
+    dogs, _, exits = _pair(tmp_path, (0.5, 600.0))
+    dogs[0].arm()
+    began = time.monotonic()
+    _wait(exits, 15.0)
+    took = time.monotonic() - began
+    assert exits == [(0, HANG_EXIT, False)]
+    assert 0.5 + 1.5 <= took < 0.5 + 1.5 + 5.0, took
+
+
+def test_a_process_that_makes_progress_never_asks_the_others(tmp_path):
+    """Steps ending more often than a quarter of the limit: not one read of the group (nothing per step)."""
+    dogs, members, exits = _pair(tmp_path, (2.0, 2.0))
+    dogs[0].arm()
+    for _ in range(60):
+        time.sleep(0.05)
+        dogs[0].beat()
+    dogs[0].disarm()
+    assert exits == [] and members[0].reads == 0

@@ -1,0 +1,56 @@
+"""A hang in a multi-process job ends every process with 124, process 0 last.
+
+In a JAX job process 0 hosts the coordination service: when it exits, every other process is ended by JAX at
+once with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its
+tasks, so the job would end with 134, which the README's Slurm script does not requeue. So a process whose
+:class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a
+process that has made no progress for a quarter of its limit listens for that word at each of its watchdog's
+wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it ends the
+same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
+:data:`HANDOFF_S`, then exits. A process stopped or stuck where no watchdog of ours runs (before ``restart()``)
+cannot answer: process 0 exits after :data:`HANDOFF_S` and JAX ends that one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from candle_ckpt.core.group import is_primary
+
+HANDOFF_S = 10.0  # process 0's wait for the others to leave first, after a hang
+LISTEN = 0.25  # a process listens for a peer's hang once it has made no progress for this share of its limit
+_SAID = "hang"  # the notice's name in the run's group: who found the hang
+_LEFT = "hang-left"  # each process's word that it leaves (``hang-left/R``)
+
+
+class HangNotice:
+    """The word between the processes of ``group`` (a :class:`~candle_ckpt.core.group.Group` of more than one)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def heard(self) -> str | None:
+        """Who found the job hung, if a peer said so (one read that does not wait); None otherwise."""
+        with contextlib.suppress(Exception):  # a service that stopped answering is the watchdog's own limit's
+            return self.group.heard(_SAID, 0.001)
+        return None
+
+    def leave(self, found: bool, who: str) -> None:
+        """This process is about to exit with 124: tell the others if it ``found`` the hang (``who``: its name),
+        then say that it leaves (every process but 0), or wait for the others' words (process 0, at most
+        :data:`HANDOFF_S`). Best effort: a store that fails ends the wait."""
+        with contextlib.suppress(Exception):
+            if found:
+                self.group.notice(_SAID, who or f"process {self.group.rank}")
+            if not is_primary(self.group):
+                self.group.notice(f"{_LEFT}/{self.group.rank}", "1")
+                return
+            deadline = time.monotonic() + HANDOFF_S
+            for rank in range(1, self.group.size):
+                left = max(0.001, deadline - time.monotonic())
+                self.group.heard(f"{_LEFT}/{rank}", left)
+
+
+__all__ = ["HANDOFF_S", "LISTEN", "HangNotice"]
