@@ -50,6 +50,28 @@ exit "$status"
 """
 
 
+# The README's requeue branch for a hang (status 124); rank 1 alone hangs, alive (its heartbeat going), in
+# epoch 2 of the first run only. Its own limit is 3x longer: rank 0, the JAX service's host, finds the hang
+# first (before the hand-off, JAX then aborted rank 1: srun returned 134, not requeued).
+HANG_SCRIPT = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=job.log
+
+srun {python} {job} dp ck {epochs} out{{rank}}.npz slurm - - --pause-at=2:1:600 --pause-rank=1 --pause-once \\
+    --hang-timeout={timeout} --pauser-hang-timeout={stuck} & step=$!
+trap 'scancel --signal=TERM "$SLURM_JOB_ID"' TERM  # a SIGTERM to this shell: to the step
+while wait "$step"; status=$?; kill -0 "$step" 2>/dev/null; do :; done  # until it exits
+if [ "$status" -eq 124 ]; then
+    echo "stopped (status $status): requeueing job $SLURM_JOB_ID"  # 124: it hung
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$status"
+"""
+
+
 def _log(folder) -> str:
     return (folder / "job.log").read_text(errors="replace") if (folder / "job.log").exists() else ""
 
@@ -95,6 +117,59 @@ def test_srun_two_tasks_preempted_requeued_end_bit_identical(tmp_path):
         for rank in (0, 1):
             assert f"SIGTERM: process {rank} committed " in log and "(epoch 3, step " in log, log[-4000:]
         assert "requeueing job" in log and log.count("DONE") == 2, log[-4000:]
+        for rank in (0, 1):
+            got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
+            assert sorted(got) == sorted(want)
+            assert [k for k in got if not np.array_equal(got[k], want[k])] == [], f"rank {rank} differs"
+    finally:
+        cluster.stop()
+
+
+def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path):
+    """Rank 1 of an ``srun -n 2`` JAX job hangs (alive) in epoch 2: both tasks end with 124 (rank 0 waits for
+    rank 1 to leave first, so JAX does not abort it with 134), srun returns 124, the README's branch requeues
+    the job, and the requeued job completes with each rank's arrays equal to an uninterrupted run's."""
+    why = missing()
+    if why:
+        pytest.skip(f"no Slurm here: {why}")
+    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
+    took = ref.succeed()
+    timeout = max(wait_s(8.0), took / 2)  # well above the first step's compile on this machine
+    bound = max(300.0, 8 * took + 4 * timeout)
+    cluster = start_cluster(tmp_path / "state")
+    try:
+        folder = tmp_path / "job"
+        folder.mkdir()
+        (folder / "job.sh").write_text(
+            HANG_SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"), epochs=EPOCHS,
+                               timeout=f"{timeout:.1f}", stuck=f"{3 * timeout:.1f}")
+        )  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
+        env.update(cluster.env, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+        proc = subprocess.run(
+            ["sbatch", "--parsable", "job.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=30
+        )
+        assert proc.returncode == 0, proc.stderr
+        job = proc.stdout.strip().split(";")[0]
+        end, info = time.monotonic() + bound, {}
+        while time.monotonic() < end:
+            info = cluster.job(job)
+            if info.get("JobState") in FINAL:
+                break
+            time.sleep(1.0)
+        else:
+            cluster.cmd("scancel", job, check=False)
+        log = _log(folder)
+        assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"{info}\n{log[-4000:]}"
+        assert int(info.get("Restarts", "0")) >= 1, f"never requeued: {info}\n{log[-4000:]}"
+        assert "stopped (status 124): requeueing job" in log, log[-4000:]
+        # Each task's block (rank 1 heard of the hang from rank 0), and srun's word on both tasks: 124, none
+        # aborted by JAX (134).
+        assert "ERROR hang: process 0 of 2" in log and "ERROR hang: process 1 of 2" in log, log[-4000:]
+        assert "process 0 of 2 found the job hung first" in log, log[-4000:]
+        assert "Exited with exit code 124" in log and "Aborted" not in log, log[-4000:]
+        assert "exit code 134" not in log, log[-4000:]
+        assert log.count("DONE") == 2, log[-4000:]
         for rank in (0, 1):
             got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
             assert sorted(got) == sorted(want)

@@ -17,6 +17,9 @@ Every process runs the same code: ``restart(params, model)`` before ``fit``, the
 weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
 ``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
 ``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
+``--pause-rank=R``: only rank R pauses (``--pause-at``); ``--pause-once``: only while ``DIR/paused-once`` does not
+exist yet (the first run makes it: a requeued run does not pause); ``--pauser-hang-timeout=S``: the pausing
+process's ``ckpt_hang_timeout`` (over ``--hang-timeout``).
 ``--pause-before-restart=S`` prints ``PAUSED`` just before ``restart()`` and sleeps S seconds there.
 ``--stuck-reads``: from ``restart()`` on, every read under ``ckpts/epochs`` and ``ckpts/steps`` blocks for good
 (printing ``blocking``), as on a disk that stopped answering.
@@ -218,8 +221,18 @@ def main() -> None:
         "ckpt_save_interval": 1,
         "ckpt_keep_limit": 3,
     }
+    pause = flag(flags, "pause-at")
+    if flag(flags, "pause-rank") not in (None, str(rank)):
+        pause = None
+    once = os.path.join(directory, "paused-once")
+    if pause is not None and "--pause-once" in flags:  # the first run pauses, a requeued one does not
+        pause = None if os.path.exists(once) else pause
+        os.makedirs(directory, exist_ok=True)
+        open(once, "w").close()
     if flag(flags, "hang-timeout"):  # ckpt_hang_timeout (the default: auto)
         params["ckpt_hang_timeout"] = flag(flags, "hang-timeout")
+    if pause is not None and flag(flags, "pauser-hang-timeout"):
+        params["ckpt_hang_timeout"] = flag(flags, "pauser-hang-timeout")
     if "--async" in flags or "--sync" in flags:  # else the default: auto (asynchronous)
         params["ckpt_async"] = "--async" in flags
     if flag(flags, "mtbf"):
@@ -236,7 +249,6 @@ def main() -> None:
     print(f"RESTORED epoch={epoch}", flush=True)
     dump(model, out + ".restored.npz")
     callbacks = [candle_ckpt.CandleCheckpointCallback(params, verbose=verbose)]
-    pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
     if pause is not None:
         callbacks.append(Pause(*(int(s) for s in pause.split(":")), ckpt=callbacks[0]))
     at_end = next((f.split("=")[1] for f in flags if f.startswith("--pause-epoch-end=")), None)
