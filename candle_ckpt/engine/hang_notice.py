@@ -7,8 +7,10 @@ tasks, so the job would end with 134, which the README's Slurm script does not r
 process that has made no progress for a quarter of its limit listens for that word at each of its watchdog's
 wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it ends the
 same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
-:data:`HANDOFF_S`, then exits. A process stopped or stuck where no watchdog of ours runs (before ``restart()``)
-cannot answer: process 0 exits after :data:`HANDOFF_S` and JAX ends that one.
+:data:`HANDOFF_S`, then exits. Meanwhile its training thread may fail (the peers of its collective left): the
+interpreter's end then waits for the watchdog's exit, so that the status stays 124. A process stopped, or stuck
+where no watchdog of ours runs (before ``restart()``), cannot answer: process 0 exits after :data:`HANDOFF_S`
+and JAX ends that one.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ the watchdog does not stand in its way.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -232,6 +233,8 @@ class Watchdog:
             f"{how}) in phase {phase} ({_SAID.get(phase, phase)}){heard}; every thread's stack follows; the "
             f"committed checkpoints are left as they are; exiting with status {HANG_EXIT} to be requeued"
         )
+        if self._exit is os._exit:  # the interpreter's own end (the training thread failed: a peer left) waits
+            atexit.register(time.sleep, REPORT_S + HANDOFF_S + 5.0)  # for this one's, with status 124
         reporter = threading.Thread(target=self._report, args=(line, phase), name="candle_ckpt-hang", daemon=True)
         reporter.start()
         reporter.join(REPORT_S)

@@ -252,3 +252,25 @@ def test_model_parallel_on_a_2x2_mesh_across_4_processes_kill9_then_rerun(refere
     rerun.succeed()
     assert [rerun.restored_epoch(i) for i in range(4)] == [1] * 4, f"victim {victim}"
     assert_all_equal(rerun, 4, ref.finals)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_one_rank_hung_ends_every_process_with_124_then_rerun_is_bit_identical(reference, tmp_path, n):
+    """Rank N-1 hangs in epoch 2, alive (its heartbeat going), with a limit 3x the others': every process exits
+    124 (none aborted by JAX when process 0, the service's host, exits: it leaves last), the hung one naming
+    the process that found the hang; the rerun ends bit-identical."""
+    ref, last = reference(n), n - 1
+    timeout = max(30.0, ref.took / 2)  # above any step of this shape here, whatever the load
+    ck = tmp_path / "ck"
+    stuck = [f"--hang-timeout={3 * timeout:.0f}", "--pause-at=1:1:900"]
+    extra = flags(n, "dp", **{f"r{i}": [f"--hang-timeout={timeout:.0f}"] for i in range(last)}, **{f"r{last}": stuck})
+    job = JaxJob(tmp_path, "h", "dp", ck, EPOCHS, n=n, devices=1, timeout_s=ref.bound() + 3 * timeout, extra=extra)
+    job.wait_for(last, "PAUSED")
+    codes = job.exit_codes()
+    assert codes == [124] * n, [(i, job.output(i)[-2000:]) for i in range(n) if codes[i] != 124]
+    for i in range(n):
+        assert f"ERROR hang: process {i} of {n}" in job.output(i), job.output(i)[-2000:]
+    assert "found the job hung first" in job.output(last), job.output(last)[-2000:]
+    rerun = JaxJob(tmp_path, "i", "dp", ck, EPOCHS, n=n, devices=1, extra=flags(n, "dp"), timeout_s=ref.bound())
+    rerun.succeed()
+    assert_all_equal(rerun, n, ref.finals)
