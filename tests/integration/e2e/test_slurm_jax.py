@@ -76,6 +76,45 @@ def _log(folder) -> str:
     return (folder / "job.log").read_text(errors="replace") if (folder / "job.log").exists() else ""
 
 
+def _submit(cluster, folder, script: str) -> str:
+    """sbatch ``script`` (job.sh in ``folder``) in the job's environment; its job id."""
+    (folder / "job.sh").write_text(script)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
+    env.update(cluster.env, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "job.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def _until_final(cluster, job: str, bound: float, tick=None) -> dict:
+    """Poll the job until a final state (``tick(info)`` at each poll), at most ``bound`` s (then scancel it)."""
+    end, info = time.monotonic() + bound, {}
+    while time.monotonic() < end:
+        info = cluster.job(job)
+        if tick is not None:
+            tick(info)
+        if info.get("JobState") in FINAL:
+            return info
+        time.sleep(1.0)
+    cluster.cmd("scancel", job, check=False)
+    return info
+
+
+def _completed_as(ref: JaxJob, folder, info: dict) -> str:
+    """Assert the job completed after a requeue, with each rank's arrays equal to ``ref``'s; its log."""
+    log = _log(folder)
+    assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"{info}\n{log[-4000:]}"
+    assert int(info.get("Restarts", "0")) >= 1, f"never requeued: {info}\n{log[-4000:]}"
+    assert "requeueing job" in log and log.count("DONE") == 2, log[-4000:]
+    for rank in (0, 1):
+        got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
+        assert sorted(got) == sorted(want)
+        assert [k for k in got if not np.array_equal(got[k], want[k])] == [], f"rank {rank} differs"
+    return log
+
+
 def test_srun_two_tasks_preempted_requeued_end_bit_identical(tmp_path):
     """scancel --signal=TERM to a running ``srun -n 2`` JAX job: both tasks save the same step and exit 143, the job
     is requeued, resumes on both tasks and completes with each rank's arrays equal to an uninterrupted run's."""
@@ -90,37 +129,20 @@ def test_srun_two_tasks_preempted_requeued_end_bit_identical(tmp_path):
         folder.mkdir()
         # Both tasks pause after batch 1 of epoch 2 (index) long enough for the signal to land in mid-epoch.
         pause = int(wait_s(5))
-        (folder / "job.sh").write_text(
-            SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"), epochs=EPOCHS, pause=pause)
-        )
-        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
-        env.update(cluster.env, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-        proc = subprocess.run(
-            ["sbatch", "--parsable", "job.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=30
-        )
-        assert proc.returncode == 0, proc.stderr
-        job = proc.stdout.strip().split(";")[0]
-        end, acted, info = time.monotonic() + bound, False, {}
-        while time.monotonic() < end:
-            info = cluster.job(job)
+        job = _submit(cluster, folder, SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"),
+                                                     epochs=EPOCHS, pause=pause))  # fmt: skip
+        acted: list[bool] = []
+
+        def tick(info: dict) -> None:
             if not acted and info.get("JobState") == "RUNNING" and "PAUSED" in _log(folder):
                 cluster.cmd("scancel", "--signal=TERM", job)
-                acted = True
-            if info.get("JobState") in FINAL:
-                break
-            time.sleep(1.0)
-        else:
-            cluster.cmd("scancel", job, check=False)
-        log = _log(folder)
-        assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"{info}\n{log[-4000:]}"
-        assert acted and int(info.get("Restarts", "0")) >= 1, f"never requeued: {info}\n{log[-4000:]}"
+                acted.append(True)
+
+        info = _until_final(cluster, job, bound, tick)
+        assert acted, f"never signalled: {info}\n{_log(folder)[-4000:]}"
+        log = _completed_as(ref, folder, info)
         for rank in (0, 1):
             assert f"SIGTERM: process {rank} committed " in log and "(epoch 3, step " in log, log[-4000:]
-        assert "requeueing job" in log and log.count("DONE") == 2, log[-4000:]
-        for rank in (0, 1):
-            got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
-            assert sorted(got) == sorted(want)
-            assert [k for k in got if not np.array_equal(got[k], want[k])] == [], f"rank {rank} differs"
     finally:
         cluster.stop()
 
@@ -135,33 +157,13 @@ def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path)
     ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
     took = ref.succeed()
     timeout = max(wait_s(8.0), took / 2)  # well above the first step's compile on this machine
-    bound = max(300.0, 8 * took + 4 * timeout)
     cluster = start_cluster(tmp_path / "state")
     try:
         folder = tmp_path / "job"
         folder.mkdir()
-        (folder / "job.sh").write_text(
-            HANG_SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"), epochs=EPOCHS,
-                               timeout=f"{timeout:.1f}", stuck=f"{3 * timeout:.1f}")
-        )  # fmt: skip
-        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", JAX_NUM_CPU_DEVICES="2")
-        env.update(cluster.env, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-        proc = subprocess.run(
-            ["sbatch", "--parsable", "job.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=30
-        )
-        assert proc.returncode == 0, proc.stderr
-        job = proc.stdout.strip().split(";")[0]
-        end, info = time.monotonic() + bound, {}
-        while time.monotonic() < end:
-            info = cluster.job(job)
-            if info.get("JobState") in FINAL:
-                break
-            time.sleep(1.0)
-        else:
-            cluster.cmd("scancel", job, check=False)
-        log = _log(folder)
-        assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"{info}\n{log[-4000:]}"
-        assert int(info.get("Restarts", "0")) >= 1, f"never requeued: {info}\n{log[-4000:]}"
+        job = _submit(cluster, folder, HANG_SCRIPT.format(python=sys.executable, job=job_script("jax_mp_job.py"),
+                      epochs=EPOCHS, timeout=f"{timeout:.1f}", stuck=f"{3 * timeout:.1f}"))  # fmt: skip
+        log = _completed_as(ref, folder, _until_final(cluster, job, max(300.0, 8 * took + 4 * timeout)))
         assert "stopped (status 124): requeueing job" in log, log[-4000:]
         # Each task's block (rank 1 heard of the hang from rank 0), and srun's word on both tasks: 124, none
         # aborted by JAX (134).
@@ -169,10 +171,5 @@ def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path)
         assert "process 0 of 2 found the job hung first" in log, log[-4000:]
         assert "Exited with exit code 124" in log and "Aborted" not in log, log[-4000:]
         assert "exit code 134" not in log, log[-4000:]
-        assert log.count("DONE") == 2, log[-4000:]
-        for rank in (0, 1):
-            got, want = dict(np.load(folder / f"out{rank}.npz")), ref.final(rank)
-            assert sorted(got) == sorted(want)
-            assert [k for k in got if not np.array_equal(got[k], want[k])] == [], f"rank {rank} differs"
     finally:
         cluster.stop()
