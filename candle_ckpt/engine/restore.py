@@ -33,7 +33,8 @@ reached. The front end's own work before the first read runs under the same watc
 group, ``restart()`` builds the optimizer's variables, a collective that waits for every process). A meeting
 of a group that times out (``CANDLE_CKPT_GROUP_TIMEOUT_S``: a peer stuck before or inside its restore, or gone)
 is a hang too where the front end asks (``timeout_exits``: ``restart()``, whose caller has nothing to catch
-it): the same block, record and exit status 124, naming the meeting point and the ranks that never came.
+it) and the watchdog is on: the same block, record and exit status 124, naming the meeting point and the
+ranks that never came.
 Elsewhere it raises :class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s and
 ``JobRunner``'s callers handle it).
 """

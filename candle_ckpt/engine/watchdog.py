@@ -41,7 +41,8 @@ the process from exiting.
 In a multi-process JAX job each process runs its own watchdog: the stuck one, and the ones waiting for it in
 a step's collective or a meeting. A peer that *died* is the JAX coordination service's to notice (its
 heartbeat, ``heartbeat_timeout_seconds``, 100 s by default): it ends the others with its own fatal error, and
-the watchdog does not stand in its way.
+the watchdog does not stand in its way. A hang one process finds is said to the others, and process 0 exits
+last (:mod:`~candle_ckpt.engine.hang_notice`), so that the job's status is 124 under ``srun`` too.
 """
 
 from __future__ import annotations
