@@ -32,11 +32,10 @@ the same recorded hang after every requeue is refused at step 1 once ``ckpt_max_
 reached. The front end's own work before the first read runs under the same watch (``prepare``: in a JAX
 group, ``restart()`` builds the optimizer's variables, a collective that waits for every process). A meeting
 of a group that times out (``CANDLE_CKPT_GROUP_TIMEOUT_S``: a peer stuck before or inside its restore, or gone)
-is a hang too where the front end asks (``timeout_exits``: ``restart()``, whose caller has nothing to catch
-it) and the watchdog is on: the same block, record and exit status 124, naming the meeting point and the
-ranks that never came.
-Elsewhere it raises :class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s and
-``JobRunner``'s callers handle it).
+is a hang too where the front end asks (``timeout_exits``: ``restart()`` and ``JobRunner.train()``, whose
+callers have nothing to catch it) and the watchdog is on: the same block, record and exit status 124, naming
+the meeting point and the ranks that never came. Elsewhere it raises
+:class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s callers handle it).
 """
 
 from __future__ import annotations
@@ -164,7 +163,7 @@ def restore(
         mapped, who: The files read as read-only mmaps; how this process is named in a group's load line.
         needed, keep, timeout_s, node_local: A group's (:func:`~candle_ckpt.engine.group_restore.agree_on_checkpoint`).
         prepare: The front end's own work before the first read, watched with the rest (module docstring).
-        timeout_exits: A meeting that times out is a hang (exit 124), as ``restart()`` asks; else it raises.
+        timeout_exits: A meeting that times out is a hang (exit 124; ``restart()``, ``JobRunner``); else it raises.
 
     Returns:
         What was resumed, or None (nothing to resume from; the mode allows it).

@@ -208,7 +208,7 @@ class JobRunner:
             keep = lambda names: kept_parts(names, group.rank)  # noqa: E731
             resumed = restore(
                 self.cfg, self.log, self, group=group, name=name, epoch=self.resume_from_epoch, mapped=True,
-                who=f"process {group.rank}", needed=needed, keep=keep,
+                who=f"process {group.rank}", needed=needed, keep=keep, timeout_exits=True,
             )  # fmt: skip
         else:  # a step checkpoint (a preemption save) newer than last is preferred: the epoch continues there
             resumed = restore(self.cfg, self.log, self, epoch=self.resume_from_epoch, fs=self.fs)

@@ -91,6 +91,30 @@ def test_kill9_mid_run_then_rerun_is_bit_identical(reference, tmp_path):
         assert _differ(rerun.final(i), want[i]) == [], f"process {i}"
 
 
+def test_a_process_whose_restore_reads_never_return_ends_both_with_124(reference, tmp_path):
+    """Process 1's checkpoint reads never return in train()'s restore: process 0 waits at the restore's meeting
+    until the group's bound runs out and exits 124 naming it (as restart() does; not GroupTimeout, exit 1);
+    process 1 hears of it and exits 124 too (not aborted by JAX); the rerun is exact."""
+    (want, bound, _), ck = reference, tmp_path / "ck"
+    job = _job(tmp_path, "a", ck, bound, extra={1: ["--pause-at=1:2"]})
+    job.wait_for(1, "PAUSED")
+    job.kill()  # a checkpoint of epoch 1 to resume from
+    group_s = 8.0
+    flags = [f"--hang-timeout={4 * group_s:.0f}"]
+    stuck = JaxJob(tmp_path, "s", "dp", ck, EPOCHS, extra={0: flags, 1: [*flags, "--stuck-reads"]}, timeout_s=bound,
+                   script=SCRIPT, env={"CANDLE_CKPT_GROUP_TIMEOUT_S": str(group_s)})  # fmt: skip
+    stuck.wait_for(1, "blocking")
+    codes = stuck.exit_codes()
+    assert codes == [124, 124], [stuck.output(i)[-3000:] for i in (0, 1)]
+    assert "CANDLE_CKPT_GROUP_TIMEOUT_S" in stuck.output(0) and "rank(s) 1 never came" in stuck.output(0)
+    assert "found the job hung first" in stuck.output(1), stuck.output(1)[-3000:]
+    rerun = _job(tmp_path, "b", ck, bound)
+    rerun.succeed()
+    assert [_resumed(rerun, i) for i in (0, 1)] == [(1, 0), (1, 0)]
+    for i in (0, 1):
+        assert _differ(rerun.final(i), want[i]) == [], f"process {i}"
+
+
 def test_sigterm_to_one_process_saves_the_same_step_with_its_reason(reference, tmp_path):
     """SIGTERM to process 1 only, in mid-epoch: both processes save the same step checkpoint, recorded as SIGTERM at
     process 1's request, and exit 143; the rerun resumes that step on both and ends bit-identical."""

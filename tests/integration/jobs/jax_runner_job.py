@@ -3,6 +3,7 @@
 Usage::
 
     python jax_runner_job.py dp DIR EPOCHS OUT.npz PORT RANK NPROC [--pause-at=E:S[:SEC]] [--heartbeat=SEC]
+        [--hang-timeout=SEC] [--stuck-reads]
 
 The loop a user writes after Keras's "training loop from scratch in JAX" guide, on every process:
 ``DataParallel`` over every device (2 CPU devices per process, gloo), a jitted step over
@@ -15,7 +16,9 @@ after every step; a resumed epoch skips the steps already done.
 
 Prints ``RESUMED epoch=N step=S`` (``N=-1`` on a fresh start), and saves every variable and the
 loop state to OUT. ``--pause-at=E:S[:SEC]`` prints ``PAUSED`` after step S (1-based) of epoch E
-(0-based) and sleeps SEC seconds (600: the test kills or signals it).
+(0-based) and sleeps SEC seconds (600: the test kills or signals it). ``--hang-timeout``: ``ckpt_hang_timeout``;
+``--stuck-reads``: from the runner's restore on, every read under ``ckpts/epochs`` and ``ckpts/steps`` blocks for
+good (printing ``blocking``).
 """
 
 from __future__ import annotations
@@ -114,7 +117,14 @@ def main() -> None:
         return {"loss": state["loss_sum"] / steps}
 
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_keep_limit": 3, "ckpt_save_best_metric": "loss"}
+    hang = next((f.split("=")[1] for f in flags if f.startswith("--hang-timeout=")), None)
+    if hang is not None:
+        params["ckpt_hang_timeout"] = hang
     runner = JobRunner(params, epoch_fn=epoch_fn, objects={"model": model, "opt": optimizer}, state=state, logger=None)
+    if "--stuck-reads" in flags:  # every read of a checkpoint blocks for good (its disk stopped answering)
+        from hang_job import stuck_paths
+
+        stuck_paths(tuple(os.path.join(os.path.abspath(directory), "ckpts", k) + os.sep for k in ("epochs", "steps")))
     runner.train()
     print(f"RESUMED epoch={-1 if runner.resumed_from is None else runner.resumed_from} "
           f"step={runner.resumed_step or 0}", flush=True)  # fmt: skip
