@@ -60,6 +60,12 @@ def stuck_paths(inside: tuple[str, ...], calls: tuple[str, ...] = ("open",)) -> 
         setattr(os, name, blocking(getattr(os, name)))
 
 
+def stuck_checkpoint_reads(directory: str) -> None:
+    """From now on every open of a file under ``directory``'s ``ckpts/epochs`` and ``ckpts/steps`` blocks for good
+    (the storage that holds the checkpoints stopped answering; the restart history and ckpt.log still answer)."""
+    stuck_paths(tuple(os.path.join(os.path.abspath(directory), "ckpts", kind) + os.sep for kind in ("epochs", "steps")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
@@ -120,7 +126,7 @@ def main() -> None:
     params["ckpt_hang_timeout"] = args.timeout
     directory = os.path.abspath(args.directory)
     if args.block == "restore":
-        stuck_paths(tuple(os.path.join(directory, "ckpts", kind) + os.sep for kind in ("epochs", "steps")))
+        stuck_checkpoint_reads(directory)
     elif args.block == "mount":  # the directory's own entries and everything under them
         stuck_paths((directory + os.sep,), OS_CALLS)
     if args.candle_lib:  # candle_lib's order, as Uno's: the callback first (it opens the directory), then restart()

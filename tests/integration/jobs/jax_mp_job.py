@@ -241,9 +241,9 @@ def main() -> None:
         print("PAUSED", flush=True)
         time.sleep(float(flag(flags, "pause-before-restart")))
     if "--stuck-reads" in flags:  # every read of a checkpoint blocks for good (its disk stopped answering)
-        from hang_job import stuck_paths
+        from hang_job import stuck_checkpoint_reads
 
-        stuck_paths(tuple(os.path.join(os.path.abspath(directory), "ckpts", k) + os.sep for k in ("epochs", "steps")))
+        stuck_checkpoint_reads(directory)
     found = candle_ckpt.restart(params, model, verbose=verbose)
     epoch = found["epoch"] if found else 0
     print(f"RESTORED epoch={epoch}", flush=True)

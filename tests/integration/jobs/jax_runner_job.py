@@ -122,9 +122,9 @@ def main() -> None:
         params["ckpt_hang_timeout"] = hang
     runner = JobRunner(params, epoch_fn=epoch_fn, objects={"model": model, "opt": optimizer}, state=state, logger=None)
     if "--stuck-reads" in flags:  # every read of a checkpoint blocks for good (its disk stopped answering)
-        from hang_job import stuck_paths
+        from hang_job import stuck_checkpoint_reads
 
-        stuck_paths(tuple(os.path.join(os.path.abspath(directory), "ckpts", k) + os.sep for k in ("epochs", "steps")))
+        stuck_checkpoint_reads(directory)
     runner.train()
     print(f"RESUMED epoch={-1 if runner.resumed_from is None else runner.resumed_from} "
           f"step={runner.resumed_step or 0}", flush=True)  # fmt: skip

@@ -136,10 +136,10 @@ class _NoLoad:
 
 @pytest.mark.parametrize("exits", [False, True], ids=["raises", "hang"])
 def test_a_meeting_that_times_out_is_a_hang_only_where_the_front_end_asks(tmp_path: Path, monkeypatch, exits) -> None:
-    """restore() of a group whose rank 1 never comes: GroupTimeout for WorkerTrainingState's and JobRunner's
-    callers; with timeout_exits (restart()'s), the watchdog's report, naming the bound, the meeting point and
+    """restore() of a group whose rank 1 never comes: GroupTimeout for WorkerTrainingState's callers; with
+    timeout_exits (restart()'s and JobRunner's), the watchdog's report, naming the bound, the meeting point and
     rank 1, ends the process instead (its exit replaced here), after ``prepare`` ran under the watch."""
-    fired: list[tuple[float, str]] = []
+    fired: list[tuple[float, str, str]] = []
 
     def fire(dog: Watchdog, idle: float, limit: float, how: str | None = None) -> None:
         fired.append((limit, how or "", dog.now()))
