@@ -117,22 +117,30 @@ class SaidOnce:
 
 
 class LineTracker:
-    """A stand-in for ``sys.stdout`` that remembers whether its last line is unterminated."""
+    """A stand-in for ``sys.stdout`` that remembers whether its last line is unterminated.
+
+    ``lock`` orders writes: the console handler holds it from ending the line to
+    writing its record, so a progress bar drawn by the training thread meanwhile
+    (the async saver logs from its own thread) cannot slip in between.
+    """
 
     def __init__(self, stream: TextIO) -> None:
         self.wrapped = stream
         self.mid_line = False
+        self.lock = threading.RLock()  # re-entrant: a record's own write may come back through sys.stdout
 
     def write(self, text: str) -> int:
-        written = self.wrapped.write(text)
-        if text:
-            self.mid_line = not text.endswith("\n")
-        return written
+        with self.lock:
+            written = self.wrapped.write(text)
+            if text:
+                self.mid_line = not text.endswith("\n")
+            return written
 
     def end_line(self) -> None:
-        """Terminate an open line (a progress bar) so that what follows starts on its own."""
-        if self.mid_line:
-            self.write("\n")
+        """Terminate an open line (a progress bar) so that what follows starts on its own; flush what is written."""
+        with self.lock:
+            if self.mid_line:
+                self.write("\n")
             self.wrapped.flush()
 
     def __getattr__(self, name: str) -> Any:
@@ -161,12 +169,15 @@ class ConsoleHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         out = sys.stdout
-        if isinstance(out, LineTracker):
+        if not isinstance(out, LineTracker):
+            super().emit(record)
+            return
+        with out.lock:  # no progress text between the line's end and the record
             try:
                 out.end_line()
             except (OSError, ValueError):  # a closed stdout must not lose the record
                 pass
-        super().emit(record)
+            super().emit(record)
 
 
 class OpsLog:
