@@ -21,8 +21,8 @@ Follows Keras 2's ``keras/distribute/worker_training_state.py``, on top of the c
 
 ``ckpt_directory`` must be on a file system every worker can read (as for Keras's
 ``BackupAndRestore``); the restore's first meeting checks it. Each meeting point of the
-restore is bounded by ``collective_timeout_s``; training collectives are bounded by the
-strategy's ``CommunicationOptions`` and TensorFlow's coordination service.
+restore is bounded by ``collective_timeout_s`` (``CANDLE_CKPT_GROUP_TIMEOUT_S``); training collectives
+are bounded by the strategy's ``CommunicationOptions`` and TensorFlow's coordination service.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from candle_ckpt.core.log import OpsLog, get_logger
 from candle_ckpt.distributed.cluster import WorkerInfo, multi_worker_strategy, worker_info
 from candle_ckpt.distributed.tf_group import tf_group
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.group_commit import group_timeout
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import Resumed
 from candle_ckpt.engine.run import adopt
@@ -49,8 +50,6 @@ from candle_ckpt.engine.topology import MirroredWorkers, mirrored
 from candle_ckpt.storage.store import CheckpointStore
 
 __all__ = ["WorkerInfo", "WorkerTrainingState", "multi_worker_strategy", "worker_info"]
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
 class WorkerTrainingState:
@@ -72,7 +71,8 @@ class WorkerTrainingState:
         writable: False for a restore-only object (``restart()``): the chief
             then does not take the directory's writer lock.
         collective_timeout_s: Bound on each meeting point of :meth:`restore`
-            (seconds); a worker that waits longer raises GroupTimeout, naming
+            (seconds; None: ``CANDLE_CKPT_GROUP_TIMEOUT_S``, 300 by default, as every
+            group's); a worker that waits longer raises GroupTimeout, naming
             the point and the workers that never came, instead of hanging.
 
     Raises:
@@ -91,7 +91,7 @@ class WorkerTrainingState:
         verbose: bool = True,
         fs: LocalFS | None = None,
         writable: bool = True,
-        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        collective_timeout_s: float | None = None,
     ) -> None:
         self.cfg = CkptConfig.from_params(gParameters)
         if adapter is None:
@@ -109,6 +109,8 @@ class WorkerTrainingState:
                 f"the cluster has {self.info.num_workers} workers (TF_CONFIG) but strategy {strategy!r} is not a "
                 "multi-worker strategy; build the model in MultiWorkerMirroredStrategy().scope() or pass it"
             )
+        if collective_timeout_s is None:
+            collective_timeout_s = group_timeout()
         number = isinstance(collective_timeout_s, (int, float)) and not isinstance(collective_timeout_s, bool)
         if not (number and collective_timeout_s > 0):
             raise ValueError(f"collective_timeout_s must be a number > 0 (seconds); got {collective_timeout_s!r}")
@@ -215,7 +217,7 @@ class WorkerTrainingState:
             self.log.info("delete_backup: removed every checkpoint")
 
     # -- restoring -------------------------------------------------------------------
-    def restore(self, epoch: int | None = None) -> dict[str, Any] | None:
+    def restore(self, epoch: int | None = None, *, timeout_exits: bool = False) -> dict[str, Any] | None:
         """Load the checkpoint the chief chooses into this worker's model.
 
         Call it on every worker. Follows ``ckpt_restart_mode`` and
@@ -230,6 +232,9 @@ class WorkerTrainingState:
 
         Args:
             epoch: Restore exactly this epoch (overrides ``ckpt_restart_epoch``).
+            timeout_exits: A meeting that times out is a hang, not an error: the process exits with status 124
+                after the hang watchdog's report, as ``restart()`` asks (its callers have nothing to catch);
+                only where the watchdog is on (``ckpt_hang_timeout``).
 
         Returns:
             The restored sidecar as a dict (``"epoch"`` = completed epochs), or None.
@@ -238,14 +243,15 @@ class WorkerTrainingState:
             NoValidCheckpoint: on every worker, if the chief found none in
                 ``required`` mode (or not the exact epoch asked for).
             GroupTimeout: a worker did not reach a meeting point of the restore
-                within ``collective_timeout_s`` (naming the point and the missing ranks).
+                within ``collective_timeout_s`` (naming the point and the missing ranks), unless
+                ``timeout_exits``.
         """
-        found = self.restore_resumed(epoch)
+        found = self.restore_resumed(epoch, timeout_exits=timeout_exits)
         if self.resumed is not None and self.engine is not None:
             adopt(self.engine, self.resumed)  # no run here: the one adoption, as a run's (engine/run.py)
         return found
 
-    def restore_resumed(self, epoch: int | None = None) -> dict[str, Any] | None:
+    def restore_resumed(self, epoch: int | None = None, *, timeout_exits: bool = False) -> dict[str, Any] | None:
         """:meth:`restore` without adopting what it loaded: for a front end whose run adopts it
         (:attr:`resumed`, by :class:`~candle_ckpt.engine.run.TrainingRun`)."""
         if not self.cfg.restores(epoch):
@@ -258,9 +264,11 @@ class WorkerTrainingState:
             finally:
                 self._resync()
             return self._loaded(resumed)
-        return self._restore_together(group, epoch, own)
+        return self._restore_together(group, epoch, own, timeout_exits)
 
-    def _restore_together(self, group: Group, epoch: int | None, own: CheckpointStore | None) -> dict[str, Any] | None:
+    def _restore_together(
+        self, group: Group, epoch: int | None, own: CheckpointStore | None, timeout_exits: bool
+    ) -> dict[str, Any] | None:
         """:meth:`restore` of several workers: the one protocol over ``group``'s scope for this restore."""
         scope = scoped(group, "restore")  # this restore's own keys, all deleted by its last meeting
         try:
@@ -268,6 +276,7 @@ class WorkerTrainingState:
                 resumed = restore(
                     self.cfg, self.log, self.adapter, group=scope, name=scope.meeting("restore"), epoch=epoch,
                     fs=self.fs, store=own, who=self.info.name, timeout_s=self.timeout_s, node_local=False,
+                    timeout_exits=timeout_exits,
                 )  # fmt: skip
             finally:
                 if self.topology.primary:

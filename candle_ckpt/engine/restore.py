@@ -32,9 +32,9 @@ the same recorded hang after every requeue is refused at step 1 once ``ckpt_max_
 reached. The front end's own work before the first read runs under the same watch (``prepare``: in a JAX
 group, ``restart()`` builds the optimizer's variables, a collective that waits for every process). A meeting
 of a group that times out (``CANDLE_CKPT_GROUP_TIMEOUT_S``: a peer stuck before or inside its restore, or gone)
-is a hang too where the front end asks (``timeout_exits``: ``restart()`` and ``JobRunner.train()``, whose
-callers have nothing to catch it) and the watchdog is on: the same block, record and exit status 124, naming
-the meeting point and the ranks that never came. Elsewhere it raises
+is a hang too where the front end asks (``timeout_exits``: ``restart()``, of a JAX group or of ``tf.distribute``
+workers, and ``JobRunner.train()``, whose callers have nothing to catch it) and the watchdog is on: the same
+block, record and exit status 124, naming the meeting point and the ranks that never came. Elsewhere it raises
 :class:`~candle_ckpt.core.errors.GroupTimeout` (``WorkerTrainingState``'s callers handle it).
 """
 

@@ -81,7 +81,7 @@ def _restart_through_worker(
 ) -> dict[str, Any] | None:
     """A tf_keras model, or one under a multi-worker strategy: the chief chooses for every worker."""
     worker = WorkerTrainingState(gParameters, model, adapter=adapter, logger=logger, verbose=verbose, writable=False)
-    found = worker.restore()
+    found = worker.restore(timeout_exits=True)  # a worker stuck or gone: a hang (exit 124), as in a JAX group
     attach_resumed(model, worker.resumed)
     if worker.resumed is not None:
         worker.resumed.pending.guard(model, worker.log, checkpoint_dir(worker.layout, worker.resumed.sidecar))

@@ -260,3 +260,79 @@ def test_a_worker_that_never_restores_is_named_within_collective_timeout_s(tmp_p
     args = [[str(i), *ports, str(tmp_path / "ckpt")] for i in (0, 1)]
     outs = run_pair(script, args, {"CUDA_VISIBLE_DEVICES": ""}, wait_s(90))
     assert "T the processes did not all reach 'restore/0/tiers' within 3 s (rank(s) 1 never came)" in outs[0], outs
+
+
+_LONE_RESTART = """
+import json, os, sys, time
+rank, p0, p1, d = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+workers = [f"localhost:{p0}", f"localhost:{p1}"]
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+import candle_ckpt as candle
+
+keras = tf.keras  # tf_keras
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():  # on both: a variable's creation is a collective
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+print("BUILT", flush=True)
+if rank == 0:
+    candle.restart({"ckpt_directory": d, "ckpt_hang_timeout": float(sys.argv[5])}, model, verbose=False)
+    print("RESTART RETURNED", flush=True)
+else:  # never restarts (its set-up hangs); leaves once worker 0 said it ended, so the cluster's exit is not ours
+    log, deadline = os.path.join(d, "ckpt.log"), time.monotonic() + float(sys.argv[6])
+    while time.monotonic() < deadline and not (os.path.exists(log) and "exiting with status" in open(log).read()):
+        time.sleep(0.2)
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def test_restart_under_multi_worker_ends_with_124_when_a_worker_never_comes(tmp_path: Path) -> None:
+    """restart() of a tf_keras model under MultiWorkerMirroredStrategy, worker 1 never calls it: worker 0 exits
+    124 once the group's bound (CANDLE_CKPT_GROUP_TIMEOUT_S) runs out, naming the meeting point and rank 1, as a
+    JAX group's restart() does. (Before, this path kept WorkerTrainingState's own 300 s, and at the defaults, where
+    the restore's hang limit is 600 s, a GroupTimeout traceback ended the job with status 1: not requeued.)"""
+    import subprocess
+    import sys
+
+    from cluster import free_ports
+    from locations import REPO
+
+    script = tmp_path / "lone_restart.py"
+    script.write_text(_LONE_RESTART)
+    ckpt = tmp_path / "ckpt"
+    group_s = wait_s(4.0)
+    bound = 4 * group_s + 10 + wait_s(60)  # the hang timeout is 4x the group's; 10 s: process 0's hand-off
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+               CANDLE_CKPT_GROUP_TIMEOUT_S=f"{group_s:.1f}")  # fmt: skip
+    env.pop("TF_CONFIG", None)
+    ports = [str(p) for p in free_ports(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), *ports, str(ckpt), f"{4 * group_s:.1f}", f"{bound:.0f}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    began = time.monotonic()
+    try:
+        out0 = procs[0].communicate(timeout=bound)[0]
+        ended = time.monotonic() - began
+        out1 = procs[1].communicate(timeout=wait_s(30))[0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[0].returncode == 124, out0[-3000:]
+    assert "RESTART RETURNED" not in out0 and "GroupTimeout" not in out0, out0[-3000:]
+    assert "BUILT" in out1, out1[-3000:]
+    assert ended < bound, ended
+    log = (ckpt / "ckpt.log").read_text()
+    assert "hang: process 0 of 2 made no progress" in log and "in phase restore" in log, log[-3000:]
+    assert "CANDLE_CKPT_GROUP_TIMEOUT_S" in log and "rank(s) 1 never came" in log, log[-3000:]
