@@ -103,11 +103,30 @@ def saved_so_far(directory: str) -> str:
 
 
 _SEEN: list[int] = []  # SIGINTs received while watch_sigint() was on
+_DEFERRED: list[bool] = []  # non-empty while sigint_deferred() is on
 
 
 def _on_sigint(signum: int, frame: object) -> None:
     _SEEN.append(signum)
+    if _DEFERRED and len(_SEEN) == 1:
+        return  # remembered: the body of sigint_deferred() answers it at its next safe point
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """While the body runs, a first Ctrl-C is only remembered (:func:`sigint_seen`); a second one raises at once.
+
+    Around the demo's ``fit``: a KeyboardInterrupt raised in the middle of TensorFlow's work (tracing the
+    first step, building the input pipeline) can crash the process as one inside its import can
+    (:func:`_sigint_held`; SIGSEGV once, as ``fit`` started, under a busy CI), so the demo's callback
+    answers it where Keras is between batches.
+    """
+    _DEFERRED.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.pop()
 
 
 def _unraisable(hook: Any) -> None:

@@ -16,7 +16,14 @@ import sys
 import time
 from typing import Any
 
-from candle_ckpt.cli.console import DEMO_DIRECTORY, import_keras_quietly, interrupted_demo, sigint_seen, watch_sigint
+from candle_ckpt.cli.console import (
+    DEMO_DIRECTORY,
+    import_keras_quietly,
+    interrupted_demo,
+    sigint_deferred,
+    sigint_seen,
+    watch_sigint,
+)
 
 PROG = "python3 -m candle_ckpt.cli.demo"
 # Seconds of pause after each epoch (an epoch itself takes ~0.3 s): on a terminal, time to press Ctrl-C
@@ -97,22 +104,31 @@ def _train(args: argparse.Namespace, where: str) -> int:
     print(f"demo: {start}; training to epoch {args.epochs}; checkpoints in {where}", flush=True)
     ckpt = candle.CandleCheckpointCallback(params)
 
-    class Pause(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            time.sleep(args.sleep)
+    class Pause(keras.callbacks.Callback):  # answers a Ctrl-C between batches (console.sigint_deferred)
+        def on_train_batch_end(self, batch, logs=None):
             _stop_if_interrupted()
 
-    model.fit(
-        x,
-        y,
-        validation_data=(vx, vy),
-        batch_size=64,
-        epochs=args.epochs,
-        initial_epoch=initial_epoch,
-        shuffle=False,
-        verbose=2,
-        callbacks=[Pause(), ckpt],
-    )
+        def on_test_batch_end(self, batch, logs=None):
+            _stop_if_interrupted()
+
+        def on_epoch_end(self, epoch, logs=None):
+            ends = time.monotonic() + args.sleep
+            while time.monotonic() < ends and not sigint_seen():
+                time.sleep(min(0.05, max(0.0, ends - time.monotonic())))
+            _stop_if_interrupted()
+
+    with sigint_deferred():
+        model.fit(
+            x,
+            y,
+            validation_data=(vx, vy),
+            batch_size=64,
+            epochs=args.epochs,
+            initial_epoch=initial_epoch,
+            shuffle=False,
+            verbose=2,
+            callbacks=[Pause(), ckpt],
+        )
     ckpt.report_final()
     print(f"demo: done; inspect the checkpoints with: candle-ckpt list {args.ckpt_directory}")
     return 0

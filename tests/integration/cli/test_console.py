@@ -313,6 +313,30 @@ def test_a_ctrl_c_during_the_keras_import_is_answered_after_it(tmp_path: Path) -
     assert proc.stderr == "", proc.stderr
 
 
+DEFERRED = """
+import os, signal
+from candle_ckpt.cli import console
+with console.watch_sigint(demo=True):
+    try:
+        with console.sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            print("first remembered:", console.sigint_seen())
+            os.kill(os.getpid(), signal.SIGINT)
+            print("second went through")
+    except KeyboardInterrupt:
+        print("second raised")
+"""
+
+
+def test_in_the_demos_fit_a_first_ctrl_c_is_answered_between_batches_and_a_second_at_once(tmp_path: Path) -> None:
+    """The demo's fit runs under console.sigint_deferred(): a first SIGINT is only remembered (the demo's callback
+    raises it at the batch's end, where an interrupt cannot land inside TensorFlow's work), a second one raises."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DEFERRED], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=RUN_S
+    )
+    assert proc.stdout == "first remembered: True\nsecond raised\n", (proc.stdout, proc.stderr)
+
+
 def test_demo_error_names_the_directory_and_what_to_do(tmp_path: Path) -> None:
     """A demo checkpoint that does not fit the demo's model: one error naming the directory and the ways out."""
     env = dict(ENV)
