@@ -295,44 +295,21 @@ def test_restart_under_multi_worker_ends_with_124_when_a_worker_never_comes(tmp_
     JAX group's restart() does. (Before, this path kept WorkerTrainingState's own 300 s, and at the defaults, where
     the restore's hang limit is 600 s, a GroupTimeout traceback ended the job with status 1: not requeued.)"""
     import subprocess
-    import sys
 
-    from cluster import free_ports
-    from locations import REPO
+    from cluster import free_ports, run_procs
 
     script = tmp_path / "lone_restart.py"
     script.write_text(_LONE_RESTART)
     ckpt = tmp_path / "ckpt"
     group_s = wait_s(4.0)
     bound = 4 * group_s + 10 + wait_s(60)  # the hang timeout is 4x the group's; 10 s: process 0's hand-off
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
-               CANDLE_CKPT_GROUP_TIMEOUT_S=f"{group_s:.1f}")  # fmt: skip
-    env.pop("TF_CONFIG", None)
+    env = {"CUDA_VISIBLE_DEVICES": "", "CANDLE_CKPT_GROUP_TIMEOUT_S": f"{group_s:.1f}"}
     ports = [str(p) for p in free_ports(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), *ports, str(ckpt), f"{4 * group_s:.1f}", f"{bound:.0f}"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in (0, 1)
-    ]
-    began = time.monotonic()
-    try:
-        out0 = procs[0].communicate(timeout=bound)[0]
-        ended = time.monotonic() - began
-        out1 = procs[1].communicate(timeout=wait_s(30))[0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    assert procs[0].returncode == 124, out0[-3000:]
+    args = [[str(i), *ports, str(ckpt), f"{4 * group_s:.1f}", f"{bound:.0f}"] for i in (0, 1)]
+    codes, (out0, out1) = run_procs(script, args, env, bound, stderr=subprocess.STDOUT)
+    assert codes[0] == 124, out0[-3000:]
     assert "RESTART RETURNED" not in out0 and "GroupTimeout" not in out0, out0[-3000:]
     assert "BUILT" in out1, out1[-3000:]
-    assert ended < bound, ended
     log = (ckpt / "ckpt.log").read_text()
     assert "hang: process 0 of 2 made no progress" in log and "in phase restore" in log, log[-3000:]
     assert "CANDLE_CKPT_GROUP_TIMEOUT_S" in log and "rank(s) 1 never came" in log, log[-3000:]

@@ -31,15 +31,19 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_pair(script: Path, args: list[list[str]], env: dict[str, str], timeout_s: float) -> list[str]:
-    """Run ``script`` once per argument list (a small job of a few processes); their outputs once all exited 0.
+def run_procs(
+    script: Path, args: list[list[str]], env: dict[str, str], timeout_s: float, stderr: int | None = None
+) -> tuple[list[int], list[str]]:
+    """Run ``script`` once per argument list (a small job of a few processes): their exit codes and outputs
+    (``stderr=subprocess.STDOUT``: with stderr in them).
 
-    Every wait is bounded: a process still running at ``timeout_s`` is killed, and the test fails with all outputs.
+    Every wait is bounded: a process still running at ``timeout_s`` is killed, and the test fails.
     """
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", **env)
     env.pop("TF_CONFIG", None)
     procs = [
-        subprocess.Popen([sys.executable, str(script), *a], env=env, stdout=subprocess.PIPE, text=True) for a in args
+        subprocess.Popen([sys.executable, str(script), *a], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        for a in args
     ]
     try:
         outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
@@ -48,7 +52,13 @@ def run_pair(script: Path, args: list[list[str]], env: dict[str, str], timeout_s
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert [p.returncode for p in procs] == [0] * len(procs), outs
+    return [p.returncode for p in procs], outs
+
+
+def run_pair(script: Path, args: list[list[str]], env: dict[str, str], timeout_s: float) -> list[str]:
+    """:func:`run_procs`, whose processes must all exit 0: their outputs."""
+    codes, outs = run_procs(script, args, env, timeout_s)
+    assert codes == [0] * len(codes), outs
     return outs
 
 

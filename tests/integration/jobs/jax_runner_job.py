@@ -31,6 +31,8 @@ os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from jax_mp_job import flag  # noqa: E402
+
 N, FEATURES, HIDDEN, BATCH = 64, 8, 16, 8  # BATCH: the global batch (each process feeds half)
 
 
@@ -41,8 +43,8 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    heartbeat = next((int(f.split("=")[1]) for f in flags if f.startswith("--heartbeat=")), None)
-    extra = {} if heartbeat is None else {"heartbeat_timeout_seconds": heartbeat}
+    heartbeat = flag(flags, "heartbeat")
+    extra = {} if heartbeat is None else {"heartbeat_timeout_seconds": int(heartbeat)}
     jax.distributed.initialize(f"localhost:{port}", nproc, rank, **extra)
     import keras
     import numpy as np
@@ -84,7 +86,7 @@ def main() -> None:
         "loss_sum": 0.0,
         "seen": keras.Variable(0.0, name="seen"),
     }
-    pause = next((f.split("=")[1] for f in flags if f.startswith("--pause-at=")), None)
+    pause = flag(flags, "pause-at")
     pause = tuple(int(s) for s in pause.split(":")) if pause else None
 
     def epoch_fn(epoch: int) -> dict:
@@ -117,7 +119,7 @@ def main() -> None:
         return {"loss": state["loss_sum"] / steps}
 
     params = {"ckpt_directory": directory, "epochs": epochs, "ckpt_keep_limit": 3, "ckpt_save_best_metric": "loss"}
-    hang = next((f.split("=")[1] for f in flags if f.startswith("--hang-timeout=")), None)
+    hang = flag(flags, "hang-timeout")
     if hang is not None:
         params["ckpt_hang_timeout"] = hang
     runner = JobRunner(params, epoch_fn=epoch_fn, objects={"model": model, "opt": optimizer}, state=state, logger=None)
