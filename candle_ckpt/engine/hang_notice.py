@@ -4,9 +4,10 @@ In a JAX job process 0 hosts the coordination service: when it exits, every othe
 once with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its
 tasks, so the job would end with 134, which the README's Slurm script does not requeue. So a process whose
 :class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a
-process that has made no progress for a quarter of its limit listens for that word at each of its watchdog's
-wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it ends the
-same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
+process that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's
+watchdog counts against its limit, do not count here) for a quarter of its limit listens for that word at each of
+its watchdog's wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing
+it, it ends the same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
 :data:`HANDOFF_S`, then exits. Meanwhile its training thread may fail (the peers of its collective left): the
 interpreter's end then waits for the watchdog's exit, so that the status stays 124. A process stopped, or stuck
 where no watchdog of ours runs (before ``restart()``), cannot answer: process 0 exits after :data:`HANDOFF_S`
@@ -21,7 +22,7 @@ from typing import Any
 
 from candle_ckpt.core.group import is_primary
 
-HANDOFF_S = 10.0  # process 0's wait for the others to leave first, after a hang
+HANDOFF_S = 15.0  # process 0's wait for the others to leave first: a wake-up (at most 5 s) and their report
 LISTEN = 0.25  # a process listens for a peer's hang once it has made no progress for this share of its limit
 _SAID = "hang"  # the notice's name in the run's group: who found the hang
 _LEFT = "hang-left"  # each process's word that it leaves (``hang-left/R``)

@@ -198,12 +198,13 @@ class Watchdog:
 
     def _watch(self, stop: threading.Event) -> None:
         seen, moved = self.last, self.moving() if self.moving is not None else None
+        moved_at = seen
         while True:
             limit = self.limit()
             if stop.wait(min(5.0, max(0.2, limit / 10.0))):
                 return
             if self.moving is not None and moved != (moved := self.moving()):
-                self.last = time.monotonic()  # the probe moved (bytes read or written): progress
+                moved_at = time.monotonic()  # the probe moved (bytes read or written): progress, for the limit
             last, now = self.last, time.monotonic()
             if last != seen:  # progress since the last wake-up: learn the interval (at most the time between)
                 if self.first_s is None:
@@ -211,8 +212,12 @@ class Watchdog:
                 elif self.phase in ("step", "input"):
                     self.longest["step"] = max(self.longest.get("step", 0.0), last - seen)
                 seen = last
-            idle = now - last
-            peer = self.notice.heard() if self.notice is not None and idle > LISTEN * self.limit() else None
+            idle = now - max(last, moved_at)
+            # A peer's word is listened for once the run itself (a step, a save, a meeting) has not moved for a
+            # quarter of the limit, whatever bytes moved meanwhile: a process stuck in a read still hears of the
+            # hang that a peer found waiting for it (a JAX process's own service moves a few bytes now and then).
+            quiet = now - last
+            peer = self.notice.heard() if self.notice is not None and quiet > LISTEN * self.limit() else None
             if (peer is not None or idle > self.limit()) and not stop.is_set():
                 self.fire(idle, self.limit(), peer=peer)
                 return

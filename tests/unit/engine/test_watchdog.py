@@ -224,9 +224,9 @@ class _Counted:
         return self.group.notice(name, value)
 
 
-def _pair(tmp_path, limits: tuple[float, float]):
-    """Two processes' watchdogs over one ThreadGroup (limits: process 0's, process 1's); their exits, each
-    ``(rank, code, whether process 1 had said that it leaves)``."""
+def _pair(tmp_path, limits: tuple[float, float], moving=(None, None)):
+    """Two processes' watchdogs over one ThreadGroup (limits: process 0's, process 1's; moving: each one's probe,
+    as the restore's); their exits, each ``(rank, code, whether process 1 had said that it leaves)``."""
     members = [_Counted(m) for m in ThreadGroup(2).members]
     exits: list[tuple[int, int, bool]] = []
     dogs = []
@@ -236,7 +236,8 @@ def _pair(tmp_path, limits: tuple[float, float]):
         def leave(code: int, rank: int = rank) -> None:
             exits.append((rank, code, members[0].group.heard("hang-left/1", 0.001) == "1"))
 
-        dog = Watchdog(limit, str(tmp_path / f"p{rank}" / "ckpt.log"), None, who=f"process {rank} of 2", exit=leave)
+        dog = Watchdog(limit, str(tmp_path / f"p{rank}" / "ckpt.log"), None, who=f"process {rank} of 2", exit=leave,
+                       moving=moving[rank])  # fmt: skip
         dog.among(members[rank])
         dogs.append(dog)
     return dogs, members, exits
@@ -258,6 +259,29 @@ def test_a_hang_one_process_finds_ends_the_other_with_124_and_process_0_leaves_l
     log0 = (tmp_path / "p0" / "ckpt.log").read_text()
     assert "process 1 of 2 found the job hung first" in log0 and "exiting with status 124" in log0, log0
     assert "found the job hung first" not in (tmp_path / "p1" / "ckpt.log").read_text()
+
+
+def test_a_process_stuck_in_a_read_whose_bytes_still_move_hears_the_hang(tmp_path):
+    """Process 1 is in a restore whose probe moves a little at every wake-up (a JAX process's own service reads a
+    few bytes now and then) but has made no progress of its own: it listens after a quarter of its limit all the
+    same, hears the hang that process 0 found (0.5 s) and leaves with 124 before process 0's hand-off runs out,
+    long before its own limit (20 s, which the moving bytes keep putting off)."""
+    ticks = [0]
+
+    def moving() -> int:
+        ticks[0] += 1
+        return ticks[0]
+
+    dogs, _, exits = _pair(tmp_path, (0.5, 20.0), moving=(None, moving))
+    dogs[1].arm("restore")
+    dogs[0].arm()
+    began = time.monotonic()
+    while len(exits) < 2 and time.monotonic() - began < 15.0:
+        time.sleep(0.05)
+    took = time.monotonic() - began
+    assert sorted(exits) == [(0, HANG_EXIT, True), (1, HANG_EXIT, True)], exits
+    assert took < 0.25 * 20.0 + 2.0 + 5.0, took
+    assert "process 0 of 2 found the job hung first" in (tmp_path / "p1" / "ckpt.log").read_text()
 
 
 def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, monkeypatch):
