@@ -1,17 +1,17 @@
 """A hang in a multi-process job ends every process with 124, process 0 last.
 
-In a JAX job process 0 hosts the coordination service: when it exits, every other process is ended by JAX at
-once with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its
-tasks, so the job would end with 134, which the README's Slurm script does not requeue. So a process whose
-:class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a
-process that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's
-watchdog counts against its limit, do not count here) for a quarter of its limit listens for that word at each of
-its watchdog's wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing
-it, it ends the same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
+In a JAX job process 0 hosts the coordination service: when it exits, every other process is ended by JAX at once
+with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its tasks, so
+the job would end with 134, which the README's Slurm script does not requeue. So a process whose
+:class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a process
+that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's watchdog
+counts against its limit, do not count here) for a quarter of its limit listens for that word at each of its
+watchdog's wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it
+ends the same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
 :data:`HANDOFF_S`, then exits. Meanwhile its training thread may fail (the peers of its collective left): the
 interpreter's end then waits for the watchdog's exit, so that the status stays 124. A process stopped, or stuck
-where no watchdog of ours runs (before ``restart()``), cannot answer: process 0 exits after :data:`HANDOFF_S`
-and JAX ends that one.
+where no watchdog of ours runs (before ``restart()``), cannot answer: process 0 exits after :data:`HANDOFF_S` and
+JAX ends that one.
 """
 
 from __future__ import annotations
