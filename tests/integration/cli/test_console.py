@@ -161,7 +161,7 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
     proc = subprocess.Popen(
         IGNORING_SIGINT + demo if background else demo,
         cwd=tmp_path,
-        env=ENV,
+        env=dict(ENV, PYTHONFAULTHANDLER="1"),  # a native crash (seen once: -11 as fit began) leaves its stack
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
