@@ -11,13 +11,18 @@ run on localhost (outside Slurm). Every wait is bounded by a multiple of that ru
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from doclines import blocks
 from locations import REPO, job_script
 from slurm_cluster import missing, start_cluster
 
@@ -70,6 +75,27 @@ if [ "$status" -eq 124 ]; then
 fi
 exit "$status"
 """
+
+
+def _docs_script(command: str) -> str:
+    """docs/multi-worker.rst's sbatch script, its ``python3 train.py`` replaced by ``command``."""
+    (script,) = [b.astext() for b in blocks(REPO / "docs" / "multi-worker.rst", "bash") if "#SBATCH" in b.astext()]
+    assert script.count("python3 train.py") == 1 and "--output=train.log" in script, script
+    return script.replace("python3 train.py", command).replace("train.log", "job.log") + "\n"
+
+
+def _task_pid(folder, rank: int) -> int | None:
+    """The pid of the job's task ``rank`` (its environment's ``SLURM_PROCID``, its working directory ``folder``)."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            here = os.readlink(f"/proc/{entry}/cwd") == str(folder)
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if here and f"SLURM_PROCID={rank}".encode() in environ and b"jax_mp_job" in command:
+            return int(entry)
+    return None
 
 
 def _log(folder) -> str:
@@ -172,4 +198,44 @@ def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path)
         assert "Exited with exit code 124" in log and "Aborted" not in log, log[-4000:]
         assert "exit code 134" not in log, log[-4000:]
     finally:
+        cluster.stop()
+
+
+def test_the_docs_script_requeues_a_job_whose_task_is_stopped_and_it_ends_bit_identical(tmp_path):
+    """docs/multi-worker.rst's sbatch script: rank 1 of ``srun -n 2`` is SIGSTOPped in epoch 2 (it cannot hear of the
+    hang). Rank 0 exits 124 after its hand-off; ``srun --wait`` ends the stopped task 120 s later (killed: 137),
+    so ``srun`` returns 137; the script requeues all the same (srun said a task exited 124), and the requeued job
+    completes with each rank's arrays equal to an uninterrupted run's."""
+    why = missing()
+    if why:
+        pytest.skip(f"no Slurm here: {why}")
+    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
+    took = ref.succeed()
+    timeout = max(wait_s(8.0), took / 2)  # well above the first step's compile on this machine
+    cluster = start_cluster(tmp_path / "state")
+    stopped: list[int] = []
+    try:
+        folder = tmp_path / "job"
+        folder.mkdir()
+        command = (f"{sys.executable} {job_script('jax_mp_job.py')} dp ck {EPOCHS} out{{rank}}.npz slurm - - "
+                   f"--pause-at=2:1:600 --pause-rank=1 --pause-once --hang-timeout={timeout:.1f}")  # fmt: skip
+        job = _submit(cluster, folder, _docs_script(command))
+
+        def tick(info: dict) -> None:
+            if not stopped and info.get("JobState") == "RUNNING" and "PAUSED" in _log(folder):
+                pid = _task_pid(folder, 1)
+                if pid is not None:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+
+        info = _until_final(cluster, job, max(300.0, 8 * took + 4 * timeout) + 120.0, tick)
+        assert stopped, f"rank 1 never stopped: {info}\n{_log(folder)[-4000:]}"
+        log = _completed_as(ref, folder, info)
+        assert "ERROR hang: process 0 of 2" in log and "task 0: Exited with exit code 124" in log, log[-4000:]
+        # srun's --wait killed the stopped task (137; 134 had JAX aborted it first): requeued by the hung() rule
+        assert re.search(r"stopped \(status 13[47]\): requeueing job", log), log[-4000:]
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         cluster.stop()
