@@ -98,6 +98,17 @@ def _task_pid(folder, rank: int) -> int | None:
     return None
 
 
+def _reference_and_hang_timeout(tmp_path) -> tuple[JaxJob, float, float]:
+    """Skip without Slurm; else the uninterrupted 2-process run on localhost, its seconds, and a hang timeout well
+    above the first step's compile on this machine."""
+    why = missing()
+    if why:
+        pytest.skip(f"no Slurm here: {why}")
+    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
+    took = ref.succeed()
+    return ref, took, max(wait_s(8.0), took / 2)
+
+
 def _log(folder) -> str:
     return (folder / "job.log").read_text(errors="replace") if (folder / "job.log").exists() else ""
 
@@ -177,12 +188,7 @@ def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path)
     """Rank 1 of an ``srun -n 2`` JAX job hangs (alive) in epoch 2: both tasks end with 124 (rank 0 waits for
     rank 1 to leave first, so JAX does not abort it with 134), srun returns 124, the README's branch requeues
     the job, and the requeued job completes with each rank's arrays equal to an uninterrupted run's."""
-    why = missing()
-    if why:
-        pytest.skip(f"no Slurm here: {why}")
-    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
-    took = ref.succeed()
-    timeout = max(wait_s(8.0), took / 2)  # well above the first step's compile on this machine
+    ref, took, timeout = _reference_and_hang_timeout(tmp_path)
     cluster = start_cluster(tmp_path / "state")
     try:
         folder = tmp_path / "job"
@@ -206,12 +212,7 @@ def test_the_docs_script_requeues_a_job_whose_task_is_stopped_and_it_ends_bit_id
     hang). Rank 0 exits 124 after its hand-off; ``srun --wait`` ends the stopped task 120 s later (killed: 137),
     so ``srun`` returns 137; the script requeues all the same (srun said a task exited 124), and the requeued job
     completes with each rank's arrays equal to an uninterrupted run's."""
-    why = missing()
-    if why:
-        pytest.skip(f"no Slurm here: {why}")
-    ref = JaxJob(tmp_path, "ref", "dp", tmp_path / "ref-ck", EPOCHS, timeout_s=600)
-    took = ref.succeed()
-    timeout = max(wait_s(8.0), took / 2)  # well above the first step's compile on this machine
+    ref, took, timeout = _reference_and_hang_timeout(tmp_path)
     cluster = start_cluster(tmp_path / "state")
     stopped: list[int] = []
     try:
