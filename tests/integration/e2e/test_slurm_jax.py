@@ -209,7 +209,7 @@ def test_srun_two_tasks_one_hung_exits_124_requeued_ends_bit_identical(tmp_path)
 
 def test_the_docs_script_requeues_a_job_whose_task_is_stopped_and_it_ends_bit_identical(tmp_path):
     """docs/multi-worker.rst's sbatch script: rank 1 of ``srun -n 2`` is SIGSTOPped in epoch 2 (it cannot hear of the
-    hang). Rank 0 exits 124 after its hand-off; ``srun --wait`` ends the stopped task 120 s later (killed: 137),
+    hang). Rank 0 exits 124 after its hand-off; ``srun --wait`` ends the stopped task later (killed: 137),
     so ``srun`` returns 137; the script requeues all the same (srun said a task exited 124), and the requeued job
     completes with each rank's arrays equal to an uninterrupted run's."""
     ref, took, timeout = _reference_and_hang_timeout(tmp_path)
@@ -220,7 +220,9 @@ def test_the_docs_script_requeues_a_job_whose_task_is_stopped_and_it_ends_bit_id
         folder.mkdir()
         command = (f"{sys.executable} {job_script('jax_mp_job.py')} dp ck {EPOCHS} out{{rank}}.npz slurm - - "
                    f"--pause-at=2:1:600 --pause-rank=1 --pause-once --hang-timeout={timeout:.1f}")  # fmt: skip
-        job = _submit(cluster, folder, _docs_script(command))
+        script = _docs_script(command)
+        wait = float(re.search(r"srun --wait=(\d+) ", script)[1])  # the page's bound on a task left behind
+        job = _submit(cluster, folder, script)
 
         def tick(info: dict) -> None:
             if not stopped and info.get("JobState") == "RUNNING" and "PAUSED" in _log(folder):
@@ -229,7 +231,7 @@ def test_the_docs_script_requeues_a_job_whose_task_is_stopped_and_it_ends_bit_id
                     os.kill(pid, signal.SIGSTOP)
                     stopped.append(pid)
 
-        info = _until_final(cluster, job, max(300.0, 8 * took + 4 * timeout) + 120.0, tick)
+        info = _until_final(cluster, job, max(300.0, 8 * took + 4 * timeout) + wait, tick)
         assert stopped, f"rank 1 never stopped: {info}\n{_log(folder)[-4000:]}"
         log = _completed_as(ref, folder, info)
         assert "ERROR hang: process 0 of 2" in log and "task 0: Exited with exit code 124" in log, log[-4000:]
