@@ -27,6 +27,8 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # (page, the example's first words) -> the test that produces the line and calls assert_log_example.
 LOG_EXAMPLES = {
     ("exactness.rst", "WARNING the run is finished"): "tests/integration/keras/test_exact_resume.py",
+    ("exactness.rst", "WARNING this fit() saves into"): "tests/integration/keras/test_phases.py",
+    ("exactness.rst", "WARNING restart() loaded the"): "tests/integration/keras/test_phases.py",
     ("performance.rst", "WARNING epoch 2: training waited"): "tests/integration/engine/test_async.py",
     ("async.rst", "WARNING epoch 1: the host copy"): "tests/integration/engine/test_async.py",
     ("campaigns.rst", "INFO restart: tier: persistent:"): "tests/integration/storage/test_tiers_keras.py",

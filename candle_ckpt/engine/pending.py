@@ -11,16 +11,23 @@ Two things may wait:
   :meth:`Pending.guard` warns at garbage collection or exit if it is never taken;
 * the training state (callbacks, RNGs, input position): it belongs to
   objects that only exist in ``fit``.
+
+It also remembers which optimizer a restore loaded the state into (``loaded_into``),
+for the first fit that trains to check that the model still has it
+(:mod:`candle_ckpt.engine.phases`: a model compiled again after ``restart()``).
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from candle_ckpt.core.log import OpsLog
+
+Ref = Callable[[], Any]  # an object, through a reference that does not keep it alive (see ref)
 
 
 @dataclass(frozen=True)
@@ -44,15 +51,20 @@ class Pending:
     Attributes:
         optimizer: The optimizer state, when the model had no optimizer yet.
         train_state: The ``train.state.npz`` bytes (callbacks, RNGs, input position).
+        loaded_into: The optimizer the restore loaded the state into (a weak reference), when the model had one.
     """
 
     optimizer: ParkedOptimizer | None = None
     train_state: bytes | None = None
+    loaded_into: Ref | None = None
     _guard: weakref.finalize | None = field(default=None, repr=False, compare=False)
 
     def guard(self, model: Any, log: OpsLog, where: str) -> None:
-        """Say what happens to a parked optimizer state, and warn loudly if it is never applied."""
+        """Say what happens to a parked optimizer state, and warn loudly if it is never applied; else remember the
+        optimizer the state was loaded into."""
         if self.optimizer is None:
+            optimizer = getattr(model, "optimizer", None)
+            self.loaded_into = ref(optimizer) if optimizer is not None else None
             return
         log.info(
             f"restart: the model has no optimizer yet (restart() before compile()); the optimizer state of {where} "
@@ -74,10 +86,23 @@ class Pending:
             self._guard = None
         return parked
 
+    def take_loaded_into(self) -> Ref | None:
+        """Remove and return :attr:`loaded_into` (the first fit that trains checks it, once)."""
+        into, self.loaded_into = self.loaded_into, None
+        return into
+
     def take_train_state(self) -> bytes | None:
         """Remove and return the training state (None if there is none)."""
         data, self.train_state = self.train_state, None
         return data
+
+
+def ref(obj: Any) -> Ref:
+    """A reference to ``obj`` that does not keep it alive (a strong one where it cannot be weak)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _never_applied(log: OpsLog, message: str) -> None:

@@ -1,8 +1,7 @@
 """One training run's lifecycle, owned in one place for every front end.
 
-A *run* is one ``fit`` (the Keras 3 callback, the tf_keras callback) or one
-``train()`` (``JobRunner``). Its front end knows the framework: how to capture
-a model, where its callback list and input are, what a step and an epoch end
+A *run* is one ``fit`` (the Keras 3 callback, the tf_keras callback) or one ``train()`` (``JobRunner``). Its front
+end knows the framework: how to capture a model, where its callback list and input are, what a step and an epoch end
 are. :class:`TrainingRun` knows everything else, the same way for all three:
 
 - **the writer lock**: taken at :meth:`TrainingRun.begin`, released at :meth:`TrainingRun.end` once the last
@@ -24,18 +23,16 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
 - **resume adoption and the parked state**: what the restore driver (:func:`~candle_ckpt.engine.restore.restore`)
   resumed is adopted here and only here (:func:`adopt`), once, and the state it could not apply yet (the
   optimizer's, the training state) is handed out once;
-- **the first step's time**: the first step of the process (or the first epoch
-  end of a loop that reports no step) completes the start's breakdown
-  (:func:`~candle_ckpt.engine.restart_history.first_step`).
+- **the first step's time**: the first step of the process (or the first epoch end of a loop that reports no step)
+  completes the start's breakdown (:func:`~candle_ckpt.engine.restart_history.first_step`).
 
 Fit's plumbing (epoch order, finished-run rule, first epoch) goes through the
 framework's port, once for every front end (:mod:`candle_ckpt.engine.fit_port`).
 
-The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step
-:meth:`~TrainingRun.step_end` and per epoch :meth:`~TrainingRun.epoch_end`, then
-:meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front end
-sees it, as ``JobRunner`` does). A :class:`~candle_ckpt.engine.preempt.PreemptExit`
-or an error in a save ends the run on the spot, before it propagates.
+The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step :meth:`~TrainingRun.step_end` and per
+epoch :meth:`~TrainingRun.epoch_end`, then :meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front
+end sees it, as ``JobRunner`` does). A :class:`~candle_ckpt.engine.preempt.PreemptExit` or an error in a save ends the
+run on the spot, before it propagates.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine import restart_history
+from candle_ckpt.engine import phases, restart_history
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import checkpointing_off, hang_timeout
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -201,11 +198,15 @@ class TrainingRun:
 
     def finished(self, ended: tuple[str, int] | None, epochs: Any, **how: Any) -> bool:
         """Whether this run reruns a finished one (:mod:`candle_ckpt.engine.finished`'s rule, for every front end):
-        said in one line; a ``fit`` (``model=``) then runs no epoch. ``ended``, ``epochs`` and ``how`` (``model``,
-        ``call``, ``limit``): as :meth:`~candle_ckpt.engine.fit_port.FitPlumbing.stop_if_finished`."""
-        return self.fit.stop_if_finished(
+        said in one line; a ``fit`` (``model=``) then runs no epoch, else its optimizer is checked
+        (:func:`~candle_ckpt.engine.phases.check`). ``ended``, ``epochs`` and ``how`` (``model``, ``call``,
+        ``limit``): as :meth:`~candle_ckpt.engine.fit_port.FitPlumbing.stop_if_finished`."""
+        done = self.fit.stop_if_finished(
             self.resumed, self.where, ended=ended, epochs=epochs, restart_epoch=self.cfg.restart_epoch, **how
         )
+        if not done and how.get("model") is not None:
+            phases.check(how["model"], self.cfg.directory, self.resumed, self.where, self.log)
+        return done
 
     # -- the run -------------------------------------------------------------------------------------------
     def begin(self, callback: Any = None, *, model: Any = None, resumed: Resumed | None = None) -> Any:

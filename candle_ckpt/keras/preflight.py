@@ -9,9 +9,8 @@ It also reads the optimizer state of a checkpoint on its own, for a model
 that has no optimizer yet (``restart()`` called before ``compile()``): that
 state is parked and applied once the optimizer exists (:func:`apply_optimizer_state`).
 
-Trap handled here: a freshly compiled model has no optimizer variables until
-its first step, and stock ``load_weights`` then silently skips the optimizer
-state. :func:`build_optimizer` builds it before anything is read into it.
+Trap handled here: a freshly compiled model has no optimizer variables until its first step, and stock
+``load_weights`` then silently skips the optimizer state. :func:`build_optimizer` builds it before anything is read.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import numpy as np
 from candle_ckpt.core.dtypes import counter_fits
 from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.fileobj import BufferFile
+from candle_ckpt.engine.phases import ONLY_OPTIMIZER
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.plan import Entry, attribute_optimizers, is_built, make_plan
 
@@ -134,7 +134,7 @@ def mismatch_error(where: str, epoch: int, diffs: list[Diff], compared: int) -> 
     lines += [f"  {d}" for d in diffs[:SHOWN]]
     if len(diffs) > SHOWN:
         lines.append(f"  ... and {len(diffs) - SHOWN} more ({compared} variables compared)")
-    lines.append(WHAT_TO_DO)
+    lines.append(ONLY_OPTIMIZER if all(d.where.startswith("optimizer") for d in diffs) else WHAT_TO_DO)
     return ModelMismatch("\n".join(lines))
 
 
