@@ -85,8 +85,10 @@ def restart(
 
     Returns:
         The restored checkpoint's ``ckpt-info.json`` as a dict (``"epoch"`` is
-        the number of completed epochs: pass it as ``initial_epoch``; ``"step"``
-        is None, or the steps done in the next epoch), or None.
+        the number of completed epochs: pass it as ``initial_epoch``, as CANDLE
+        does; the first ``fit`` that trains after this starts after it anyway,
+        as Keras's ``BackupAndRestore`` makes it; ``"step"`` is None, or the
+        steps done in the next epoch), or None.
     """
     from candle_ckpt.keras.restart import restart as restart_model
 

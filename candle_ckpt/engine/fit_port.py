@@ -21,6 +21,8 @@ Over the port, :class:`FitPlumbing` (one per
 - **the finished-run rule** (:func:`~candle_ckpt.engine.finished.finished_line`):
   a finished run's rerun says so in one line and its ``fit`` starts past its
   last epoch, so it trains nothing;
+- **where a resumed fit starts**: the first ``fit`` that trains after a restore starts after the restored epoch,
+  whatever its ``initial_epoch`` (:meth:`FitPlumbing.trains`);
 - **their undoing** when the run lets go (:meth:`FitPlumbing.release`).
 
 The wrappers stored on the list hold it only weakly: a wrapper stored on the
@@ -77,6 +79,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from candle_ckpt.core.log import OpsLog
+from candle_ckpt.engine import phases
 from candle_ckpt.engine.finished import finished_line
 from candle_ckpt.engine.resume import Resumed
 from candle_ckpt.storage.lock import on_held_by_this_process
@@ -322,6 +325,16 @@ class FitPlumbing:
             else:
                 self.log.warning("BackupAndRestore sets where this fit starts: it may train further")
         return True
+
+    def trains(self, model: Any, resumed: Resumed | None, directory: str, where: str) -> None:
+        """A ``fit`` of ``model`` that trains starts (not a finished run's rerun). The first after a restore
+        (``resumed``, of the checkpoint ``where``) starts after the restored epoch whatever its ``initial_epoch``,
+        as Keras's ``BackupAndRestore`` makes a fit start (undone by :meth:`release`; where another owner holds
+        the seam, it sets the start itself). Then its optimizer is checked (:func:`.phases.check`)."""
+        port, first = self.port, resumed is not None and resumed.pending.first_fit()
+        if first and port is not None and resumed.sidecar.epoch and port.set_first_epoch(model, resumed.sidecar.epoch):
+            self._undo.append(lambda: port.set_first_epoch(model, None))
+        phases.check(model, directory, resumed.pending.loaded_into if first else None, where, self.log)
 
     def stopped_by(self, callbacks: list[Any], model: Any, epoch: int) -> str | None:
         """At the save of epoch index ``epoch``: the class of the callback that ended training for good, else None.

@@ -12,9 +12,9 @@ Two things may wait:
 * the training state (callbacks, RNGs, input position): it belongs to
   objects that only exist in ``fit``.
 
-It also remembers which optimizer a restore loaded the state into (``loaded_into``),
-for the first fit that trains to check that the model still has it
-(:mod:`candle_ckpt.engine.phases`: a model compiled again after ``restart()``).
+The first fit that trains after the restore (:meth:`Pending.first_fit`) starts after the restored epoch and
+checks that the model still has the optimizer the state was loaded into (``loaded_into``;
+:mod:`candle_ckpt.engine.phases`: a model compiled again after ``restart()``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Pending:
     train_state: bytes | None = None
     loaded_into: Ref | None = None
     _guard: weakref.finalize | None = field(default=None, repr=False, compare=False)
+    _fit: bool = field(default=False, repr=False, compare=False)
 
     def guard(self, model: Any, log: OpsLog, where: str) -> None:
         """Say what happens to a parked optimizer state, and warn loudly if it is never applied; else remember the
@@ -86,10 +87,10 @@ class Pending:
             self._guard = None
         return parked
 
-    def take_loaded_into(self) -> Ref | None:
-        """Remove and return :attr:`loaded_into` (the first fit that trains checks it, once)."""
-        into, self.loaded_into = self.loaded_into, None
-        return into
+    def first_fit(self) -> bool:
+        """True the first time it is asked: by the first fit that trains after the restore."""
+        first, self._fit = not self._fit, True
+        return first
 
     def take_train_state(self) -> bytes | None:
         """Remove and return the training state (None if there is none)."""

@@ -10,7 +10,7 @@ variables, ``ModelMismatch``) or loads it into an optimizer that the next ``comp
 The recipe is one ``ckpt_directory`` per phase and ``restart()`` before each phase's fit (docs/exactness.rst,
 "Training in phases"; ``tests/integration/keras/test_phases.py``). What this module adds is that a job which
 does otherwise is told, once per model and directory, at the start of the fit that shows it (from
-:meth:`~candle_ckpt.engine.run.TrainingRun.finished`, for a fit that trains):
+:meth:`~candle_ckpt.engine.fit_port.FitPlumbing.trains`):
 
 * ``restart()`` loaded the optimizer state into an optimizer that is no longer the model's (compiled again
   since, before any fit trained): the fit starts with a fresh optimizer and the run will not be bit-identical;
@@ -50,12 +50,10 @@ class _Phases:
     warned: set[str] = field(default_factory=set)
 
 
-def check(model: Any, directory: str, resumed: Any, where: str, log: OpsLog) -> None:
+def check(model: Any, directory: str, loaded_into: Ref | None, where: str, log: OpsLog) -> None:
     """A fit of ``model`` that trains and saves into ``directory`` starts: say once if its optimizer is not the one
-    that holds the directory's state. ``resumed``: the run's :class:`~candle_ckpt.engine.resume.Resumed` (None: no
-    restore), of the checkpoint ``where``; the optimizer its restore loaded the state into is checked once, by the
-    first fit that trains after it (:meth:`~candle_ckpt.engine.pending.Pending.take_loaded_into`)."""
-    loaded_into = resumed.pending.take_loaded_into() if resumed is not None else None
+    that holds the directory's state. ``loaded_into``: for the first fit that trains after a restore, the optimizer
+    the restore loaded the state of the checkpoint ``where`` into (``Pending.loaded_into``); else None."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return

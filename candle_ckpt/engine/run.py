@@ -48,7 +48,7 @@ from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
 from candle_ckpt.core.sidecar import Sidecar
-from candle_ckpt.engine import phases, restart_history
+from candle_ckpt.engine import restart_history
 from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.decision import checkpointing_off, hang_timeout
 from candle_ckpt.engine.engine import CheckpointEngine
@@ -198,14 +198,14 @@ class TrainingRun:
 
     def finished(self, ended: tuple[str, int] | None, epochs: Any, **how: Any) -> bool:
         """Whether this run reruns a finished one (:mod:`candle_ckpt.engine.finished`'s rule, for every front end):
-        said in one line; a ``fit`` (``model=``) then runs no epoch, else its optimizer is checked
-        (:func:`~candle_ckpt.engine.phases.check`). ``ended``, ``epochs`` and ``how`` (``model``, ``call``,
-        ``limit``): as :meth:`~candle_ckpt.engine.fit_port.FitPlumbing.stop_if_finished`."""
+        said in one line; a ``fit`` (``model=``) then runs no epoch, else it trains
+        (:meth:`~candle_ckpt.engine.fit_port.FitPlumbing.trains`). ``ended``, ``epochs`` and ``how`` (``model``,
+        ``call``, ``limit``): as :meth:`~candle_ckpt.engine.fit_port.FitPlumbing.stop_if_finished`."""
         done = self.fit.stop_if_finished(
             self.resumed, self.where, ended=ended, epochs=epochs, restart_epoch=self.cfg.restart_epoch, **how
         )
         if not done and how.get("model") is not None:
-            phases.check(how["model"], self.cfg.directory, self.resumed, self.where, self.log)
+            self.fit.trains(how["model"], self.resumed, self.cfg.directory, self.where)
         return done
 
     # -- the run -------------------------------------------------------------------------------------------

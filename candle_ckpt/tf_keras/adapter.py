@@ -256,14 +256,15 @@ class CandleCheckpointCallback(tf_keras.callbacks.Callback):
         # After a step checkpoint, the fit of that epoch's rest starts at batch 0 of the rest.
         side = resumed.sidecar if resumed is not None else None
         self._skipped = (side.epoch, side.step) if side is not None and side.step is not None else None
+        ended = side.extra.get("finished") if side is not None else None  # recorded by an EarlyStopping's save
+        epochs = (self.params or {}).get("epochs")
+        # First: where this fit starts (a finished run's past its end, a resumed one's after the restored epoch).
+        self._finished = self.run.finished(tuple(ended) if ended else None, epochs, model=self.model)
         fit_args = internals.fit_arguments(self.model)
         forwarded = resumed is not None and fit_args is not None and internals.fast_forward_input(self.model, fit_args)
         self._inexact = exactness.inexact_causes(self.model, fit_args, forwarded)  # said at a save
         self._hook_epoch_end(listed)
         self._bind_train_state(resumed, data, fit_args)
-        ended = side.extra.get("finished") if side is not None else None  # recorded by an EarlyStopping's save
-        epochs = (self.params or {}).get("epochs")
-        self._finished = self.run.finished(tuple(ended) if ended else None, epochs, model=self.model)
 
     def _bind_train_state(self, resumed, data: bytes | None, fit_args) -> None:
         """Bind ``train.state.npz`` to this fit; after a restore, put back what must precede the first epoch."""

@@ -106,7 +106,8 @@ def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
     tf_keras shuffles arrays with a stateful ``tf.random.shuffle`` in its own ``tf.data`` pipeline, one
     iterator for all the epochs of a ``fit``: epoch N reads the N-th permutation of a kernel seeded from the
     global seed. The pipeline is built again for every epoch from 0 (in the strategy's scope, as ``fit`` does)
-    and its first ``initial_epoch`` epochs of batches are skipped; the iterator ``fit`` makes starts after them.
+    and the batches of the epochs before the first one ``fit`` runs (its ``initial_epoch``, or where
+    :func:`set_first_epoch` makes it start) are skipped; the iterator ``fit`` makes starts after them.
 
     Relies on: ``fit``'s locals ``data_handler``, ``x``, ``y``, ``sample_weight``, ``batch_size``,
     ``steps_per_epoch``, ``shuffle``, ``class_weight``; ``DataHandler(..., distribute=False)``,
@@ -118,7 +119,8 @@ def fast_forward_input(model: Any, fit_locals: dict[str, Any]) -> bool:
     from tf_keras.src.engine import data_adapter
 
     handler = fit_locals.get("data_handler")
-    first = getattr(handler, "_initial_epoch", 0)
+    start = getattr(model, "_training_state", None)  # set_first_epoch's: fit starts there, not at initial_epoch
+    first = start.epoch if isinstance(start, _FirstEpoch) else getattr(handler, "_initial_epoch", 0)
     if handler is None or not first or handler_adapter(handler).should_recreate_iterator():
         return False
     again = data_adapter.DataHandler(

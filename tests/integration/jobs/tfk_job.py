@@ -8,7 +8,7 @@ Served like ``exact_job.py`` (one forked child per stdin line ``SETUP PHASE DIR 
 ``EarlyStopping`` after the checkpoint callback that ends the run after epoch 3 of 5; ``plateau``: ``plain``
 with an ``EarlyStopping`` (patience 3, ends the run after epoch 4, in the middle of its patience at the kill) and a
 ``ReduceLROnPlateau`` (patience 1, halves the rate after epochs 2, 3 and 4: a resumed run needs its best loss and
-the rate it set); ``sequence``: a
+the rate it set); ``no_initial_epoch``: ``plain`` with ``fit`` not given ``initial_epoch``; ``sequence``: a
 ``tf_keras.utils.Sequence`` that shuffles its index in place with ``np.random.shuffle`` and draws a target shift
 from TensorFlow's global generator in ``on_epoch_end`` (fit also shuffles its batch order with Python's
 ``random``). PHASE ``kill`` sends itself SIGKILL after the second batch of epoch 3, once epoch 2's checkpoint is
@@ -90,7 +90,8 @@ def run(words: list[str]) -> None:
     inputs = {"x": x, "y": y, "batch_size": BATCH}
     if setup == "sequence":
         inputs = {"x": shuffling_sequence(x, y)}
-    model.fit(**inputs, epochs=EPOCHS, initial_epoch=start, verbose=0, callbacks=callbacks, validation_data=val)
+    first = {"initial_epoch": start} if setup != "no_initial_epoch" else {}  # a script that forgot it
+    model.fit(**inputs, epochs=EPOCHS, **first, verbose=0, callbacks=callbacks, validation_data=val)
     arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(model.get_weights())}
     arrays.update({f"opt{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
     arrays["lr"] = np.asarray(model.optimizer.learning_rate.numpy())

@@ -54,6 +54,7 @@ SETUPS = [
     "vae",
     "gan",
     "steps_per_execution",
+    "no_initial_epoch",
 ]
 # Every setup at the defaults (ckpt_async=auto: asynchronous); these four also with ckpt_async=false.
 SYNC_SETUPS = ["tfdata_reshuffle", "reduce_lr_after", "early_stopping", "restart_before_compile"]
