@@ -137,6 +137,5 @@ def test_a_finished_run_rerun_trains_nothing(server, tmp_path, setup, stopped):
     assert where.is_dir()
     if setup == "early_stopping":
         log = (directory / "ckpt.log").read_text().splitlines()
-        assert_log_example(
-            "exactness.rst", next(line for line in log if line.endswith(expected)), "WARNING the run is finished"
-        )
+        said = next(line for line in log if line.endswith(expected))
+        assert_log_example("exactness.rst", said, "WARNING the run is finished")
