@@ -56,8 +56,9 @@ def killed_then_resumed(tmp: Path, kill_at: str, *args: str) -> tuple[subprocess
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, list[np.ndarray]]:
-    """Uninterrupted runs: the recipe's, and one directory for both fits with a trainable base."""
+def reference(tmp_path_factory) -> dict[str, list[np.ndarray] | str]:
+    """Uninterrupted runs: the recipe's, and one directory for both fits with a trainable base: ``{name: its
+    arrays, name-stderr: what it wrote on stderr}``."""
     tmp = tmp_path_factory.mktemp("phases-ref")
     got = {}
     for name, args in (("per-phase", ()), ("one-trainable", ("--layout", "one", "--trainable"))):
