@@ -69,7 +69,7 @@ class CkptConfig:
         best_metric_last: The best value to beat (``ckpt_best_metric_last``), or None.
         layout: ``"nested"`` (``<dir>/ckpts/epochs``) or ``"flat"`` (``<dir>/epochs``).
         compile_cache: ``"auto"``, ``"off"`` or a directory: JAX's persistent compilation cache
-            (see :mod:`candle_ckpt.keras.compile_cache`).
+            (see :mod:`candle_ckpt.multihost.compile_cache`).
         save_steps: Also save every N steps of an epoch; 0: never; ``"auto"``: chosen as the run goes
             (:mod:`candle_ckpt.engine.interval`).
         mtbf: Mean seconds between failures for ``save_steps="auto"``, or ``"auto"`` (learned).

@@ -22,12 +22,12 @@ from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras import fit_hooks, fit_internals, internals
 from candle_ckpt.keras.adapter import capture_model
-from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.mid_epoch import resume_mid_epoch
 from candle_ckpt.keras.pipeline_state import Pipeline
 from candle_ckpt.keras.preflight import apply_optimizer_state, build_optimizer
 from candle_ckpt.keras.state import ModelState
 from candle_ckpt.keras.train_state import TRAIN_STATE_FILE, TrainState, unpack
+from candle_ckpt.multihost.compile_cache import use_compile_cache
 from candle_ckpt.multihost.save import SpareChunks, capture_sharded, keras_group
 from candle_ckpt.storage.store import FileSpec
 

@@ -28,8 +28,8 @@ from candle_ckpt.engine.resume import attach_resumed, checkpoint_dir
 from candle_ckpt.engine.run import hold_signals
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import KerasModelAdapter
-from candle_ckpt.keras.compile_cache import use_compile_cache
 from candle_ckpt.keras.preflight import build_optimizer
+from candle_ckpt.multihost.compile_cache import use_compile_cache
 from candle_ckpt.multihost.save import keras_group
 
 
@@ -52,7 +52,7 @@ def restart(
     cfg = CkptConfig.from_params(gParameters)
     hold_signals(cfg)  # from now on a preemption signal is held for fit's first step (docs/preemption.rst)
     if keras.backend.backend() == "jax":
-        use_compile_cache(cfg)  # fit's compiles after a restart are read back (keras/compile_cache.py)
+        use_compile_cache(cfg)  # fit's compiles after a restart are read back (multihost/compile_cache.py)
     if not cfg.restores():
         return None
     if adapter is None and is_tf_keras(model):

@@ -32,7 +32,7 @@ from candle_ckpt.engine.preempt_control import plain_logs
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import Chosen, Resumed
 from candle_ckpt.engine.run import TrainingRun
-from candle_ckpt.keras.compile_cache import use_compile_cache
+from candle_ckpt.multihost.compile_cache import use_compile_cache
 from candle_ckpt.multihost.load import kept_parts
 from candle_ckpt.multihost.save import keras_group
 from candle_ckpt.runner.sharded import capture_runner_sharded, files_for, restore_runner_sharded
