@@ -54,7 +54,12 @@ def _no_fork():
 
 # The optional packages tests may need (``needs_package``), and how a user installs each: the ``test`` extra of
 # setup.cfg brings none of them, so the README's test command skips these tests, saying what to install.
-OPTIONAL = {"jax": 'pip install "jax[cpu]"', "torch": "pip install torch", "orbax": "pip install orbax-checkpoint"}
+OPTIONAL = {
+    "jax": 'pip install "jax[cpu]"',
+    "torch": "pip install torch",
+    "orbax": "pip install orbax-checkpoint",
+    "grain": "pip install grain",
+}
 
 
 def missing_packages(item: pytest.Item) -> list[str]:

@@ -9,6 +9,8 @@ Found by experiment, each finding kept by a test (``test_exact_resume.py``; on J
   a new one is read to the saved run's step (JAX, torch: Keras's iterable hides it).
 * **PyDataset**: ``get_state()`` / ``set_state()``, else its small attributes after ``on_epoch_end``
   (:mod:`candle_ckpt.engine.dataset_attrs`); Keras 3.16's adapter epoch count. A generator: one warning.
+* **Grain** (``MapDataset``, ``IterDataset``, ``DataLoader``): each ``iter()`` reads the same batches; with
+  ``steps_per_epoch``, Keras's kept iterator is made again and read to the saved step, as tf.data's on JAX.
 
 **The global RNGs** (:func:`capture_rngs`, :func:`restore_rngs`): Python's, NumPy's, TensorFlow's global generator
 and op-seed counter, Keras's ``SeedGenerator``, and torch's once imported (:func:`backend_capture`: the torch
@@ -89,7 +91,7 @@ class Pipeline:
                     dataset_attrs.watch(self.dataset, end, self.changed, self.warn, _pydataset_base())
 
             self.adapter.on_epoch_end = on_epoch_end
-        elif self.kind not in ("arrays", "generator"):
+        elif self.kind not in ("arrays", "generator", "grain"):
             warn(
                 f"the training input ({type(self.adapter).__name__}) is not one whose position candle_ckpt can "
                 "save; a resumed run starts it afresh and may not be bit-identical"
@@ -116,10 +118,12 @@ class Pipeline:
         epoch = fit_internals.adapter_epoch(self.adapter)
         if epoch is not None:  # Keras 3.16 seeds the shuffle of arrays and PyDatasets from it
             doc["adapter_epoch"] = epoch
-        if self.kind == "tf.data":
+        current = fit_internals.kept_iterator(self.it) if self.it.steps_per_epoch else None
+        if self.kind == "grain" and current is not None:  # made again on resume and read to its step
+            doc["steps_seen"] = fit_internals.steps_seen(self.it)
+        elif self.kind == "tf.data":
             doc["iterators"] = self.iterators
-            current = fit_internals.kept_iterator(self.it)
-            if self.it.steps_per_epoch and current is not None:
+            if current is not None:
                 try:
                     if not fit_internals.hides_tf_iterator():  # else made again on resume and read to its step
                         arrays.update(_iterator_bytes(current))
@@ -151,17 +155,19 @@ class Pipeline:
             self._restore_tf_data(doc, arrays)
         elif self.kind == "pydataset":
             self._restore_pydataset(doc, arrays)
+        elif self.kind == "grain" and "steps_seen" in doc:
+            self._keep(doc["steps_seen"], 0)
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         dataset, iterators = fit_internals.new_dataset(self.it), int(doc["iterators"])
         saved = any(key.startswith(_ITER_PREFIX) for key in arrays)  # the kept iterator's state (TensorFlow)
-        if "steps_seen" in doc and (fit_internals.hides_tf_iterator() or not saved):  # read again to its step
-            for _ in range(iterators - 1):  # the iterators made before the kept one
-                iter(dataset)
-            began = time.perf_counter()
-            current = fit_internals.replayed_iterator(self.it, doc["steps_seen"])
-            self.note = f", {doc['steps_seen']} batches read again in {time.perf_counter() - began:.3f} s"
-        elif "steps_seen" in doc:
+        if "steps_seen" not in doc:
+            for _ in range(iterators):
+                iter(dataset)  # each draw advances a reshuffling dataset's seed generator
+            self.iterators = iterators
+            return
+        current = None  # read again to its step
+        if saved and not fit_internals.hides_tf_iterator():
             current = iter(dataset)
             try:
                 _load_iterator(current, arrays)
@@ -172,11 +178,17 @@ class Pipeline:
                 )
                 return
         else:
-            for _ in range(iterators):
-                iter(dataset)  # each draw advances a reshuffling dataset's seed generator
-            self.iterators = iterators
-            return
-        fit_internals.keep_iterator(self.it, current, doc["steps_seen"])
+            for _ in range(iterators - 1):  # the iterators made before the kept one
+                iter(dataset)
+        self._keep(doc["steps_seen"], iterators, current)
+
+    def _keep(self, steps: int, iterators: int, current: Any = None) -> None:
+        """Make ``current`` the iterator ``fit`` reads on, ``steps`` in; None: the kept one made again and read."""
+        if current is None:
+            began = time.perf_counter()
+            current = fit_internals.replayed_iterator(self.it, steps)
+            self.note = f", {steps} batches read again in {time.perf_counter() - began:.3f} s"
+        fit_internals.keep_iterator(self.it, current, steps)
         self.iterators, self.positioned = iterators, True
 
     def _restore_pydataset(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:

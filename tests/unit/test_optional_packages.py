@@ -1,5 +1,5 @@
-"""Every test that needs an optional package (jax, torch, orbax: the ``test`` extra installs none of them) says so,
-so that the README's test command, in a venv made from the README alone, skips it with a reason instead of failing.
+"""Every test that needs an optional package (jax, torch, orbax, grain: the ``test`` extra installs none of them) says
+so, so that the README's test command, in a venv made from the README alone, skips it with a reason instead of failing.
 
 Read as text (nothing is imported): a test file that imports one of them, or starts a job under
 ``KERAS_BACKEND=jax``/``torch``, and a test file that runs a job script which imports one, must skip without it:
@@ -13,7 +13,7 @@ import re
 
 from locations import JOBS, TESTS
 
-OPTIONAL = ("jax", "torch", "orbax")
+OPTIONAL = ("jax", "torch", "orbax", "grain")
 USES = {
     name: re.compile(
         rf"^\s*(?:import|from) {name}\b"  # an import, at any depth

@@ -168,6 +168,10 @@ def fit_inputs(setup: str) -> dict:
         args = {"x": tf_dataset(x, y, augment=True)}
     elif setup in PYDATASETS:
         args = {"x": make_pydataset(x, y, PYDATASETS[setup])}
+    elif setup.startswith("grain"):  # grain_map, grain_repeat
+        import grain_input
+
+        args = grain_input.fit_inputs(x, y, BATCH, setup)
     elif setup == "sample_weights":
         args["sample_weight"] = w
     elif setup == "jax_step":
