@@ -264,7 +264,7 @@ def adapter_kind(adapter: Any) -> str:
 
     Relies on: the class names in ``keras.src.trainers.data_adapters``
     -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input`` (grain's:
-    ``test_custom_step.py::test_a_grain_dataset_on_jax_killed_mid_epoch_resumes_bit_identical``).
+    ``test_custom_step.py::test_a_grain_dataset_killed_mid_epoch_resumes_bit_identical``).
     """
     name = type(adapter).__name__
     return _ADAPTER_KINDS.get(name, name)

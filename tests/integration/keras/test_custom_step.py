@@ -140,17 +140,20 @@ def test_a_torch_dataloader_on_another_backend_killed_mid_epoch_resumes_bit_iden
     assert slots >= 10 and differ == []
 
 
-@pytest.mark.needs_package("jax", "grain")
+@pytest.mark.needs_package("jax", "torch", "grain")
 @pytest.mark.parametrize(
-    ("setup", "every_step"), [("grain_map", True), ("grain_repeat", False), ("grain_repeat", True)]
-)
-def test_a_grain_dataset_on_jax_killed_mid_epoch_resumes_bit_identical(setup, every_step, tmp_path):
+    ("backend", "setup", "every_step"),
+    [("jax", "grain_map", True), ("jax", "grain_repeat", False), ("jax", "grain_repeat", True),
+     ("torch", "grain_repeat", True)],
+)  # fmt: skip
+def test_a_grain_dataset_killed_mid_epoch_resumes_bit_identical(backend, setup, every_step, tmp_path):
     """A grain MapDataset feeding fit on JAX (Keras's GrainDatasetAdapter): one seeded shuffle, read afresh each
     epoch, resumed from a step checkpoint; and the same reshuffled each epoch by ``repeat()`` with steps_per_epoch,
-    whose one iterator Keras keeps across epochs, resumed from an epoch's checkpoint and from a step checkpoint.
-    The kept iterator is made again and read to the saved step. Before, the second started its iterator afresh
-    (every weight differed) and every grain input was warned of as one whose position cannot be saved."""
-    differ, slots = _killed_and_resumed("jax", setup, tmp_path, every_step)
+    whose one iterator Keras keeps across epochs, resumed from an epoch's checkpoint and from a step checkpoint;
+    the last on torch too (fit reads grain through a torch DataLoader there). The kept iterator is made again and
+    read to the saved step. Before, the second started its iterator afresh (every weight differed) and every
+    grain input was warned of as one whose position cannot be saved."""
+    differ, slots = _killed_and_resumed(backend, setup, tmp_path, every_step)
     log = (tmp_path / "job" / "ckpt.log").read_text()
     assert "not one whose position candle_ckpt can save" not in log, log  # the warning every grain input had
     if setup == "grain_repeat":
