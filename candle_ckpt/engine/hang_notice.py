@@ -5,9 +5,13 @@ with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns t
 the job would end with 134, which the README's Slurm script does not requeue. So a process whose
 :class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a process
 that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's watchdog
-counts against its limit, do not count here) for a quarter of its limit listens for that word at each of its
-watchdog's wake-ups (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it
-ends the same way. Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
+counts against its limit, do not count here) for a quarter of its limit, or of a meeting's bound where that is
+shorter (:meth:`HangNotice.listens`), listens for that word at each of its watchdog's wake-ups
+(:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it ends the same way.
+The meeting's bound counts because a peer waiting at a meeting finds the hang at that bound
+(``CANDLE_CKPT_GROUP_TIMEOUT_S``), whatever this process's own limit: with a long limit (``auto`` in a restore:
+600 s) and a short bound, this one would listen only after process 0 had gone, and JAX would end it with 134.
+Every process but 0 says that it leaves before it exits; process 0 waits for those words, at most
 :data:`HANDOFF_S`, then exits. Meanwhile its training thread may fail (the peers of its collective left): the
 interpreter's end then waits for the watchdog's exit, so that the status stays 124. A process stopped, or stuck
 where no watchdog of ours runs (before ``restart()``), cannot answer: process 0 exits after :data:`HANDOFF_S` and
@@ -21,9 +25,10 @@ import time
 from typing import Any
 
 from candle_ckpt.core.group import is_primary
+from candle_ckpt.engine.group_commit import group_timeout
 
 HANDOFF_S = 15.0  # process 0's wait for the others to leave first: a wake-up (at most 5 s) and their report
-LISTEN = 0.25  # a process listens for a peer's hang once it has made no progress for this share of its limit
+LISTEN = 0.25  # a process listens for a peer's hang once it made no progress for this share of its limit (or bound)
 _SAID = "hang"  # the notice's name in the run's group: who found the hang
 _LEFT = "hang-left"  # each process's word that it leaves (``hang-left/R``)
 
@@ -33,6 +38,12 @@ class HangNotice:
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        self.bound = group_timeout()  # a meeting's: a peer waiting at one finds the hang after it
+
+    def listens(self, quiet: float, limit: float) -> bool:
+        """Whether a process that made no progress for ``quiet`` seconds, under its watchdog's ``limit``, listens
+        for a peer's word at this wake-up: past :data:`LISTEN` of the limit, or of the meeting's bound if shorter."""
+        return quiet > LISTEN * min(limit, self.bound)
 
     def heard(self) -> str | None:
         """Who found the job hung, if a peer said so (one read that does not wait); None otherwise."""

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from candle_ckpt.engine.hang_notice import HANDOFF_S, LISTEN, HangNotice
+from candle_ckpt.engine.hang_notice import HANDOFF_S, HangNotice
 
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
@@ -217,7 +217,8 @@ class Watchdog:
             # quarter of the limit, whatever bytes moved meanwhile: a process stuck in a read still hears of the
             # hang that a peer found waiting for it (a JAX process's own service moves a few bytes now and then).
             quiet = now - last
-            peer = self.notice.heard() if self.notice is not None and quiet > LISTEN * self.limit() else None
+            listens = self.notice is not None and self.notice.listens(quiet, self.limit())
+            peer = self.notice.heard() if listens else None
             if (peer is not None or idle > self.limit()) and not stop.is_set():
                 self.fire(idle, self.limit(), peer=peer)
                 return

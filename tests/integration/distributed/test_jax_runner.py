@@ -94,15 +94,17 @@ def test_kill9_mid_run_then_rerun_is_bit_identical(reference, tmp_path):
 def test_a_process_whose_restore_reads_never_return_ends_both_with_124(reference, tmp_path):
     """Process 1's checkpoint reads never return in train()'s restore: process 0 waits at the restore's meeting
     until the group's bound runs out and exits 124 naming it (as restart() does; not GroupTimeout, exit 1);
-    process 1 hears of it and exits 124 too (not aborted by JAX); the rerun is exact."""
+    process 1 hears of it and exits 124 too (not aborted by JAX); the rerun is exact. ckpt_hang_timeout is the
+    default, auto, whose limit in a restore (600 s) is far longer than the bound: process 1 listens for the word
+    after a quarter of the bound. Before, it listened after a quarter of its own limit (150 s), long after
+    process 0 had gone, and JAX aborted it (-6), a status the Slurm script does not requeue."""
     (want, bound, _), ck = reference, tmp_path / "ck"
     job = _job(tmp_path, "a", ck, bound, extra={1: ["--pause-at=1:2"]})
     job.wait_for(1, "PAUSED")
     job.kill()  # a checkpoint of epoch 1 to resume from
     group_s = 8.0
-    flags = [f"--hang-timeout={4 * group_s:.0f}"]
-    stuck = JaxJob(tmp_path, "s", "dp", ck, EPOCHS, extra={0: flags, 1: [*flags, "--stuck-reads"]}, timeout_s=bound,
-                   script=SCRIPT, env={"CANDLE_CKPT_GROUP_TIMEOUT_S": str(group_s)})  # fmt: skip
+    stuck = JaxJob(tmp_path, "s", "dp", ck, EPOCHS, extra={1: ["--stuck-reads"]}, timeout_s=bound, script=SCRIPT,
+                   env={"CANDLE_CKPT_GROUP_TIMEOUT_S": str(group_s)})  # fmt: skip
     stuck.wait_for(1, "blocking")
     codes = stuck.exit_codes()
     assert codes == [124, 124], [stuck.output(i)[-3000:] for i in (0, 1)]

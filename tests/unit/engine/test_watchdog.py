@@ -284,6 +284,24 @@ def test_a_process_stuck_in_a_read_whose_bytes_still_move_hears_the_hang(tmp_pat
     assert "process 0 of 2 found the job hung first" in (tmp_path / "p1" / "ckpt.log").read_text()
 
 
+def test_a_process_with_a_long_limit_listens_after_a_quarter_of_the_meeting_bound(tmp_path, monkeypatch):
+    """Process 1 is stuck in a restore under auto's limit there (600 s) and process 0 finds the hang at a
+    meeting's bound (CANDLE_CKPT_GROUP_TIMEOUT_S=2; here its limit, 0.5 s): process 1 listens once it made no
+    progress for a quarter of the bound, not of its own limit (150 s: process 0, gone after its 15-s hand-off,
+    would have left it to be aborted by JAX), and both leave with 124 within a wake-up of process 1's (5 s)."""
+    monkeypatch.setenv("CANDLE_CKPT_GROUP_TIMEOUT_S", "2")
+    dogs, _, exits = _pair(tmp_path, (0.5, 600.0))
+    dogs[1].arm("restore")
+    dogs[0].arm()
+    began = time.monotonic()
+    while len(exits) < 2 and time.monotonic() - began < 15.0:
+        time.sleep(0.05)
+    took = time.monotonic() - began
+    assert sorted(exits) == [(0, HANG_EXIT, True), (1, HANG_EXIT, True)], exits
+    assert took < 0.5 + 5.0 + 3.0, took
+    assert "process 0 of 2 found the job hung first" in (tmp_path / "p1" / "ckpt.log").read_text()
+
+
 def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, monkeypatch):
     """Process 0 finds the hang and process 1 never answers (stopped): process 0 exits after HANDOFF_S."""
     monkeypatch.setattr("candle_ckpt.engine.hang_notice.HANDOFF_S", 1.5)
