@@ -272,16 +272,22 @@ def test_a_process_stuck_in_a_read_whose_bytes_still_move_hears_the_hang(tmp_pat
         ticks[0] += 1
         return ticks[0]
 
-    dogs, _, exits = _pair(tmp_path, (0.5, 20.0), moving=(None, moving))
+    took = _process_1_in_a_restore_hears(tmp_path, 20.0, moving)
+    assert took < 0.25 * 20.0 + 2.0 + 5.0, took
+
+
+def _process_1_in_a_restore_hears(tmp_path, limit: float, moving=None) -> float:
+    """Process 1 in a restore (``limit``; ``moving``: its probe) and process 0 finding the hang at 0.5 s: both
+    leave with 124, process 1 before process 0, naming process 0. Returns how long that took."""
+    dogs, _, exits = _pair(tmp_path, (0.5, limit), moving=(None, moving))
     dogs[1].arm("restore")
     dogs[0].arm()
     began = time.monotonic()
     while len(exits) < 2 and time.monotonic() - began < 15.0:
         time.sleep(0.05)
-    took = time.monotonic() - began
     assert sorted(exits) == [(0, HANG_EXIT, True), (1, HANG_EXIT, True)], exits
-    assert took < 0.25 * 20.0 + 2.0 + 5.0, took
     assert "process 0 of 2 found the job hung first" in (tmp_path / "p1" / "ckpt.log").read_text()
+    return time.monotonic() - began
 
 
 def test_a_process_with_a_long_limit_listens_after_a_quarter_of_the_meeting_bound(tmp_path, monkeypatch):
@@ -290,16 +296,8 @@ def test_a_process_with_a_long_limit_listens_after_a_quarter_of_the_meeting_boun
     progress for a quarter of the bound, not of its own limit (150 s: process 0, gone after its 15-s hand-off,
     would have left it to be aborted by JAX), and both leave with 124 within a wake-up of process 1's (5 s)."""
     monkeypatch.setenv("CANDLE_CKPT_GROUP_TIMEOUT_S", "2")
-    dogs, _, exits = _pair(tmp_path, (0.5, 600.0))
-    dogs[1].arm("restore")
-    dogs[0].arm()
-    began = time.monotonic()
-    while len(exits) < 2 and time.monotonic() - began < 15.0:
-        time.sleep(0.05)
-    took = time.monotonic() - began
-    assert sorted(exits) == [(0, HANG_EXIT, True), (1, HANG_EXIT, True)], exits
+    took = _process_1_in_a_restore_hears(tmp_path, 600.0)
     assert took < 0.5 + 5.0 + 3.0, took
-    assert "process 0 of 2 found the job hung first" in (tmp_path / "p1" / "ckpt.log").read_text()
 
 
 def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, monkeypatch):
