@@ -3,7 +3,8 @@
 In a JAX job process 0 hosts the coordination service: when it exits, every other process is ended by JAX at once
 with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its tasks, so
 the job would end with 134, which the README's Slurm script does not requeue. So a process whose
-:class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.leave`), and a process
+:class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.tell`, before its
+own report, so that theirs overlap it and process 0's wait below is left for their wake-up), and a process
 that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's watchdog
 counts against its limit, do not count here) for a quarter of its limit, or of a meeting's bound where that is
 shorter (:meth:`HangNotice.listens`), listens for that word at each of its watchdog's wake-ups
@@ -27,7 +28,8 @@ from typing import Any
 from candle_ckpt.core.group import is_primary
 from candle_ckpt.engine.group_commit import group_timeout
 
-HANDOFF_S = 15.0  # process 0's wait for the others to leave first: a wake-up (at most 5 s) and their report
+HANDOFF_S = 15.0  # process 0's wait, after its report, for the others to leave first: a wake-up (at most 5 s)
+# and their report (at most REPORT_S, 10 s), which began while process 0 reported if a process 0 found the hang
 LISTEN = 0.25  # a process listens for a peer's hang once it made no progress for this share of its limit (or bound)
 _SAID = "hang"  # the notice's name in the run's group: who found the hang
 _LEFT = "hang-left"  # each process's word that it leaves (``hang-left/R``)
@@ -51,13 +53,16 @@ class HangNotice:
             return self.group.heard(_SAID, 0.001)
         return None
 
-    def leave(self, found: bool, who: str) -> None:
-        """This process is about to exit with 124: tell the others if it ``found`` the hang (``who``: its name),
-        then say that it leaves (every process but 0), or wait for the others' words (process 0, at most
-        :data:`HANDOFF_S`). Best effort: a store that fails ends the wait."""
+    def tell(self, who: str) -> None:
+        """This process found the hang: tell the others (``who``: its name). Said before its own report, so that
+        theirs overlap it. Best effort."""
         with contextlib.suppress(Exception):
-            if found:
-                self.group.notice(_SAID, who or f"process {self.group.rank}")
+            self.group.notice(_SAID, who or f"process {self.group.rank}")
+
+    def leave(self) -> None:
+        """This process is about to exit with 124: say that it leaves (every process but 0), or wait for the
+        others' words (process 0, at most :data:`HANDOFF_S`). Best effort: a store that fails ends the wait."""
+        with contextlib.suppress(Exception):
             if not is_primary(self.group):
                 self.group.notice(f"{_LEFT}/{self.group.rank}", "1")
                 return

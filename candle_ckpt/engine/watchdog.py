@@ -224,8 +224,9 @@ class Watchdog:
                 return
 
     def fire(self, idle: float, limit: float, how: str | None = None, peer: str | None = None) -> None:
-        """Report the hang (bounded by :data:`REPORT_S`), tell the other processes and let them leave first
-        (:meth:`~candle_ckpt.engine.hang_notice.HangNotice.leave`), then end the process with :data:`HANG_EXIT`.
+        """Tell the other processes, if this one found the hang (before the report: theirs overlap it), report it
+        (bounded by :data:`REPORT_S`), let them leave first (:meth:`~candle_ckpt.engine.hang_notice.HangNotice.leave`),
+        then end the process with :data:`HANG_EXIT`.
 
         ``how``: what set ``limit``, when not ``ckpt_hang_timeout`` (a group's meeting bound that ran out);
         ``peer``: the process that found the hang first, when this one heard it from it."""
@@ -242,12 +243,13 @@ class Watchdog:
         )
         if self._exit is os._exit:  # the interpreter's own end (the training thread failed: a peer left) waits
             atexit.register(time.sleep, REPORT_S + HANDOFF_S + 5.0)  # for this one's, with status 124
+        if self.notice is not None and peer is None:  # the others first: their reports overlap this one's
+            threading.Thread(target=self.notice.tell, args=(self.who,), name="candle_ckpt-hang", daemon=True).start()
         reporter = threading.Thread(target=self._report, args=(line, phase), name="candle_ckpt-hang", daemon=True)
         reporter.start()
         reporter.join(REPORT_S)
         if self.notice is not None:  # process 0, the JAX service's host, leaves last (hang_notice.py)
-            args = (peer is None, self.who)
-            handoff = threading.Thread(target=self.notice.leave, args=args, name="candle_ckpt-hang", daemon=True)
+            handoff = threading.Thread(target=self.notice.leave, name="candle_ckpt-hang", daemon=True)
             handoff.start()
             handoff.join(HANDOFF_S + REPORT_S)
         self._exit(HANG_EXIT)

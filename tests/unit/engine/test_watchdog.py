@@ -224,9 +224,10 @@ class _Counted:
         return self.group.notice(name, value)
 
 
-def _pair(tmp_path, limits: tuple[float, float], moving=(None, None)):
+def _pair(tmp_path, limits: tuple[float, float], moving=(None, None), record=None):
     """Two processes' watchdogs over one ThreadGroup (limits: process 0's, process 1's; moving: each one's probe,
-    as the restore's); their exits, each ``(rank, code, whether process 1 had said that it leaves)``."""
+    as the restore's; record: both ones' ``record_failure``); their exits, each ``(rank, code, whether process 1
+    had said that it leaves)``."""
     members = [_Counted(m) for m in ThreadGroup(2).members]
     exits: list[tuple[int, int, bool]] = []
     dogs = []
@@ -236,7 +237,7 @@ def _pair(tmp_path, limits: tuple[float, float], moving=(None, None)):
         def leave(code: int, rank: int = rank) -> None:
             exits.append((rank, code, members[0].group.heard("hang-left/1", 0.001) == "1"))
 
-        dog = Watchdog(limit, str(tmp_path / f"p{rank}" / "ckpt.log"), None, who=f"process {rank} of 2", exit=leave,
+        dog = Watchdog(limit, str(tmp_path / f"p{rank}" / "ckpt.log"), record, who=f"process {rank} of 2", exit=leave,
                        moving=moving[rank])  # fmt: skip
         dog.among(members[rank])
         dogs.append(dog)
@@ -266,20 +267,25 @@ def test_a_process_stuck_in_a_read_whose_bytes_still_move_hears_the_hang(tmp_pat
     few bytes now and then) but has made no progress of its own: it listens after a quarter of its limit all the
     same, hears the hang that process 0 found (0.5 s) and leaves with 124 before process 0's hand-off runs out,
     long before its own limit (20 s, which the moving bytes keep putting off)."""
+    took = _process_1_in_a_restore_hears(tmp_path, 20.0, _moving())
+    assert took < 0.25 * 20.0 + 2.0 + 5.0, took
+
+
+def _moving():
+    """A restore's probe that moves at every reading."""
     ticks = [0]
 
     def moving() -> int:
         ticks[0] += 1
         return ticks[0]
 
-    took = _process_1_in_a_restore_hears(tmp_path, 20.0, moving)
-    assert took < 0.25 * 20.0 + 2.0 + 5.0, took
+    return moving
 
 
-def _process_1_in_a_restore_hears(tmp_path, limit: float, moving=None) -> float:
+def _process_1_in_a_restore_hears(tmp_path, limit: float, moving=None, record=None) -> float:
     """Process 1 in a restore (``limit``; ``moving``: its probe) and process 0 finding the hang at 0.5 s: both
     leave with 124, process 1 before process 0, naming process 0. Returns how long that took."""
-    dogs, _, exits = _pair(tmp_path, (0.5, limit), moving=(None, moving))
+    dogs, _, exits = _pair(tmp_path, (0.5, limit), moving=(None, moving), record=record)
     dogs[1].arm("restore")
     dogs[0].arm()
     began = time.monotonic()
@@ -298,6 +304,22 @@ def test_a_process_with_a_long_limit_listens_after_a_quarter_of_the_meeting_boun
     monkeypatch.setenv("CANDLE_CKPT_GROUP_TIMEOUT_S", "2")
     took = _process_1_in_a_restore_hears(tmp_path, 600.0)
     assert took < 0.5 + 5.0 + 3.0, took
+
+
+def test_the_finder_tells_the_others_before_its_report_so_that_theirs_overlap_it(tmp_path, monkeypatch):
+    """Every report takes its whole bound (a file system that stopped answering; here REPORT_S = 4 s), and
+    process 0's wait after its own report (HANDOFF_S = 2 s) is shorter than a report: process 1, in a restore,
+    hears of the hang that process 0 found at once, writes its report while process 0 writes its own, and leaves
+    before process 0's wait runs out. Told after process 0's report, it was still writing its own when process 0
+    exited (in a JAX job, JAX would then abort it: 134, not requeued)."""
+    monkeypatch.setattr("candle_ckpt.engine.watchdog.REPORT_S", 4.0)
+    monkeypatch.setattr("candle_ckpt.engine.hang_notice.HANDOFF_S", 2.0)
+    stopped = threading.Event()  # each report's record waits on it, past the report's bound
+    try:
+        took = _process_1_in_a_restore_hears(tmp_path, 2.0, _moving(), record=lambda *_: stopped.wait(30.0))
+    finally:
+        stopped.set()
+    assert took < 0.5 + 4.0 + 2.0, took
 
 
 def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, monkeypatch):
