@@ -29,7 +29,7 @@ from candle_ckpt.core.group import is_primary
 from candle_ckpt.engine.group_commit import group_timeout
 
 HANDOFF_S = 15.0  # process 0's wait, after its report, for the others to leave first: a wake-up (at most 5 s)
-# and their report (at most REPORT_S, 10 s), which began while process 0 reported if a process 0 found the hang
+# and their report (at most REPORT_S, 10 s); when process 0 found the hang, theirs began beside its own
 LISTEN = 0.25  # a process listens for a peer's hang once it made no progress for this share of its limit (or bound)
 _SAID = "hang"  # the notice's name in the run's group: who found the hang
 _LEFT = "hang-left"  # each process's word that it leaves (``hang-left/R``)

@@ -214,8 +214,9 @@ class Watchdog:
                 seen = last
             idle = now - max(last, moved_at)
             # A peer's word is listened for once the run itself (a step, a save, a meeting) has not moved for a
-            # quarter of the limit, whatever bytes moved meanwhile: a process stuck in a read still hears of the
-            # hang that a peer found waiting for it (a JAX process's own service moves a few bytes now and then).
+            # quarter of the limit (or of a meeting's bound, if shorter: HangNotice.listens), whatever bytes moved
+            # meanwhile: a process stuck in a read still hears of the hang that a peer found waiting for it (a JAX
+            # process's own service moves a few bytes now and then).
             quiet = now - last
             listens = self.notice is not None and self.notice.listens(quiet, self.limit())
             peer = self.notice.heard() if listens else None
