@@ -4,7 +4,7 @@ In a JAX job process 0 hosts the coordination service: when it exits, every othe
 with its own fatal error (``SIGABRT``: 134 from a shell), and ``srun`` returns the highest status of its tasks, so
 the job would end with 134, which the README's Slurm script does not requeue. So a process whose
 :class:`~candle_ckpt.engine.watchdog.Watchdog` fires also tells the others (:meth:`HangNotice.tell`, before its
-own report, so that theirs overlap it and process 0's wait below is left for their wake-up), and a process
+own report, so that theirs are written meanwhile), and a process
 that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's watchdog
 counts against its limit, do not count here) for a quarter of its limit, or of a meeting's bound where that is
 shorter (:meth:`HangNotice.listens`), listens for that word at each of its watchdog's wake-ups
