@@ -7,7 +7,7 @@ the job would end with 134, which the README's Slurm script does not requeue. So
 own report, so that theirs are written meanwhile), and a process
 that has made no progress of its own (no step, save or meeting finished; bytes read, which the restore's watchdog
 counts against its limit, do not count here) for a quarter of its limit, or of a meeting's bound where that is
-shorter (:meth:`HangNotice.listens`), listens for that word at each of its watchdog's wake-ups
+shorter (``Watchdog._watch``), listens for that word at each of its watchdog's wake-ups
 (:meth:`HangNotice.heard`: one read of the run's group, none while steps end); hearing it, it ends the same way.
 The meeting's bound counts because a peer waiting at a meeting finds the hang at that bound
 (``CANDLE_CKPT_GROUP_TIMEOUT_S``), whatever this process's own limit: with a long limit (``auto`` in a restore:
@@ -40,12 +40,10 @@ class HangNotice:
 
     def __init__(self, group: Any) -> None:
         self.group = group
-        self.bound = group_timeout()  # a meeting's: a peer waiting at one finds the hang after it
-
-    def listens(self, quiet: float, limit: float) -> bool:
-        """Whether a process that made no progress for ``quiet`` seconds, under its watchdog's ``limit``, listens
-        for a peer's word at this wake-up: past :data:`LISTEN` of the limit, or of the meeting's bound if shorter."""
-        return quiet > LISTEN * min(limit, self.bound)
+        # A meeting's bound: a peer waiting at one finds the hang after it. The watchdog listens once its run made no
+        # progress for LISTEN x the shorter of its limit and this (read as an attribute at each wake-up, no call:
+        # the walks count the modules a flow enters, docs/architecture.rst).
+        self.bound = group_timeout()
 
     def heard(self) -> str | None:
         """Who found the job hung, if a peer said so (one read that does not wait); None otherwise."""

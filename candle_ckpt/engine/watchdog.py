@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from candle_ckpt.engine.hang_notice import HANDOFF_S, HangNotice
+from candle_ckpt.engine.hang_notice import HANDOFF_S, LISTEN, HangNotice
 
 #: The exit status of a process the watchdog ended (as ``timeout(1)``'s): the Slurm script requeues it.
 HANG_EXIT = 124
@@ -214,12 +214,13 @@ class Watchdog:
                 seen = last
             idle = now - max(last, moved_at)
             # A peer's word is listened for once the run itself (a step, a save, a meeting) has not moved for a
-            # quarter of the limit (or of a meeting's bound, if shorter: HangNotice.listens), whatever bytes moved
-            # meanwhile: a process stuck in a read still hears of the hang that a peer found waiting for it (a JAX
-            # process's own service moves a few bytes now and then).
-            quiet = now - last
-            listens = self.notice is not None and self.notice.listens(quiet, self.limit())
-            peer = self.notice.heard() if listens else None
+            # quarter of the limit (or of a meeting's bound, if shorter: HangNotice.bound, an attribute, so that a
+            # wake-up calls nothing in hang_notice until it listens), whatever bytes moved meanwhile: a process stuck
+            # in a read still hears of the hang that a peer found waiting for it (a JAX process's own service moves a
+            # few bytes now and then).
+            notice = self.notice
+            listens = notice is not None and now - last > LISTEN * min(self.limit(), notice.bound)
+            peer = notice.heard() if listens else None
             if (peer is not None or idle > self.limit()) and not stop.is_set():
                 self.fire(idle, self.limit(), peer=peer)
                 return
