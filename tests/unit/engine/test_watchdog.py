@@ -335,11 +335,25 @@ def test_process_0_waits_a_bounded_time_for_a_peer_that_cannot_answer(tmp_path, 
 
 
 def test_a_process_that_makes_progress_never_asks_the_others(tmp_path):
-    """Steps ending more often than a quarter of the limit: not one read of the group (nothing per step)."""
+    """Steps ending more often than a quarter of the limit: not one read of the group (nothing per step), and no
+    function of engine/hang_notice.py runs at the wake-ups (docs/architecture.rst counts the modules a SIGTERM's
+    walk enters; a wake-up that called into it made that count depend on when the watchdog woke)."""
+    entered: set[str] = set()
+
+    def profile(frame, event, _arg):  # the watchdog thread's calls (threading.setprofile: threads started after)
+        if event == "call":
+            entered.add(frame.f_globals.get("__name__", ""))
+
     dogs, members, exits = _pair(tmp_path, (2.0, 2.0))
-    dogs[0].arm()
+    threading.setprofile(profile)
+    try:
+        dogs[0].arm()
+    finally:
+        threading.setprofile(None)
     for _ in range(60):
         time.sleep(0.05)
         dogs[0].beat()
     dogs[0].disarm()
     assert exits == [] and members[0].reads == 0
+    assert "candle_ckpt.engine.watchdog" in entered, entered  # the hook saw the wake-ups
+    assert "candle_ckpt.engine.hang_notice" not in entered, entered
