@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
 import pytest
+from module_walk import Walk
 
 from candle_ckpt.core import history
 from candle_ckpt.core.errors import GroupTimeout
@@ -338,15 +340,11 @@ def test_a_process_that_makes_progress_never_asks_the_others(tmp_path):
     """Steps ending more often than a quarter of the limit: not one read of the group (nothing per step), and no
     function of engine/hang_notice.py runs at the wake-ups (docs/architecture.rst counts the modules a SIGTERM's
     walk enters; a wake-up that called into it made that count depend on when the watchdog woke)."""
-    entered: set[str] = set()
-
-    def profile(frame, event, _arg):  # the watchdog thread's calls (threading.setprofile: threads started after)
-        if event == "call":
-            entered.add(frame.f_globals.get("__name__", ""))
-
     dogs, members, exits = _pair(tmp_path, (2.0, 2.0))
-    threading.setprofile(profile)
+    walk = Walk().install()  # the walks' own hook (module_walk.py), here on the watchdog's thread alone:
+    sys.setprofile(None)  # this thread's beats are not its wake-ups
     try:
+        walk.start()
         dogs[0].arm()
     finally:
         threading.setprofile(None)
@@ -354,6 +352,7 @@ def test_a_process_that_makes_progress_never_asks_the_others(tmp_path):
         time.sleep(0.05)
         dogs[0].beat()
     dogs[0].disarm()
+    entered = walk.stop()
     assert exits == [] and members[0].reads == 0
     assert "candle_ckpt.engine.watchdog" in entered, entered  # the hook saw the wake-ups
     assert "candle_ckpt.engine.hang_notice" not in entered, entered
