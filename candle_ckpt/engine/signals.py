@@ -227,6 +227,17 @@ class SignalOwner:
         if role is not None and signal.getsignal(signum) == self._handle:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
+    def forked(self) -> None:
+        """In a child forked from this process (a ``multiprocessing`` pool's worker): every handler from before
+        comes back, and nothing of the parent's run stays. The child runs none of our runs: our handler would
+        keep a SIGTERM from ending it (``Pool.terminate`` ends its workers so, and would wait for them forever)."""
+        self._timer, self._lease, self.held, self._expired, self._restoring = None, None, None, False, None
+        for signum in list(self._role):
+            self._role.pop(signum)
+            previous = self._previous.pop(signum, None)
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
     def _handle(self, signum: int, frame: object) -> None:
         """The one handler: what a signal does depends on its phase (main thread only, as Python runs them)."""
         lease, role = self._lease, self._role.get(signum)
@@ -263,6 +274,7 @@ class SignalOwner:
 
 
 _PROCESS = SignalOwner()
+os.register_at_fork(after_in_child=_PROCESS.forked)
 
 
 def process_signals() -> SignalOwner:

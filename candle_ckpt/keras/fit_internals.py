@@ -250,6 +250,35 @@ def keep_iterator(epoch_iterator: Any, iterator: Any, steps: int) -> None:
     epoch_iterator._steps_seen = steps
 
 
+def queued_batches(adapter: Any) -> list[Any] | None:
+    """The batches a ``PyDataset``'s enqueuer holds for the next epoch (``fit`` takes them before any it fetches),
+    or None where the adapter has none (``workers`` 0 or 1 without multiprocessing). Read between epochs.
+
+    Relies on: ``PyDatasetAdapter.enqueuer.ready_queue``, the ``queue.Queue`` that ``OrderedEnqueuer.stop`` fills
+    and ``get`` reads first -- tripwire
+    ``test_custom_step.py::test_a_pydataset_with_worker_threads_killed_mid_epoch_resumes_bit_identical``.
+    """
+    ready = getattr(getattr(adapter, "enqueuer", None), "ready_queue", None)
+    if ready is None:
+        return None
+    with ready.mutex:
+        return list(ready.queue)
+
+
+def set_queued_batches(adapter: Any, batches: list[Any]) -> bool:
+    """Make ``batches`` what :func:`queued_batches` returns (before an epoch); False where there is no enqueuer.
+    Relies on: as :func:`queued_batches` -- tripwire
+    ``test_custom_step.py::test_a_pydataset_with_worker_threads_killed_mid_epoch_resumes_bit_identical``."""
+    ready = getattr(getattr(adapter, "enqueuer", None), "ready_queue", None)
+    if ready is None:
+        return False
+    with ready.mutex:
+        ready.queue.clear()
+        ready.queue.extend(batches)
+        ready.not_empty.notify_all()
+    return True
+
+
 _ADAPTER_KINDS = {
     "TFDatasetAdapter": "tf.data",
     "PyDatasetAdapter": "pydataset",

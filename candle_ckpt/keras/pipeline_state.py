@@ -8,7 +8,8 @@ Found by experiment, each finding kept by a test (``test_exact_resume.py``; on J
 * **tf.data with ``steps_per_epoch``**: Keras keeps one iterator; ``tf.train.Checkpoint`` saves it (TensorFlow), or
   a new one is read to the saved run's step (JAX, torch: Keras's iterable hides it).
 * **PyDataset**: ``get_state()`` / ``set_state()``, else its small attributes after ``on_epoch_end``
-  (:mod:`candle_ckpt.engine.dataset_attrs`); Keras 3.16's adapter epoch count. A generator: one warning.
+  (:mod:`candle_ckpt.engine.dataset_attrs`); Keras 3.16's adapter epoch count; with workers, the batches they
+  fetched ahead for the next epoch (:mod:`candle_ckpt.engine.carried`). A generator: one warning.
 * **Grain** (``MapDataset``, ``IterDataset``, ``DataLoader``): each ``iter()`` reads the same batches; with
   ``steps_per_epoch``, Keras's kept iterator is made again and read to the saved step, as tf.data's on JAX.
 
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.distributed.tf_internals import tf_global_generator
-from candle_ckpt.engine import dataset_attrs
+from candle_ckpt.engine import carried, dataset_attrs
 from candle_ckpt.engine.state_file import capture_generator, capture_rng, restore_generator, restore_rng
 from candle_ckpt.keras import fit_internals, internals
 from candle_ckpt.keras.callback_state import has_protocol
@@ -79,6 +80,7 @@ class Pipeline:
         self.positioned = False  # the kept iterator was put where the saved run was (nothing to skip)
         self.note = ""  # how it was put there, when that took time: for the log
         self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
+        self.queued_at_begin: list[Any] | None = None  # the enqueuer's batches as this epoch began (engine/carried)
         if self.kind == "tf.data":
             fit_internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
@@ -111,8 +113,14 @@ class Pipeline:
     def dataset(self) -> Any:
         return getattr(self.adapter, "py_dataset", None)
 
-    def capture(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Return (document, arrays) with what a resumed run needs to continue this input."""
+    def mark_epoch_begin(self) -> None:
+        """Before the epoch's first batch: remember the batches the enqueuer holds for it (a step checkpoint's)."""
+        if self.kind == "pydataset":
+            self.queued_at_begin = fit_internals.queued_batches(self.adapter)
+
+    def capture(self, mid: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Return (document, arrays) with what a resumed run needs to continue this input: at an epoch's end, or
+        (``mid``) to resume this epoch from its beginning."""
         doc: dict[str, Any] = {"kind": self.kind}
         arrays: dict[str, np.ndarray] = {}
         epoch = fit_internals.adapter_epoch(self.adapter)
@@ -141,6 +149,10 @@ class Pipeline:
                 arrays.update({f"pipe.state.{k}": v for k, v in state.items() if isinstance(v, np.ndarray)})
             elif _overrides_epoch_end(self.dataset):
                 doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed, _pydataset_base())
+                arrays.update(more)
+            queued = self.queued_at_begin if mid else fit_internals.queued_batches(self.adapter)
+            if queued is not None:
+                doc["queued"], more = carried.capture(queued, self.warn)
                 arrays.update(more)
         return doc, arrays
 
@@ -209,6 +221,9 @@ class Pipeline:
                 "only if it draws a fresh order from a global RNG (e.g. self.index = np.random.permutation(n)); a "
                 "dataset that keeps other state across epochs needs get_state()/set_state()"
             )
+        queued = doc.get("queued")
+        if queued is not None and fit_internals.set_queued_batches(self.adapter, carried.decode(queued, arrays)):
+            self.note = f", {len(queued)} queued batches"
 
 
 def _overrides_epoch_end(dataset: Any) -> bool:

@@ -56,6 +56,8 @@ class TrainState:
         doc, arrays = capture_rngs()
         iterators = self.pipeline.iterators if self.pipeline is not None and self.pipeline.kind == "tf.data" else None
         self._begin = (doc, arrays, iterators)
+        if self.pipeline is not None:
+            self.pipeline.mark_epoch_begin()
 
     def capture(self, step: int | None = None, finished: str | None = None, epoch: int = 0) -> bytes:
         """The packed state now (on the training thread: the bytes own their data).
@@ -71,7 +73,8 @@ class TrainState:
         arrays: dict[str, np.ndarray] = {}
         parts = [("rng", capture_rngs), ("callbacks", lambda: callback_state.capture(self.callbacks))]
         if self.pipeline is not None:
-            parts.append(("pipeline", self.pipeline.capture))
+            pipeline = self.pipeline
+            parts.append(("pipeline", lambda: pipeline.capture(mid=step is not None and self._begin is not None)))
         for name, fn in parts:
             doc[name], more = fn()
             arrays.update(more)

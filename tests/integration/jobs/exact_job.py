@@ -27,6 +27,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EPOCHS, KILL_AT, N, BATCH = 5, 3, 64, 16  # KILL_AT counts from 1
 PYDATASETS = {"pydataset_np": "fresh", "pydataset_inplace": "protocol", "pydataset_shuffle_inplace": "bare"}
+# The in-place shuffle read by two worker threads (PyDataset(workers=2)): on JAX and torch fit takes each epoch's
+# first batches from those the workers fetched ahead in the epoch before. ``_over_cap``: none of them can be kept.
+WORKERS = ("pydataset_workers", "pydataset_workers_over_cap")
+# get_state/set_state, read by two forked processes (use_multiprocessing=True): each epoch's pool is forked mid-fit.
 CUSTOM_STEP = ("vae", "gan", "jax_step")  # models of custom_step.py: a train_step of their own
 
 
@@ -102,15 +106,16 @@ def compile_model(model, setup: str = "") -> None:
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False, steps_per_execution=per_call)
 
 
-def make_pydataset(x, y, kind: str):
+def make_pydataset(x, y, kind: str, **options):
     """A PyDataset reshuffling with ``np.random``: a fresh permutation (``fresh``), in place with
-    get_state/set_state (``protocol``), or in place with nothing else (``bare``, most Keras examples)."""
+    get_state/set_state (``protocol``), or in place with nothing else (``bare``, most Keras examples); ``options``
+    go to ``PyDataset.__init__`` (``workers``)."""
     import keras
     import numpy as np
 
     class Fresh(keras.utils.PyDataset):
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(**options)
             self.index = np.arange(N)
 
         def __len__(self) -> int:
@@ -168,6 +173,10 @@ def fit_inputs(setup: str) -> dict:
         args = {"x": tf_dataset(x, y, augment=True)}
     elif setup in PYDATASETS:
         args = {"x": make_pydataset(x, y, PYDATASETS[setup])}
+    elif setup in WORKERS:
+        args = {"x": make_pydataset(x, y, "bare", workers=2)}
+    elif setup == "pydataset_processes":
+        args = {"x": make_pydataset(x, y, "protocol", workers=2, use_multiprocessing=True)}
     elif setup.startswith("grain"):  # grain_map, grain_repeat
         import grain_input
 
@@ -220,6 +229,10 @@ def run(setup: str, phase: str, directory: str, out: str, use_async: bool | None
     import candle_ckpt
 
     keras.utils.set_random_seed(1)
+    if setup == "pydataset_workers_over_cap":
+        import candle_ckpt.engine.carried
+
+        candle_ckpt.engine.carried.MAX_BYTES = 1  # no batch fits
     if setup == "torch_loader":  # Keras seeds torch on the torch backend only
         import torch_loader
 

@@ -178,3 +178,38 @@ def test_tf_data_on_jax_and_torch_killed_mid_epoch_resumes_bit_identical(backend
         assert re.search(r"restored input \(tf\.data, \d+ batches read again in [\d.]+ s\)", log), log
         assert "cannot be saved" not in log, log
     assert slots >= 10 and differ == []
+
+
+@pytest.mark.needs_package("jax", "torch")
+@pytest.mark.parametrize(("backend", "every_step"), [("jax", False), ("jax", True), ("torch", True)])
+def test_a_pydataset_with_worker_threads_killed_mid_epoch_resumes_bit_identical(backend, every_step, tmp_path):
+    """A PyDataset shuffled in place, read by two worker threads (``workers=2``), on JAX and torch: their ``fit``
+    reads one batch before training (to build the model), so from then on each epoch takes first the batches the
+    workers fetched ahead in the epoch before. Killed after step 2 of epoch 3 and resumed from an epoch's and from
+    a step checkpoint, the run ends as the uninterrupted one: the checkpoint keeps those queued batches. Before,
+    the resumed epoch took the batches of its own first read instead, and every weight differed."""
+    differ, slots = _killed_and_resumed(backend, "pydataset_workers", tmp_path, every_step)
+    assert slots >= 10 and differ == []
+    log = (tmp_path / "job" / "ckpt.log").read_text()
+    queued = re.findall(r"restored input \(pydataset, (\d+) queued batches\)", log)
+    assert queued and int(queued[0]) > 0, log
+
+
+def test_a_pydataset_read_by_forked_processes_ends_and_resumes_bit_identical(tmp_path):
+    """A PyDataset with get_state/set_state read by two processes (``use_multiprocessing=True``), whose pools Keras
+    forks mid-fit and ends with SIGTERM: the job ends (uninterrupted, killed, resumed) and the resumed run ends as
+    the uninterrupted one. Before, a forked worker kept candle_ckpt's SIGTERM handler, ignored the SIGTERM, and the
+    job hung at its exit waiting for it (3 runs of 6)."""
+    differ, slots = _killed_and_resumed("tensorflow", "pydataset_processes", tmp_path)
+    assert slots >= 10 and differ == []
+
+
+@pytest.mark.needs_package("jax")
+def test_queued_batches_that_cannot_be_kept_are_said_once_and_saving_goes_on(tmp_path):
+    """When the batches a PyDataset's workers fetched ahead cannot be kept (here: over a cap lowered to 1 byte),
+    one warning says so and what to do, and every epoch is still checkpointed."""
+    _once("jax", "pydataset_workers_over_cap", "full", tmp_path / "job", tmp_path / "full.npz", 0)
+    log = (tmp_path / "job" / "ckpt.log").read_text()
+    said = re.findall(r"PyDataset's workers fetched ahead .* are not saved \(they pass 0 MiB\).*workers=1", log)
+    assert len(said) == 1, log
+    assert sorted(p.name for p in (tmp_path / "job" / "ckpts" / "epochs").iterdir())[-1] == "005", log

@@ -38,6 +38,7 @@ SETUPS = [
     "pydataset_np",
     "pydataset_inplace",
     "pydataset_shuffle_inplace",
+    "pydataset_workers",
     "reduce_lr_after",
     "reduce_lr_before",
     "early_stopping",

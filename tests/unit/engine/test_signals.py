@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -160,3 +162,37 @@ def test_off_the_main_thread_nothing_is_installed_but_the_watchdog_runs(owner: S
     assert leases[0].caught == [] and dog.armed == 1 and signal.getsignal(USR1) is signal.SIG_DFL
     owner.end(leases[0])
     assert dog.disarmed == 1
+
+
+_FORKED = """
+import os, signal, sys, time
+from candle_ckpt.config.preemption import signal_numbers
+from candle_ckpt.engine.preempt import PreemptionWatcher
+from candle_ckpt.engine.signals import process_signals
+owner, TERM, USR1 = process_signals(), signal.SIGTERM, signal.SIGUSR1
+watcher = PreemptionWatcher(signal_numbers(("SIGUSR1", "SIGTERM")))
+if sys.argv[1] == "watched":
+    owner.watch(watcher.signals, watcher.notice)
+else:
+    owner.hold((USR1, TERM))
+assert owner.role(TERM) is not None
+pid = os.fork()
+if pid == 0:  # the child: what it has, then what a SIGTERM does to it
+    if all(signal.getsignal(s) is signal.SIG_DFL for s in (USR1, TERM)) and owner.role(TERM) is None:
+        os.kill(os.getpid(), TERM)
+        time.sleep(5)
+    os._exit(3)
+_, status = os.waitpid(pid, 0)
+print("child", "killed by SIGTERM" if os.WIFSIGNALED(status) and os.WTERMSIG(status) == TERM else status,
+      "parent", owner.role(TERM))
+"""
+
+
+@pytest.mark.parametrize("phase", ["held", "watched"])
+def test_a_forked_child_gets_the_handlers_from_before_and_dies_of_a_sigterm(phase: str) -> None:
+    """A child forked while the process's owner holds or watches SIGTERM (a multiprocessing pool's worker forked
+    mid-fit) has the default handlers back, so the SIGTERM that ``Pool.terminate`` sends ends it; the parent keeps
+    ours. Before, the child kept our handler, ignored the SIGTERM, and ``Pool.terminate`` waited for it forever."""
+    done = subprocess.run([sys.executable, "-c", _FORKED, phase], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["child", "killed", "by", "SIGTERM", "parent", {"held": "hold"}.get(phase, "watch")]
