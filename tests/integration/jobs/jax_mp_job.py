@@ -16,7 +16,8 @@ Every process runs the same code: ``restart(params, model)`` before ``fit``, the
 ``fit`` (``shuffle=True``, validation data). It prints ``RESTORED epoch=N``, saves the restored
 weights to ``OUT.restored.npz`` and, after fit, the final weights and optimizer variables to OUT.
 ``--second-model`` builds a throwaway model first, so this one's variable paths differ from the saved ones.
-``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E and sleeps S seconds (600: the test kills it).
+``--pause-at=E:B[:S]`` prints ``PAUSED`` after batch B of epoch E, once the write in flight is done, and sleeps S
+seconds (600: the test kills it).
 ``--pause-rank=R``: only rank R pauses (``--pause-at``); ``--pause-once``: only while ``DIR/paused-once`` does not
 exist yet (the first run makes it: a requeued run does not pause); ``--pauser-hang-timeout=S``: the pausing
 process's ``ckpt_hang_timeout`` (over ``--hang-timeout``).
@@ -110,8 +111,9 @@ def dump(model, path: str) -> None:
 def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=None, intervals: int = 0):
     """A callback that prints PAUSED after ``batch`` of ``epoch`` (0-based) and sleeps (to be killed or signalled);
     ``every``: it also sleeps that long after every batch (a real model's step time); ``intervals`` (with ``ckpt``,
-    the checkpoint callback): at least the auto interval's seconds x ``intervals`` / steps of an epoch. With a walk
-    (CANDLE_WALK_OUT) and ``ckpt``, the walk starts once ``ckpt``'s background write in flight is done."""
+    the checkpoint callback): at least the auto interval's seconds x ``intervals`` / steps of an epoch. With ``ckpt``,
+    the pause (and a walk, CANDLE_WALK_OUT) starts once ``ckpt``'s background write in flight is done (bounded), so a
+    kill at PAUSED lands after the last epoch's checkpoint is committed, however loaded the machine."""
     import keras
 
     class _Pause(keras.callbacks.Callback):
@@ -119,12 +121,14 @@ def Pause(epoch: int, batch: int, seconds: int = 600, every: float = 0.0, ckpt=N
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
-            if self.epoch == epoch and b == batch and WALK is not None:
-                # The walk counts the flow from this step on, not the tail of the last epoch's background commit
-                # (under load its writer may still be finishing it): wait for it first, bounded.
+            if self.epoch == epoch and b == batch:
+                # Under load the last epoch's background commit may still be under way two steps later (a CI run
+                # killed process 0 before epoch 1 was published, and the rerun found nothing): wait for it, bounded.
+                # The walk then counts the flow from this step on, not the tail of that commit.
                 if ckpt is not None:
                     ckpt.engine.writer.wait(120)
-                WALK.start()
+                if WALK is not None:
+                    WALK.start()
             interval_s = (ckpt.stats()["steps"].get("seconds") or 0.0) if intervals else 0.0
             time.sleep(max(every, interval_s * intervals / self.params["steps"]))
             if self.epoch == epoch and b == batch:

@@ -16,9 +16,9 @@ after every step; a resumed epoch skips the steps already done.
 
 Prints ``RESUMED epoch=N step=S`` (``N=-1`` on a fresh start), and saves every variable and the
 loop state to OUT. ``--pause-at=E:S[:SEC]`` prints ``PAUSED`` after step S (1-based) of epoch E
-(0-based) and sleeps SEC seconds (600: the test kills or signals it). ``--hang-timeout``: ``ckpt_hang_timeout``;
-``--stuck-reads``: from the runner's restore on, every read under ``ckpts/epochs`` and ``ckpts/steps`` blocks for
-good (printing ``blocking``).
+(0-based), once the write in flight is done, and sleeps SEC seconds (600: the test kills or signals it).
+``--hang-timeout``: ``ckpt_hang_timeout``; ``--stuck-reads``: from the runner's restore on, every read under
+``ckpts/epochs`` and ``ckpts/steps`` blocks for good (printing ``blocking``).
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def main() -> None:
             state["loss_sum"] += float(loss)  # the global batch's loss: the same on every process
             state["seen"].assign(state["seen"] + BATCH)
             if pause is not None and pause[:2] == (epoch, step + 1):
+                runner.engine.writer.wait(120)  # the last epoch's commit is published first, however loaded the box
                 print("PAUSED", flush=True)
                 time.sleep(pause[2] if len(pause) > 2 else 600)
             if runner.step_end({"loss": state["loss_sum"] / (step + 1)}):
