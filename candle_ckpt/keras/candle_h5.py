@@ -23,7 +23,8 @@ import numpy as np
 
 from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.keras.preflight import WHAT_TO_DO, check_optimizer_state
+from candle_ckpt.engine.mismatch import WHAT_TO_DO
+from candle_ckpt.keras.preflight import check_optimizer_state
 from candle_ckpt.keras.state import ModelState
 
 

@@ -10,6 +10,7 @@ ends with what it relies on and the tripwire test that fails when a Keras releas
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -276,6 +277,40 @@ def set_queued_batches(adapter: Any, batches: list[Any]) -> bool:
         ready.queue.clear()
         ready.queue.extend(batches)
         ready.not_empty.notify_all()
+    return True
+
+
+def endless_index(adapter: Any, epoch_iterator: Any) -> int | None:
+    """The index ``fit`` asks next of an infinite ``PyDataset`` (``num_batches`` None: Keras numbers its batches on
+    across epochs, from the start in each process), or None (a finite one, or its enqueuer running). Relies on:
+    ``OrderedEnqueuer.indices``, the ``itertools.count`` it keeps (its repr), else ``EpochIterator._steps_seen``
+    (Keras 3.16's shards: ``_data_shard_id``, ``_num_data_shards``) -- tripwire
+    ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical``."""
+    enqueuer = adapter.enqueuer
+    if adapter.py_dataset.num_batches is not None or (enqueuer is not None and enqueuer.is_running()):
+        return None
+    if enqueuer is not None:  # count(5) or count(5, 2)
+        return int(repr(enqueuer.indices).removeprefix("count(").rstrip(")").split(",")[0])
+    return getattr(adapter, "_data_shard_id", 0) + getattr(adapter, "_num_data_shards", 1) * steps_seen(epoch_iterator)
+
+
+def start_endless_at(adapter: Any, epoch_iterator: Any, index: int) -> bool:
+    """Make ``index`` the next that :func:`endless_index` gives (before an epoch); True if that made and kept a new
+    iterator, at its step (no enqueuer). Relies on: as :func:`endless_index`; ``OrderedEnqueuer.stop`` (JAX's first
+    read started it); ``PyDatasetAdapter._infinite_generator`` (TensorFlow calls it at its first read) and
+    :func:`keep_iterator` -- tripwire ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical``."""
+    first, step, once = getattr(adapter, "_data_shard_id", 0), getattr(adapter, "_num_data_shards", 1), [index]
+    if adapter.enqueuer is not None:
+        adapter.enqueuer.stop()
+        adapter.enqueuer.indices = itertools.count(index, step)
+        return False
+
+    def generator() -> Iterator[Any]:  # Keras's, from ``index`` the first time
+        start = once.pop() if once else first
+        return (adapter._standardize_batch(adapter.py_dataset[i]) for i in itertools.count(start, step))
+
+    adapter._infinite_generator = generator
+    keep_iterator(epoch_iterator, iter(epoch_iterator._get_iterator()), (index - first) // step)
     return True
 
 

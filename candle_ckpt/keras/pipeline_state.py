@@ -9,7 +9,8 @@ Found by experiment, each finding kept by a test (``test_exact_resume.py``; on J
   a new one is read to the saved run's step (JAX, torch: Keras's iterable hides it).
 * **PyDataset**: ``get_state()`` / ``set_state()``, else its small attributes after ``on_epoch_end``
   (:mod:`candle_ckpt.engine.dataset_attrs`); Keras 3.16's adapter epoch count; with workers, the batches they
-  fetched ahead for the next epoch (:mod:`candle_ckpt.engine.carried`). A generator: one warning.
+  fetched ahead for the next epoch (:mod:`candle_ckpt.engine.carried`); an infinite one's next index (Keras numbers
+  its batches on across epochs). A generator: one warning.
 * **Grain** (``MapDataset``, ``IterDataset``, ``DataLoader``): each ``iter()`` reads the same batches; with
   ``steps_per_epoch``, Keras's kept iterator is made again and read to the saved step, as tf.data's on JAX.
 
@@ -20,11 +21,8 @@ backend, or a ``DataLoader`` on another). Capture copies a few KB and draws noth
 
 from __future__ import annotations
 
-import glob
-import os
 import random
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -32,35 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from candle_ckpt.distributed.tf_data import ITER_PREFIX, iterator_bytes, load_iterator
 from candle_ckpt.distributed.tf_internals import tf_global_generator
 from candle_ckpt.engine import carried, dataset_attrs
 from candle_ckpt.engine.state_file import capture_generator, capture_rng, restore_generator, restore_rng
 from candle_ckpt.keras import fit_internals, internals
 from candle_ckpt.keras.callback_state import has_protocol
-
-_ITER_PREFIX = "pipe.iterator."
-
-
-def _iterator_bytes(iterator: Any) -> dict[str, np.ndarray]:
-    import tensorflow as tf
-
-    with tempfile.TemporaryDirectory(prefix="candle-ckpt-it-") as tmp:
-        tf.train.Checkpoint(iterator=iterator).write(os.path.join(tmp, "it"))
-        return {
-            _ITER_PREFIX + os.path.basename(p): np.frombuffer(open(p, "rb").read(), np.uint8)  # noqa: SIM115
-            for p in glob.glob(os.path.join(tmp, "it*"))
-        }
-
-
-def _load_iterator(iterator: Any, arrays: dict[str, np.ndarray]) -> None:
-    import tensorflow as tf
-
-    with tempfile.TemporaryDirectory(prefix="candle-ckpt-it-") as tmp:
-        for key, data in arrays.items():
-            if key.startswith(_ITER_PREFIX):
-                with open(os.path.join(tmp, key[len(_ITER_PREFIX) :]), "wb") as f:
-                    f.write(np.asarray(data, np.uint8).tobytes())
-        tf.train.Checkpoint(iterator=iterator).read(os.path.join(tmp, "it")).assert_consumed()
 
 
 class Pipeline:
@@ -81,6 +56,7 @@ class Pipeline:
         self.note = ""  # how it was put there, when that took time: for the log
         self.changed: set[str] = set()  # attributes the PyDataset's on_epoch_end changes (see dataset_attrs)
         self.queued_at_begin: list[Any] | None = None  # the enqueuer's batches as this epoch began (engine/carried)
+        self.index_at_begin: int | None = None  # an infinite PyDataset's next index then, read by the enqueuer
         if self.kind == "tf.data":
             fit_internals.count_iterators(epoch_iterator, self._count_iterator)
         elif self.kind == "pydataset":
@@ -114,9 +90,11 @@ class Pipeline:
         return getattr(self.adapter, "py_dataset", None)
 
     def mark_epoch_begin(self) -> None:
-        """Before the epoch's first batch: remember the batches the enqueuer holds for it (a step checkpoint's)."""
+        """Before the epoch's first batch: remember the batches the enqueuer holds for it, and the index it asks
+        next (a step checkpoint's: the resumed epoch reads its first steps again)."""
         if self.kind == "pydataset":
             self.queued_at_begin = fit_internals.queued_batches(self.adapter)
+            self.index_at_begin = fit_internals.endless_index(self.adapter, self.it)
 
     def capture(self, mid: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Return (document, arrays) with what a resumed run needs to continue this input: at an epoch's end, or
@@ -134,7 +112,7 @@ class Pipeline:
             if current is not None:
                 try:
                     if not fit_internals.hides_tf_iterator():  # else made again on resume and read to its step
-                        arrays.update(_iterator_bytes(current))
+                        arrays.update(iterator_bytes(current))
                     doc["steps_seen"] = fit_internals.steps_seen(self.it)
                 except Exception as err:  # e.g. Dataset.from_generator cannot be checkpointed
                     self.warn(
@@ -150,6 +128,10 @@ class Pipeline:
             elif _overrides_epoch_end(self.dataset):
                 doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed, _pydataset_base())
                 arrays.update(more)
+            enqueued = mid and self.adapter.enqueuer is not None  # else the kept iterator is put at its step
+            index = self.index_at_begin if enqueued else fit_internals.endless_index(self.adapter, self.it)
+            if index is not None:
+                doc["endless_index"] = index
             queued = self.queued_at_begin if mid else fit_internals.queued_batches(self.adapter)
             if queued is not None:
                 doc["queued"], more = carried.capture(queued, self.warn)
@@ -172,7 +154,7 @@ class Pipeline:
 
     def _restore_tf_data(self, doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         dataset, iterators = fit_internals.new_dataset(self.it), int(doc["iterators"])
-        saved = any(key.startswith(_ITER_PREFIX) for key in arrays)  # the kept iterator's state (TensorFlow)
+        saved = any(key.startswith(ITER_PREFIX) for key in arrays)  # the kept iterator's state (TensorFlow)
         if "steps_seen" not in doc:
             for _ in range(iterators):
                 iter(dataset)  # each draw advances a reshuffling dataset's seed generator
@@ -182,7 +164,7 @@ class Pipeline:
         if saved and not fit_internals.hides_tf_iterator():
             current = iter(dataset)
             try:
-                _load_iterator(current, arrays)
+                load_iterator(current, arrays)
             except Exception as err:  # another pipeline than the one saved
                 self.warn(
                     f"restart: the saved tf.data iterator position does not fit this dataset ({type(err).__name__}); "
@@ -221,7 +203,9 @@ class Pipeline:
                 "only if it draws a fresh order from a global RNG (e.g. self.index = np.random.permutation(n)); a "
                 "dataset that keeps other state across epochs needs get_state()/set_state()"
             )
-        queued = doc.get("queued")
+        if "endless_index" in doc:  # an infinite one: put its numbering (and, without workers, fit's iterator) there
+            self.positioned = fit_internals.start_endless_at(self.adapter, self.it, doc["endless_index"])
+        queued = doc.get("queued", [] if "endless_index" in doc else None)
         if queued is not None and fit_internals.set_queued_batches(self.adapter, carried.decode(queued, arrays)):
             self.note = f", {len(queued)} queued batches"
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -26,34 +25,11 @@ import keras
 import numpy as np
 
 from candle_ckpt.core.dtypes import counter_fits
-from candle_ckpt.core.errors import ModelMismatch
 from candle_ckpt.core.fileobj import BufferFile
-from candle_ckpt.engine.phases import ONLY_OPTIMIZER
+from candle_ckpt.engine.mismatch import Diff, mismatch, model_mismatch
+from candle_ckpt.engine.mismatch import shape_text as _shape
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.plan import Entry, attribute_optimizers, is_built, make_plan
-
-# How many differing variables an error names (the rest are counted).
-SHOWN = 3
-WHAT_TO_DO = (
-    "The model was not changed. Build the model this checkpoint was saved from, point ckpt_directory "
-    "at this model's own checkpoints, or set ckpt_restart_mode=off to start from scratch."
-)
-
-
-@dataclass(frozen=True)
-class Diff:
-    """One variable that differs between checkpoint and model."""
-
-    where: str
-    saved: str
-    model: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: saved {self.saved}, model {self.model}"
-
-
-def _shape(shape: Any) -> str:
-    return str(tuple(int(d) for d in shape))
 
 
 def _saved_vars(h5: h5py.File, path: str) -> dict[str, h5py.Dataset]:
@@ -128,16 +104,6 @@ def compare_extra(data: bytes | None, variables: list[Any]) -> list[Diff]:
     ]
 
 
-def mismatch_error(where: str, epoch: int, diffs: list[Diff], compared: int) -> ModelMismatch:
-    """A short error: checkpoint and epoch, the first differing variables, what to do."""
-    lines = [f"checkpoint {where} (epoch {epoch}) does not match the model: {len(diffs)} difference(s)"]
-    lines += [f"  {d}" for d in diffs[:SHOWN]]
-    if len(diffs) > SHOWN:
-        lines.append(f"  ... and {len(diffs) - SHOWN} more ({compared} variables compared)")
-    lines.append(ONLY_OPTIMIZER if all(d.where.startswith("optimizer") for d in diffs) else WHAT_TO_DO)
-    return ModelMismatch("\n".join(lines))
-
-
 def check_model(
     model: keras.Model,
     weights: Any,
@@ -166,7 +132,7 @@ def check_model(
     diffs = [d for d in diffs if not (prefixes and d.where.startswith(prefixes))]
     diffs += compare_extra(extra, extra_vars)
     if diffs:
-        raise mismatch_error(where, epoch, diffs, compared)
+        raise model_mismatch(where, epoch, diffs, compared)
 
 
 def _layers_only(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
@@ -216,10 +182,10 @@ def load_when_built(opt: Any, arrays: list[np.ndarray] | None, where: str, name:
         del opt.build  # the class's build again
         diffs = _state_diffs(arrays, opt.variables)
         if diffs:
-            lines = [f"the state of {name} restored from {where} does not fit the optimizer Keras built:"]
-            lines += [f"  {d}" for d in diffs[:SHOWN]]
-            lines.append(f"Apply {name} to the variables it was applied to when the checkpoint was saved.")
-            raise ModelMismatch("\n".join(lines))
+            header = f"the state of {name} restored from {where} does not fit the optimizer Keras built:"
+            raise mismatch(
+                header, diffs, f"Apply {name} to the variables it was applied to when the checkpoint was saved."
+            )
         scope = contextlib.nullcontext()
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf  # noqa: PLC0415
@@ -263,10 +229,10 @@ def check_optimizer_state(model: keras.Model, arrays: list[np.ndarray], where: s
     variables = list(model.optimizer.variables)
     diffs = _state_diffs(arrays, variables)
     if diffs:
-        lines = [f"the optimizer state restored from {where} does not fit the model's optimizer:"]
-        lines += [f"  {d}" for d in diffs[:SHOWN]]
-        lines.append("The optimizer was not changed. Compile with the optimizer the checkpoint was saved with.")
-        raise ModelMismatch("\n".join(lines))
+        header = f"the optimizer state restored from {where} does not fit the model's optimizer:"
+        raise mismatch(
+            header, diffs, "The optimizer was not changed. Compile with the optimizer the checkpoint was saved with."
+        )
     return variables
 
 

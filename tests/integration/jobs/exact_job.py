@@ -139,7 +139,20 @@ def make_pydataset(x, y, kind: str, **options):
         def set_state(self, state: dict) -> None:
             self.index = np.array(state["index"])
 
-    return {"fresh": Fresh, "protocol": InPlace, "bare": Bare}[kind]()
+    class Endless(keras.utils.PyDataset):  # num_batches None: fit reads it with steps_per_epoch
+        def __init__(self) -> None:
+            super().__init__(**options)
+
+        @property
+        def num_batches(self):
+            return None
+
+        def __getitem__(self, i):  # pass p = i // (N // BATCH) over the data, in an order seeded by p
+            p, k = divmod(i, N // BATCH)
+            rows = np.random.default_rng(p).permutation(N)[k * BATCH : (k + 1) * BATCH]
+            return x[rows], y[rows]
+
+    return {"fresh": Fresh, "protocol": InPlace, "bare": Bare, "endless": Endless}[kind]()
 
 
 def tf_dataset(x, y, *, repeat: bool = False, augment: bool = False):
@@ -175,6 +188,9 @@ def fit_inputs(setup: str) -> dict:
         args = {"x": make_pydataset(x, y, PYDATASETS[setup])}
     elif setup in WORKERS:
         args = {"x": make_pydataset(x, y, "bare", workers=2)}
+    elif setup in ("pydataset_endless", "pydataset_endless_workers"):  # 3 steps an epoch: not a pass's 4
+        workers = {"workers": 2, "max_queue_size": 2} if setup.endswith("workers") else {}  # fewer than it reads
+        args = {"x": make_pydataset(x, y, "endless", **workers), "steps_per_epoch": 3}
     elif setup == "pydataset_processes":
         args = {"x": make_pydataset(x, y, "protocol", workers=2, use_multiprocessing=True)}
     elif setup.startswith("grain"):  # grain_map, grain_repeat

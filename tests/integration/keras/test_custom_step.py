@@ -195,6 +195,23 @@ def test_a_pydataset_with_worker_threads_killed_mid_epoch_resumes_bit_identical(
     assert queued and int(queued[0]) > 0, log
 
 
+@pytest.mark.needs_package("jax", "torch")
+@pytest.mark.parametrize(
+    ("backend", "setup", "every_step"),
+    [("jax", "pydataset_endless_workers", True), ("torch", "pydataset_endless", False)],
+)
+def test_an_endless_pydataset_resumes_bit_identical(backend, setup, every_step, tmp_path):
+    """An infinite PyDataset (``num_batches`` None, ``steps_per_epoch`` 3) whose batch ``i`` depends on ``i``: Keras
+    numbers its batches on across epochs, so a resumed run must ask for the index the saved run would have asked
+    next. Read by two worker threads on JAX (their counter and the two batches queued at the epoch's beginning,
+    resumed from a step checkpoint), and by fit's own iterator on torch (resumed from an epoch's), killed after step
+    2 of epoch 3 and resumed, the run ends as the uninterrupted one. Before, the resumed run asked for batch 0
+    again and every weight differed, with no warning. Also the tripwire of ``fit_internals.endless_index`` and
+    ``start_endless_at``."""
+    differ, slots = _killed_and_resumed(backend, setup, tmp_path, every_step)
+    assert slots >= 10 and differ == []
+
+
 def test_a_pydataset_read_by_forked_processes_ends_and_resumes_bit_identical(tmp_path):
     """A PyDataset with get_state/set_state read by two processes (``use_multiprocessing=True``), whose pools Keras
     forks mid-fit and ends with SIGTERM: the job ends (uninterrupted, killed, resumed) and the resumed run ends as

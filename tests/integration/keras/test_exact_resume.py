@@ -39,6 +39,8 @@ SETUPS = [
     "pydataset_inplace",
     "pydataset_shuffle_inplace",
     "pydataset_workers",
+    "pydataset_endless",
+    "pydataset_endless_workers",
     "reduce_lr_after",
     "reduce_lr_before",
     "early_stopping",
