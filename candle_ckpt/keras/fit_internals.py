@@ -286,12 +286,21 @@ def endless_index(adapter: Any, epoch_iterator: Any) -> int | None:
     ``OrderedEnqueuer.indices``, the ``itertools.count`` it keeps (its repr), else ``EpochIterator._steps_seen``
     (Keras 3.16's shards: ``_data_shard_id``, ``_num_data_shards``) -- tripwire
     ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical``."""
-    enqueuer = adapter.enqueuer
-    if adapter.py_dataset.num_batches is not None or (enqueuer is not None and enqueuer.is_running()):
+    if adapter.py_dataset.num_batches is not None or (adapter.enqueuer is not None and adapter.enqueuer.is_running()):
         return None
-    if enqueuer is not None:  # count(5) or count(5, 2)
-        return int(repr(enqueuer.indices).removeprefix("count(").rstrip(")").split(",")[0])
+    if adapter.enqueuer is not None:  # count(5) or count(5, 2)
+        return int(repr(adapter.enqueuer.indices).removeprefix("count(").rstrip(")").split(",")[0])
     return getattr(adapter, "_data_shard_id", 0) + getattr(adapter, "_num_data_shards", 1) * steps_seen(epoch_iterator)
+
+
+def prefetched(epoch_iterator: Any) -> list[Any]:
+    """The batches Keras 3.13's JAX ``fit`` took ahead from the iterator it keeps (``steps_per_epoch``), oldest
+    first; [] elsewhere. Relies on: the ``queue`` of ``JAXEpochIterator._prefetch_numpy_iterator``'s frame --
+    tripwire ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical`` (on Keras 3.13: .ci/run)."""
+    frame = getattr(kept_iterator(epoch_iterator), "gi_frame", None)
+    if frame is None or frame.f_code.co_name != "_prefetch_numpy_iterator":
+        return []
+    return list(frame.f_locals.get("queue", ()))
 
 
 def start_endless_at(adapter: Any, epoch_iterator: Any, index: int) -> bool:

@@ -93,8 +93,13 @@ class Pipeline:
         """Before the epoch's first batch: remember the batches the enqueuer holds for it, and the index it asks
         next (a step checkpoint's: the resumed epoch reads its first steps again)."""
         if self.kind == "pydataset":
-            self.queued_at_begin = fit_internals.queued_batches(self.adapter)
             self.index_at_begin = fit_internals.endless_index(self.adapter, self.it)
+            self.queued_at_begin = self._queued()
+
+    def _queued(self) -> list[Any] | None:
+        """The batches the next epoch takes first: a kept iterator's prefetched ones (Keras 3.13, JAX), the queued."""
+        queued, kept = fit_internals.queued_batches(self.adapter), self.it.steps_per_epoch
+        return queued if queued is None or not kept else fit_internals.prefetched(self.it) + queued
 
     def capture(self, mid: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Return (document, arrays) with what a resumed run needs to continue this input: at an epoch's end, or
@@ -132,7 +137,7 @@ class Pipeline:
             index = self.index_at_begin if enqueued else fit_internals.endless_index(self.adapter, self.it)
             if index is not None:
                 doc["endless_index"] = index
-            queued = self.queued_at_begin if mid else fit_internals.queued_batches(self.adapter)
+            queued = self.queued_at_begin if mid else self._queued()
             if queued is not None:
                 doc["queued"], more = carried.capture(queued, self.warn)
                 arrays.update(more)
