@@ -54,19 +54,15 @@ def compare_entries(plan: list[Entry], h5: h5py.File) -> tuple[list[Diff], int]:
     for entry in plan:
         planned.add(entry.path)
         saved = _saved_vars(h5, entry.path)
-        for key, var in entry.items:
+        for key, var in entry.items:  # the wording (engine/mismatch) only for a difference
             count += 1
-            name = f"{entry.path}/vars/{key}" + (f" ({var.path})" if hasattr(var, "path") else "")
-            model = f"{_shape(var.shape)} {keras.backend.standardize_dtype(var.dtype)}"
-            if key not in saved:
-                diffs.append(Diff(name, "nothing", model))
+            data, dtype = saved.get(key), keras.backend.standardize_dtype(var.dtype)
+            same = data is not None and tuple(map(int, data.shape)) == tuple(map(int, var.shape))
+            if same and _dtype_fits(data, dtype):
                 continue
-            data = saved[key]
-            have = f"{_shape(data.shape)} {_dtype(data)}"
-            if _shape(data.shape) != _shape(var.shape) or not _dtype_fits(
-                data, keras.backend.standardize_dtype(var.dtype)
-            ):
-                diffs.append(Diff(name, have, model))
+            name = f"{entry.path}/vars/{key}" + (f" ({var.path})" if hasattr(var, "path") else "")
+            have = "nothing" if data is None else f"{_shape(data.shape)} {_dtype(data)}"
+            diffs.append(Diff(name, have, f"{_shape(var.shape)} {dtype}"))
         for key in sorted(set(saved) - {k for k, _ in entry.items}):
             diffs.append(Diff(f"{entry.path}/vars/{key}", _shape(saved[key].shape), "nothing"))
     extra: list[str] = []
