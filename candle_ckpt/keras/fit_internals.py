@@ -304,13 +304,14 @@ def prefetched(epoch_iterator: Any) -> list[Any]:
 
 
 def start_endless_at(adapter: Any, epoch_iterator: Any, index: int) -> bool:
-    """Make ``index`` the next that :func:`endless_index` gives (before an epoch); True if that made and kept a new
-    iterator, at its step (no enqueuer). Relies on: as :func:`endless_index`; ``OrderedEnqueuer.stop`` (JAX's first
-    read started it); ``PyDatasetAdapter._infinite_generator`` (TensorFlow calls it at its first read) and
-    :func:`keep_iterator` -- tripwire ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical``."""
+    """Make ``index`` the next that :func:`endless_index` gives (before an epoch); True if a new iterator from there
+    is kept (no enqueuer). Relies on: as :func:`endless_index`; ``OrderedEnqueuer.stop`` (JAX's first read started
+    it); ``PyDatasetAdapter._infinite_generator`` (TensorFlow calls it at its first read); :func:`keep_iterator`
+    -- tripwire ``test_custom_step.py::test_an_endless_pydataset_resumes_bit_identical``."""
     first, step, once = getattr(adapter, "_data_shard_id", 0), getattr(adapter, "_num_data_shards", 1), [index]
     if adapter.enqueuer is not None:
         adapter.enqueuer.stop()
+        set_queued_batches(adapter, [])  # what the stop drained came from this process's own count, not the saved run's
         adapter.enqueuer.indices = itertools.count(index, step)
         return False
 

@@ -133,7 +133,7 @@ class Pipeline:
             elif _overrides_epoch_end(self.dataset):
                 doc["attrs"], more = dataset_attrs.capture(self.dataset, self.changed, _pydataset_base())
                 arrays.update(more)
-            enqueued = mid and self.adapter.enqueuer is not None  # else the kept iterator is put at its step
+            enqueued = mid and self.queued_at_begin is not None  # workers; else the kept iterator is put at its step
             index = self.index_at_begin if enqueued else fit_internals.endless_index(self.adapter, self.it)
             if index is not None:
                 doc["endless_index"] = index
@@ -210,7 +210,7 @@ class Pipeline:
             )
         if "endless_index" in doc:  # an infinite one: put its numbering (and, without workers, fit's iterator) there
             self.positioned = fit_internals.start_endless_at(self.adapter, self.it, doc["endless_index"])
-        queued = doc.get("queued", [] if "endless_index" in doc else None)
+        queued = doc.get("queued")
         if queued is not None and fit_internals.set_queued_batches(self.adapter, carried.decode(queued, arrays)):
             self.note = f", {len(queued)} queued batches"
 
