@@ -1,10 +1,16 @@
 """Ctrl-C during ``fit``: say once, in ``ckpt.log`` and on the console, what the last committed checkpoint is.
 
-Python's KeyboardInterrupt and its traceback are the user's: nothing here catches, raises or changes
-them, and no signal handler is installed. A script that a Ctrl-C ended during ``fit`` prints Python's
-traceback and keeps the exception (``sys.last_value``); at interpreter exit, after the traceback, one
-line says which checkpoint the next ``restart()`` resumes from, once the write in flight
-(``ckpt_async``) has ended, as the exit hook would have it.
+Python's KeyboardInterrupt and its traceback are the user's: nothing here catches or changes them, and no
+signal handler is installed. A script that a Ctrl-C ended during ``fit`` prints Python's traceback and keeps
+the exception (``sys.last_value``); at interpreter exit, after the traceback, one line says which checkpoint
+the next ``restart()`` resumes from, once the write in flight (``ckpt_async``) has ended, as the exit hook
+would have it.
+
+One Ctrl-C is never lost. Python drops a KeyboardInterrupt raised where it cannot raise one (a ``__del__``, a
+weakref or gc callback: "Exception ignored in ..."), and fit spends time in them (TensorFlow's finalizers at
+an epoch's end): training went on as if no Ctrl-C had come (seen once in CI: the Quickstart trained for five
+minutes after it). While a fit runs, a dropped one is kept (:attr:`InterruptNotice.dropped`, set by the
+process's unraisable hook) and raised at the next step or epoch end, on the training thread.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import atexit
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from candle_ckpt.core.errors import CheckpointError
 from candle_ckpt.core.log import OpsLog, position
@@ -53,12 +60,32 @@ class InterruptNotice:
     def __init__(self, log: OpsLog, store: CheckpointStore, settle: Callable[[], object]) -> None:
         self.log, self.store, self.settle = log, store, settle
         self._in_fit = False
+        #: A KeyboardInterrupt Python dropped during the fit, not yet raised (the run's hooks read it each step).
+        self.dropped: KeyboardInterrupt | None = None
+        self._hook: Any = None  # the unraisable hook from before ours, while the fit runs
 
     def arm(self) -> None:
-        """At ``fit``'s start: look, at interpreter exit, for a KeyboardInterrupt that ended it."""
+        """At ``fit``'s start: look, at interpreter exit, for a KeyboardInterrupt that ended it, and keep one that
+        Python drops while the fit runs."""
         if not self._in_fit:
             self._in_fit = True
             atexit.register(self._at_exit)
+        if self._hook is None:
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        self.dropped = None
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.dropped is None:
+            self.dropped = unraisable.exc_value  # raised at the next step instead: no "Exception ignored" lines
+        else:
+            (self._hook or sys.__unraisablehook__)(unraisable)
+
+    def raise_dropped(self) -> None:
+        """Raise the KeyboardInterrupt Python dropped (on the training thread, between steps), saying so once."""
+        dropped, self.dropped = self.dropped, None
+        if dropped is not None:
+            self.log.note("Ctrl-C: Python dropped the KeyboardInterrupt in a finalizer; raised at this step instead")
+            raise KeyboardInterrupt from None
 
     def fit_returned(self) -> None:
         """The fit has returned: nothing to say at exit. (A fit that raised stays looked at: a Ctrl-C
@@ -66,6 +93,14 @@ class InterruptNotice:
         if self._in_fit:
             self._in_fit = False
             atexit.unregister(self._at_exit)
+        self.unhook()
+
+    def unhook(self) -> None:
+        """The fit has ended (returned or raised): the unraisable hook from before comes back."""
+        if self._hook is not None:
+            if sys.unraisablehook == self._unraisable:
+                sys.unraisablehook = self._hook
+            self._hook = None
 
     def _at_exit(self) -> None:
         # A script that a Ctrl-C ended: Python has printed the traceback and kept the exception in

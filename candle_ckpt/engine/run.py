@@ -264,6 +264,8 @@ class TrainingRun:
         restart_history.first_step(self.log, self._logs_start)
 
         with self._ended_by_errors():
+            if self._interrupt.dropped is not None:  # a Ctrl-C Python dropped in a finalizer: raised now
+                self._interrupt.raise_dropped()
             return self.controller.step_end(epoch, step, save, last=last, of=of)
 
     def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
@@ -279,6 +281,8 @@ class TrainingRun:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
         restart_history.first_step(self.log, self._logs_start)  # a loop that reports no step: its first epoch
         with self._ended_by_errors():
+            if self._interrupt.dropped is not None:
+                self._interrupt.raise_dropped()
             with self.watchdog.phase_of("save"):
                 saved = self.engine.save(done, logs, capture)
             if self.engine.records:
@@ -394,6 +398,7 @@ class TrainingRun:
         handlers back), the front end's hooks, and the writer lock (after the last write)."""
         if self._lease is not None:
             self.signals.release(self._lease)  # the watchdog stops; the main thread puts the handlers back
+        self._interrupt.unhook()
         self.fit.release()  # the fit's epoch hooks and first epoch are its own again
         if self._on_release is not None:
             self._on_release()
