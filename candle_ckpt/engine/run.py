@@ -141,13 +141,9 @@ class TrainingRun:
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
         layout = Layout.of(cfg)
         self.watchdog = Watchdog(
-            hang_timeout(cfg),
-            layout.log,
-            restart_history.record_failure,
-            who=f"{name} of {group.size}" if group.size > 1 else "",
-            where=where,
-            saves=self._longest_save,
-        )
+            hang_timeout(cfg), layout.log, restart_history.record_failure,
+            who=f"{name} of {group.size}" if group.size > 1 else "", where=where, saves=self._longest_save,
+        )  # fmt: skip
         self._logs_start = engine.topology.primary  # this process logs the start's line
 
     # -- what the front ends read --------------------------------------------------------------------------
@@ -264,8 +260,6 @@ class TrainingRun:
         restart_history.first_step(self.log, self._logs_start)
 
         with self._ended_by_errors():
-            if self._interrupt.dropped is not None:  # a Ctrl-C Python dropped in a finalizer: raised now
-                self._interrupt.raise_dropped()
             return self.controller.step_end(epoch, step, save, last=last, of=of)
 
     def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
@@ -281,8 +275,6 @@ class TrainingRun:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
         restart_history.first_step(self.log, self._logs_start)  # a loop that reports no step: its first epoch
         with self._ended_by_errors():
-            if self._interrupt.dropped is not None:
-                self._interrupt.raise_dropped()
             with self.watchdog.phase_of("save"):
                 saved = self.engine.save(done, logs, capture)
             if self.engine.records:
@@ -334,9 +326,11 @@ class TrainingRun:
     # -- how a run ends otherwise ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _ended_by_errors(self) -> Iterator[None]:
-        """A PreemptExit (the checkpoint committed, the process exits) or any error in a step or an epoch end
-        (a failed save) ends the run there, before it propagates."""
+        """A PreemptExit (the checkpoint committed, the process exits), any error in a step or an epoch end (a failed
+        save) or a Ctrl-C that Python dropped (raised first) ends the run there, before it propagates."""
         try:
+            if self._interrupt.dropped is not None:  # a Ctrl-C Python dropped in a finalizer: raised here, now
+                self._interrupt.raise_dropped()
             yield
         except PreemptExit:
             self._exit()

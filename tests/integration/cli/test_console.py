@@ -197,9 +197,10 @@ def test_ctrl_c_ends_the_demo_with_one_line_saying_what_was_saved(tmp_path: Path
     assert "run the same command again to resume" in lines[0]
 
 
-# Delivery times of the start-up sweep on a quiet machine (scaled by pace): every 5 ms through the interpreter's
-# start and the CLI's imports, then sparser while Keras loads.
-SWEEP_S = [i * 0.005 for i in range(40)] + [0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0]
+# Delivery times of the start-up sweep on a quiet machine (scaled by pace): every 10 ms through the interpreter's
+# start and the CLI's imports (each phase lasts longer), then sparser while Keras loads. Each delivery costs a
+# process start, about 4 s: at every 5 ms the sweep took 3 of the main pass's minutes.
+SWEEP_S = [i * 0.01 for i in range(20)] + [0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0]
 
 
 def _interpreter_start(proc: subprocess.Popen, out: str, err: str, where: Path) -> bool:

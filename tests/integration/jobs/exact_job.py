@@ -343,7 +343,8 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
     The id lets the test side match every line to its request and drop a late
     one (a job it gave up on). ``handle(words)`` runs one job in the child (default: :func:`run`; ``async``
-    or ``sync`` among the words sets ``ckpt_async``, else it is left at its default); a ``SystemExit`` it raises
+    or ``sync`` among the words sets ``ckpt_async``, else it is left at its default; ``steps``: a step checkpoint
+    after every step); a ``SystemExit`` it raises
     is the child's exit status, any other error status 1.
     """
     baseline = import_once()
@@ -351,7 +352,8 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
         def handle(words: list[str]) -> None:
             mode = words[4:]
-            run(words[0], words[1], words[2], words[3], True if "async" in mode else False if "sync" in mode else None)
+            use_async = True if "async" in mode else False if "sync" in mode else None
+            run(words[0], words[1], words[2], words[3], use_async, every_step="steps" in mode)
 
     say("serving")
     for line in sys.stdin:

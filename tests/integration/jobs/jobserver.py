@@ -30,8 +30,9 @@ QUIET_SILENCE_S = 60.0  # the longest a job is silent on a quiet machine, with m
 class JobServer:
     """``script`` (a job server in ``jobs/``) in a subprocess; :meth:`run` sends it one job and waits for it."""
 
-    def __init__(self, script: str, stderr: Path) -> None:
+    def __init__(self, script: str, stderr: Path, env: dict[str, str] | None = None) -> None:
         self.script, self.stderr_path = script, stderr
+        self.extra_env = dict(env or {})  # e.g. KERAS_BACKEND: the server's, and so every job's
         self.err = open(stderr, "w")  # noqa: SIM115
         self.ids = itertools.count(1)
         self.own_lines: list[str] = []  # the server's own words (not led by a job id), shown if it exits
@@ -39,7 +40,7 @@ class JobServer:
         self._start()
 
     def _start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **self.extra_env}
         self.proc = subprocess.Popen(
             [sys.executable, str(job_script(self.script))],
             stdin=subprocess.PIPE,
