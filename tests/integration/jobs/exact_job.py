@@ -1,11 +1,9 @@
-"""Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` in fresh processes.
+"""Training jobs written the ways real jobs are, run by ``test_exact_resume.py`` and ``test_custom_step.py``.
 
-``exact_job.py --once SETUP PHASE DIR OUT [steps]`` runs one job in the process itself, under ``$KERAS_BACKEND``
-(``steps``: a step checkpoint after every step, written at once).
-Served (no arguments), like ``crash_job.py --serve``: the server imports TensorFlow once, then for
-every line ``SETUP PHASE DIR OUT [async|sync]`` on stdin forks a child that runs
-one job and prints ``reaped <status>`` when it is gone. The server never runs
-a TensorFlow op, so each child starts from a clean runtime.
+Served, like ``crash_job.py --serve``: the server imports Keras under ``$KERAS_BACKEND`` once, then for every line
+``SETUP PHASE DIR OUT [async|sync] [steps]`` on stdin forks a child that runs one job (``steps``: a step
+checkpoint after every step, written at once) and prints ``reaped <status>`` when it is gone. The server never
+runs an op of its backend, so each child starts from a clean runtime.
 
 A child seeds everything (``keras.utils.set_random_seed(1)``), builds the
 model and the input of ``SETUP``, calls ``restart()`` and ``fit`` to
@@ -344,8 +342,7 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
     The id lets the test side match every line to its request and drop a late
     one (a job it gave up on). ``handle(words)`` runs one job in the child (default: :func:`run`; ``async``
     or ``sync`` among the words sets ``ckpt_async``, else it is left at its default; ``steps``: a step checkpoint
-    after every step); a ``SystemExit`` it raises
-    is the child's exit status, any other error status 1.
+    after every step); a ``SystemExit`` it raises is the child's exit status, any other error status 1.
     """
     baseline = import_once()
     if handle is None:
@@ -380,7 +377,4 @@ def serve(handle: Callable[[list[str]], None] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--once"]:  # one job in this process, under $KERAS_BACKEND: SETUP PHASE DIR OUT [steps]
-        run(*sys.argv[2:6], use_async=None, every_step=sys.argv[6:7] == ["steps"])
-    else:
-        serve()
+    serve()

@@ -2,8 +2,8 @@
 with a GAN's optimizers, which Keras builds only at their first ``apply_gradients`` (in this process, on
 TensorFlow), the GAN killed and resumed on torch, and keras.io's JAX guide's model killed and resumed on JAX.
 And inputs on a backend other than their own, killed and resumed: a torch ``DataLoader`` feeding ``fit`` on
-TensorFlow and JAX (``jobs/torch_loader.py``), tf.data on JAX and torch (jobs of ``exact_job.py`` run once, under
-a backend of their own).
+TensorFlow and JAX (``jobs/torch_loader.py``), tf.data on JAX and torch (jobs of ``exact_job.py``, forked by
+its server under a backend of their own).
 
 The kill and signal tests of these models on TensorFlow are in ``test_exact_resume.py`` and
 ``test_preemption.py``.
