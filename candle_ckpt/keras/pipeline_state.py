@@ -15,8 +15,9 @@ Found by experiment, each finding kept by a test (``test_exact_resume.py``; on J
   ``steps_per_epoch``, Keras's kept iterator is made again and read to the saved step, as tf.data's on JAX.
 
 **The global RNGs** (:func:`capture_rngs`, :func:`restore_rngs`): Python's, NumPy's, TensorFlow's global generator
-and op-seed counter, Keras's ``SeedGenerator``, and torch's once imported (:func:`backend_capture`: the torch
-backend, or a ``DataLoader`` on another). Capture copies a few KB and draws nothing.
+and op-seed counter, Keras's ``SeedGenerator``, and torch's once imported
+(:mod:`candle_ckpt.distributed.torch_rng`: the torch backend, or a ``DataLoader`` on another). Capture copies a
+few KB and draws nothing.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from __future__ import annotations
 import random
 import sys
 import time
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from candle_ckpt.distributed.tf_data import ITER_PREFIX, iterator_bytes, load_iterator
 from candle_ckpt.distributed.tf_internals import tf_global_generator
+from candle_ckpt.distributed.torch_rng import backend_capture, backend_restore
 from candle_ckpt.engine import carried, dataset_attrs
 from candle_ckpt.engine.state_file import capture_generator, capture_rng, restore_generator, restore_rng
 from candle_ckpt.keras import fit_internals, internals
@@ -232,9 +233,6 @@ def _pydataset_base() -> set[str]:
 # The JSON document is {"python": ..., "numpy": ..., "tf_global": ..., "tf_op_seed": ..., "keras": ...};
 # arrays go in the npz under these names.
 _KERAS_KEY = "rng.keras.state"
-TORCH_PREFIX = "rng.torch."
-TORCH_CPU_KEY = TORCH_PREFIX + "cpu"
-TORCH_CUDA_KEY = TORCH_PREFIX + "cuda.{}"
 
 
 def _tf_loaded() -> bool:
@@ -255,7 +253,8 @@ def capture_rngs() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if kgen is not None:
         doc["keras"] = True
         arrays[_KERAS_KEY] = np.array(kgen.state.numpy(), copy=True)
-    arrays.update(backend_capture())  # torch's global generators, once torch is imported
+    if "torch" in sys.modules:  # torch's global generators, once it is imported (a job without enters no torch_rng)
+        arrays.update(backend_capture())
     return doc, arrays
 
 
@@ -277,68 +276,6 @@ def restore_rngs(doc: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str
             rng.setstate((v, tuple(s), g))
             done.append("tf_op_seed")
     done += restore_rng(doc, arrays)
-    done += backend_restore(arrays)
-    return done
-
-
-def _torch_draws(backend: str | None) -> bool:
-    """Whether torch's global generators are in play: torch is imported (the torch backend, or a ``DataLoader``
-    on another), or ``backend`` says torch."""
-    return backend == "torch" or "torch" in sys.modules
-
-
-def backend_capture(backend: str | None = None) -> dict[str, np.ndarray]:
-    """Return torch's global RNG states as owned uint8 arrays (empty unless :func:`_torch_draws`: torch imported,
-    or ``backend`` ``"torch"``)."""
-    if not _torch_draws(backend):
-        return {}
-    import torch
-
-    states = {TORCH_CPU_KEY: torch.get_rng_state().numpy().copy()}
-    if torch.cuda.is_initialized():  # else nothing drew from them: not initialized here (a context on every GPU)
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            states[TORCH_CUDA_KEY.format(i)] = state.numpy().copy()
-    return states
-
-
-def backend_restore(arrays: Mapping[str, np.ndarray], backend: str | None = None) -> list[str]:
-    """Set the backend's global RNG states saved by :func:`backend_capture`; return the names of those set.
-
-    Keys that do not start with ``rng.torch.`` are ignored; nothing is set unless :func:`_torch_draws`. A
-    checkpoint saved without torch holds no torch state: then nothing is set, and the torch generator keeps its
-    seed (a resume across backends is not bit-identical in its random draws anyway).
-
-    Raises:
-        ValueError: a saved CUDA state exists for more devices than this process sees, or a state is not a 1-D
-            uint8 array.
-    """
-    mine = {k: np.asarray(v) for k, v in arrays.items() if k.startswith(TORCH_PREFIX)}
-    if not (mine and _torch_draws(backend)):
-        return []
-    import torch
-
-    for key, value in mine.items():
-        if value.dtype != np.uint8 or value.ndim != 1:
-            raise ValueError(f"{key}: a torch RNG state is a 1-D uint8 array; got {value.dtype} {value.shape}")
-    done = []
-    if TORCH_CPU_KEY in mine:
-        torch.set_rng_state(torch.from_numpy(mine[TORCH_CPU_KEY].copy()))
-        done.append("torch_cpu")
-    cuda = sorted((int(k.rsplit(".", 1)[1]), v) for k, v in mine.items() if k.startswith(TORCH_PREFIX + "cuda."))
-    if cuda:
-        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if len(cuda) > seen:
-            raise ValueError(
-                f"{TORCH_CUDA_KEY.format('N')}: the checkpoint holds CUDA RNG states of {len(cuda)} devices but this "
-                f"process sees {seen}; run on as many devices (CUDA_VISIBLE_DEVICES) to resume exactly"
-            )
-        if len(cuda) < seen:
-            warnings.warn(
-                f"the checkpoint holds CUDA RNG states of {len(cuda)} devices and this process sees {seen}: "
-                "the others keep their seed, so random draws on them differ from the uninterrupted run",
-                stacklevel=2,
-            )
-        for index, value in cuda:
-            torch.cuda.set_rng_state(torch.from_numpy(value.copy()), index)
-        done.append("torch_cuda")
+    if "torch" in sys.modules:
+        done += backend_restore(arrays)
     return done
