@@ -19,6 +19,7 @@ from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import LineTracker, OpsLog, get_logger, track_stdout, untrack_stdout
 from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.epoch_shape import EpochShape
 from candle_ckpt.engine.run import TrainingRun
 from candle_ckpt.keras import fit_hooks, fit_internals, internals
 from candle_ckpt.keras.adapter import capture_model
@@ -165,6 +166,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         train = TrainState(siblings, None, self.log.warning)
         train.model = self.model
         train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
+        batch = fit_internals.batch_size(iterator) if iterator is not None else None
+        train.shape = EpochShape.make((self.params or {}).get("steps"), batch)
         self._train = train
         # Saves after every callback's on_epoch_end, the state put back before every on_epoch_begin (the run's).
         self._hooked = self.run.fit.hook_epochs(callback_list, self, self._after_epoch, self._before_epoch)

@@ -10,6 +10,7 @@ from typing import Any
 
 from candle_ckpt.core.log import OpsLog, counted, position
 from candle_ckpt.engine.engine import CheckpointEngine
+from candle_ckpt.engine.epoch_shape import steps_to_skip
 from candle_ckpt.keras import fit_hooks
 
 
@@ -52,4 +53,10 @@ def resume_mid_epoch(
         )
 
     consume = not (pipeline is not None and pipeline.positioned)
-    fit_hooks.skip_steps(iterator, side.step, consume, then)
+    per = max(int(getattr(iterator, "steps_per_execution", 1) or 1), 1)
+    steps, changed = steps_to_skip(
+        side.step, side.epoch, train.saved_shape(), train.shape, per=per, positioned=not consume
+    )
+    if changed:  # another batch size or other data: the samples done are skipped, not the steps
+        log.warning(changed)
+    fit_hooks.skip_steps(iterator, steps, consume, then)

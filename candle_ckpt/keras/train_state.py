@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from candle_ckpt.core.log import SaidOnce
+from candle_ckpt.engine.epoch_shape import EpochShape
 from candle_ckpt.engine.state_file import TRAIN_STATE_FILE, pack, unpack
 from candle_ckpt.keras import callback_state
 from candle_ckpt.keras.pipeline_state import Pipeline, capture_rngs, restore_rngs
@@ -42,6 +43,7 @@ class TrainState:
         self.warn_once = SaidOnce(warn)
         self._checked = False
         self.model: Any = None  # whose metric variables a step checkpoint holds
+        self.shape = EpochShape()  # this fit's epoch: its steps and their batch size, kept in a step checkpoint
         self._begin: tuple[dict[str, Any], dict[str, np.ndarray], int | None] | None = None
         self._mid: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None  # waiting for restore_mid
 
@@ -82,7 +84,8 @@ class TrainState:
             doc["finished"] = {"by": finished, "epoch": epoch}
         if step is not None and self._begin is not None:
             begin_doc, begin_arrays, iterators = self._begin
-            doc["mid"] = {"step": step, "rng_begin": begin_doc}
+            # The epoch's shape, read as attributes: a step checkpoint's capture calls nothing more (the walks)
+            doc["mid"] = {"step": step, "rng_begin": begin_doc, "of": self.shape.steps, "batch": self.shape.batch}
             arrays.update({f"begin.{k}": v for k, v in begin_arrays.items()})
             if iterators is not None:  # the iterators made before this epoch's (it is made again on resume)
                 doc["pipeline"]["iterators"] = iterators
@@ -106,6 +109,10 @@ class TrainState:
             begin = {k[len("begin.") :]: v for k, v in arrays.items() if k.startswith("begin.")}
             return done + [f"rng:{n}@epoch-begin" for n in restore_rngs(doc["mid"]["rng_begin"], begin)]
         return self._restore_now(doc, arrays)
+
+    def saved_shape(self) -> EpochShape:
+        """The epoch's shape when the step checkpoint being resumed was taken (after :meth:`restore`)."""
+        return EpochShape.of(self._mid[0]["mid"]) if self._mid is not None else EpochShape()
 
     def restore_mid(self) -> list[str]:
         """After the resumed epoch's skipped steps: the callbacks, metric variables and RNGs of the save."""

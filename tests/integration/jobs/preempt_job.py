@@ -13,7 +13,7 @@ first), so the callback sees the signal at exactly that batch end. ``early``
 waits so right after ``restart()``, before the callback exists and ``fit`` begins. ``kill``
 sends itself SIGKILL there. ``deadline`` trains slowly (``sleep=`` seconds per
 batch) towards ``deadline=``. Options: ``async``, ``code=N`` or ``code=return``
-(``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``slowfs=S``
+(``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``batch=N`` (``fit``'s batch size), ``slowfs=S``
 (each of the first two commits sleeps S seconds before its sidecar, so that a
 signal can come during an async write).
 """
@@ -119,7 +119,8 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
     epochs = 40 if phase == "deadline" else job.EPOCHS
     before, after = job.other_callbacks(setup)
     callbacks = [Interrupt(), *before, ckpt, *after]
-    history = model.fit(**fit_inputs(setup), epochs=epochs, initial_epoch=start, verbose=0, callbacks=callbacks)
+    inputs = {**fit_inputs(setup), **({"batch_size": int(opts["batch"])} if "batch" in opts else {})}
+    history = model.fit(**inputs, epochs=epochs, initial_epoch=start, verbose=0, callbacks=callbacks)
     np.savez(out, **job.final_arrays(model))
     losses = dict(zip(history.epoch, map(float, history.history.get("loss", [])), strict=False))
     Path(out + ".loss.json").write_text(json.dumps({str(k): v for k, v in losses.items()}))

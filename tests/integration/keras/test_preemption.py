@@ -204,6 +204,31 @@ def test_signal_between_restart_and_fit_is_saved_after_the_first_step(server, tm
 
 
 @pytest.mark.tf_only
+def test_a_resume_with_another_batch_size_skips_the_samples_done_and_says_so(server, tmp_path):
+    """SIGTERM after step 2 of epoch 2 (4 steps of 16), then the job rerun with batch_size=32, as after running out of
+    memory on another node: the resumed epoch skips 1 step of 32, the 32 samples done, and trains its last step (the
+    2 steps done, skipped as steps, were the whole epoch: it trained nothing and its logs had no loss). One line says
+    so, and that the run is not bit-identical."""
+    directory = tmp_path / "job"
+    out = str(directory) + ".npz"
+    lines, status = server.run("arrays_shuffle", "signal", str(directory), out, "at=2.1", send=signal.SIGTERM)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, (lines, status)
+    assert [(s["epoch"], s["step"]) for s in step_sidecars(directory)] == [(1, 2)]
+    lines, status = server.run("arrays_shuffle", "resume", str(directory), out, "batch=32")
+    assert status == 0 and lines[0] == "start 1 2", lines
+    log = (directory / "ckpt.log").read_text()
+    assert (
+        "restart: the checkpoint was taken at epoch 2, step 2 of 4 steps of batch size 16, but this fit's epoch has 2 "
+        "steps of batch size 32: 1 step skipped, the 32 samples done before. The run is not bit-identical" in log
+    ), log
+    assert "restart: skipped 1 step of epoch 2 done before the checkpoint" in log, log
+    iterations = [v for k, v in np.load(out).items() if k.startswith("opt") and v.dtype.kind == "i" and v.ndim == 0]
+    assert [int(v) for v in iterations] == [4 + 2 + 1 + 2 * 3], iterations  # epoch 1, 2 done, 1 left, epochs 3-5
+    losses = json.loads(Path(out + ".loss.json").read_text())
+    assert sorted(losses) == ["1", "2", "3", "4"] and all(np.isfinite(v) for v in losses.values()), losses
+
+
+@pytest.mark.tf_only
 def test_signal_at_the_last_step_saves_the_epoch(server, tmp_path):
     """A signal after the epoch's last step is answered by that epoch's checkpoint (no step checkpoint)."""
     directory = tmp_path / "job"

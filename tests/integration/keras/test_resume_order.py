@@ -25,6 +25,7 @@ import candle_ckpt as candle  # noqa: E402
 from candle_ckpt.core.errors import ModelMismatch  # noqa: E402
 from candle_ckpt.keras import (
     fit_hooks,  # noqa: E402
+    fit_internals,  # noqa: E402
     pipeline_state,  # noqa: E402
 )
 
@@ -233,6 +234,7 @@ def test_fit_hooks_find_the_callback_list_and_the_input():
     assert found["list"] is not None and probe in found["list"].callbacks
     iterator = found["iterator"]
     assert type(iterator.data_adapter).__name__ == "ArrayDataAdapter"
+    assert fit_internals.batch_size(iterator) == 16  # a resume with another batch size is told (engine/epoch_shape)
     for name in ("_get_iterator", "_current_iterator", "_steps_seen", "steps_per_epoch"):
         assert hasattr(iterator, name), name
     keras.utils.set_random_seed(5)
