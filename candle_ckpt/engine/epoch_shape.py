@@ -68,7 +68,8 @@ def steps_to_skip(
     tail = "The run is not bit-identical to one that kept its batch size and data"
     if positioned:
         return done, f"{was}{now.says()}: its input was put back where it was; its steps count on from {done}. {tail}"
-    skip = min(done * now.steps // then.steps, now.steps - 1)  # one step at least: an epoch of none logs no loss
+    # A step is left at least: an epoch of none logs no loss (and JAX's fit raises when its first epoch has none).
+    skip = min(done * now.steps // then.steps, now.steps - 1)
     skip -= skip % max(per, 1)
     how = f"the same share of the epoch ({done} of {then.steps})"
     if then.batch and now.batch:
