@@ -13,6 +13,7 @@ one that kept its batch size, and the line says that too. Framework-free: the Ke
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,10 @@ class EpochShape:
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    """A positive whole number as an ``int`` (a NumPy integer too: a ``steps_per_epoch`` computed with NumPy)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        return None
+    return int(value)
 
 
 def steps_to_skip(

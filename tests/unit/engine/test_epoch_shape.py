@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -57,6 +58,8 @@ def test_a_recorded_shape_is_read_back_and_anything_else_is_unknown():
     assert EpochShape.of({"step": 2}) == EpochShape()  # written before the shape was recorded
     assert EpochShape.of({"of": True, "batch": -1}) == EpochShape() == EpochShape.of(None)
     assert EpochShape.make(12, None) == EpochShape(12)
+    assert EpochShape.make(np.int64(12), np.int32(32)) == EpochShape(12, 32)  # steps_per_epoch computed with NumPy
+    assert type(EpochShape.make(np.int64(12), None).steps) is int  # it goes into train.state.npz's JSON
 
 
 @given(
