@@ -39,6 +39,11 @@ def before_train_end(callback_list: Any, then: Callable[[], None]) -> None:
     callback_list.on_train_end = on_train_end
 
 
+def steps_per_call(epoch_iterator: Any) -> int:
+    """Keras's ``steps_per_execution`` of ``fit``'s epoch iterator (1 where it has none): a skip is a multiple."""
+    return max(int(getattr(epoch_iterator, "steps_per_execution", 1) or 1), 1)
+
+
 def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[int, float], None]) -> None:
     """In the next epoch of ``epoch_iterator`` only, take its first ``steps`` steps before ``fit`` sees any.
 
@@ -50,7 +55,7 @@ def skip_steps(epoch_iterator: Any, steps: int, consume: bool, then: Callable[[i
         then: Called with ``(steps skipped, seconds it took)`` once they are
             skipped, before the first batch that ``fit`` trains on.
     """
-    per = max(int(getattr(epoch_iterator, "steps_per_execution", 1) or 1), 1)
+    per = steps_per_call(epoch_iterator)
 
     def enumerate_skipping(steps_gen: Any) -> Any:
         start, done = time.perf_counter(), 0

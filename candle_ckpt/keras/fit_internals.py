@@ -152,17 +152,17 @@ def find_epoch_iterator(model: Any) -> Any:
     return None
 
 
-def batch_size(epoch_iterator: Any) -> int | None:
-    """The batch size ``fit``'s input says it has (arrays, grain, a batched tf.data), or None (a PyDataset).
+def batch_size(epoch_iterator: Any) -> Any:
+    """The batch size ``fit``'s input says it has (arrays, grain, a batched tf.data), as it says it; None where it
+    says none (a PyDataset) or cannot (``engine.epoch_shape.EpochShape.make`` keeps only a count).
 
     Relies on: ``DataAdapter.batch_size``
     -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
     """
     try:
-        size = epoch_iterator.data_adapter.batch_size
+        return epoch_iterator.data_adapter.batch_size
     except (AttributeError, ValueError, TypeError):  # a tf.data element of unknown rank
         return None
-    return size if isinstance(size, int) else None
 
 
 def replace_steps_once(epoch_iterator: Any, make: Callable[[Iterator[Any]], Iterator[Any]]) -> None:

@@ -53,7 +53,7 @@ def resume_mid_epoch(
         )
 
     consume = not (pipeline is not None and pipeline.positioned)
-    per = max(int(getattr(iterator, "steps_per_execution", 1) or 1), 1)
+    per = fit_hooks.steps_per_call(iterator)
     steps, changed = steps_to_skip(
         side.step, side.epoch, train.saved_shape(), train.shape, per=per, positioned=not consume
     )
