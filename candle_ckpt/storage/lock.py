@@ -1,4 +1,4 @@
-"""The writer lock of a checkpoint directory: one ``flock`` per holder object."""
+"""The writer lock of a checkpoint directory: one ``flock`` per holder object, never shared with a forked child."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import fcntl
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 
 from candle_ckpt.core.errors import DirectoryLocked
@@ -14,6 +15,25 @@ from candle_ckpt.core.errors import DirectoryLocked
 # may hold it still. The fit guard (:mod:`candle_ckpt.engine.fit_port`) adds its notice here when it is
 # imported; storage knows no fit, and without a guard there is no fit to notice.
 _HELD_HERE_HOOKS: list[Callable[[], None]] = []
+
+
+# The locks this process holds. A child forked from it (a ``multiprocessing`` pool's worker reading a PyDataset)
+# shares each lock's open file, and ``flock`` lasts while any process keeps that file open: a worker that outlives
+# its killed parent kept the directory locked, and the requeued job was refused. The child is not the writer, so it
+# drops its copies at once (below).
+_HELD: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child: close the lock files inherited from the parent, which alone holds the locks."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def on_held_by_this_process(hook: Callable[[], None]) -> None:
@@ -74,6 +94,7 @@ class WriterLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n".encode(), 0)
         self._fd = fd
+        _HELD.add(self)
         return True
 
     def _refusal(self, holder: str) -> str:
@@ -96,5 +117,6 @@ class WriterLock:
     def release(self) -> None:
         """Let go of the lock (no-op if not held)."""
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         if fd is not None:
             os.close(fd)

@@ -4,6 +4,10 @@ garbage collection), and two stores of one process exclude each other as two pro
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -69,3 +73,40 @@ def test_commit_needs_the_lock_and_a_reopened_store_continues_the_generation(tmp
     _commit(store, 3)
     store.close()
     assert [store.read_sidecar(e).generation for e in (1, 2, 3)] == [1, 2, 3]
+
+
+_HOLDER = """
+import os, sys, time
+from candle_ckpt.storage.store import CheckpointStore
+store = CheckpointStore(sys.argv[1])
+store.open_for_write()
+child = os.fork()
+if child == 0:  # a pool's worker: outlives its parent (killed by the test when done)
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_writers_forked_child_does_not_keep_the_lock(tmp_path) -> None:
+    """A child forked while the lock is held (a multiprocessing pool's worker reading a PyDataset) shares the lock's
+    open file; once the writer is killed the directory is free although the child lives on. Before, the child's
+    copy kept the flock, and the requeued job was refused while a killed job's worker lingered (CI: a PyDataset
+    read by forked processes, killed with SIGKILL, then resumed)."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        child = int(holder.stdout.readline())
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=60)
+        os.kill(child, 0)  # the child lives on
+        store = CheckpointStore(tmp_path)
+        store._lock.acquire(wait_same_process_s=0)
+        assert store._lock.held
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+        if child:
+            os.kill(child, signal.SIGKILL)
