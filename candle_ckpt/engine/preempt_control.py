@@ -208,6 +208,26 @@ class PreemptionController:
             self.steps.step_end(step, self._step_s, save, epoch=epoch, of=of)
         return False
 
+    def during_validation(self, epoch: int, step: int, save: Callable[[str], Any]) -> bool:
+        """At a batch of ``fit``'s validation, with the state after ``step`` steps of epoch index ``epoch`` held (the
+        step before the epoch's last: :class:`~candle_ckpt.engine.capture.HeldStep`): save it and stop if a request
+        is due. One process only (the request is its own). True once training must stop.
+
+        Raises:
+            PreemptExit: as :meth:`step_end`.
+        """
+        if self.saved_at is not None:
+            return True
+        if not self.watching or not self.agreement.now(self._local()):
+            return False
+        self.log.info(
+            f"{self.watcher.pending.reason if self.watcher.pending else 'a stop request'} came during fit's "
+            f"validation of epoch {epoch + 1}: saving the state held before its last step; the rerun trains that "
+            "step again, then validates"
+        )
+        self._stop(epoch, step, save)
+        return True
+
     def epoch_end(self, epoch: int, saved: bool, force: Callable[[str], Any], *, last_epoch: bool = False) -> bool:
         """After the checkpoint of ``epoch`` completed epochs: True once training must stop.
 

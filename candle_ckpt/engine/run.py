@@ -13,7 +13,8 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
   :class:`~candle_ckpt.engine.notice.NoticeAgreement`), asked after every step and epoch end (alone, without a
   deadline: an epoch end only once a request is pending);
 - **every signal handler and the hang watchdog**, through the process's one owner
-  (:class:`~candle_ckpt.engine.signals.SignalOwner`): held from ``restart()`` (:func:`hold_signals`), the
+  (:class:`~candle_ckpt.engine.signals.SignalOwner`): held from ``restart()``
+  (:func:`~candle_ckpt.engine.signals.hold_signals`), the
   run's lease from ``begin`` to the end (the watcher's signals, SIGTERM as ``SystemExit`` with asynchronous
   writes, the :class:`~candle_ckpt.engine.watchdog.Watchdog` told of every step, save and meeting: exit 124
   on a hang), every handler back in one teardown;
@@ -26,12 +27,11 @@ are. :class:`TrainingRun` knows everything else, the same way for all three:
 - **the first step's time**: the first step of the process (or the first epoch end of a loop that reports no step)
   completes the start's breakdown (:func:`~candle_ckpt.engine.restart_history.first_step`).
 
-Fit's plumbing (epoch order, finished-run rule, first epoch) goes through the
-framework's port, once for every front end (:mod:`candle_ckpt.engine.fit_port`).
-
-The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step :meth:`~TrainingRun.step_end` and per
-epoch :meth:`~TrainingRun.epoch_end`, then :meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front
-end sees it, as ``JobRunner`` does). A :class:`~candle_ckpt.engine.preempt.PreemptExit` or an error in a save ends the
+Fit's plumbing (epoch order, finished-run rule, first epoch) goes through the framework's port, once for every front
+end (:mod:`candle_ckpt.engine.fit_port`). The front ends call, in this order: :meth:`~TrainingRun.begin`, then per step
+:meth:`~TrainingRun.step_end` (per validation batch :meth:`~TrainingRun.validation_batch_end`) and per epoch
+:meth:`~TrainingRun.epoch_end`, then :meth:`~TrainingRun.end` (``ok=False`` when the loop raised and the front end
+sees it, as ``JobRunner`` does). A :class:`~candle_ckpt.engine.preempt.PreemptExit` or an error in a save ends the
 run on the spot, before it propagates.
 """
 
@@ -40,16 +40,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from candle_ckpt.config.params import CkptConfig
-from candle_ckpt.config.preemption import signal_numbers
 from candle_ckpt.core.group import SOLO, Group, scoped
 from candle_ckpt.core.layout import Layout
 from candle_ckpt.core.log import OpsLog
-from candle_ckpt.core.sidecar import Sidecar
 from candle_ckpt.engine import restart_history
-from candle_ckpt.engine.capture import Capture
+from candle_ckpt.engine.capture import Capture, HeldStep
 from candle_ckpt.engine.decision import checkpointing_off, hang_timeout
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.fit_port import FitGuard, FitPlumbing, FitPort
@@ -65,17 +64,6 @@ from candle_ckpt.engine.step_plan import StepPlan
 from candle_ckpt.engine.watchdog import Watchdog, WatchedGroup
 
 Capturer = Callable[..., Capture]  # a step checkpoint's is called with copy= (CheckpointEngine.save_step)
-
-
-def hold_signals(cfg: CkptConfig) -> list[str]:
-    """From ``restart()`` until a run begins: hold the preemption signals for the run's first step.
-
-    Returns the names of the signals held (none with checkpointing off, off the main thread, or where the
-    program installed its own handler). See :meth:`~candle_ckpt.engine.signals.SignalOwner.hold`.
-    """
-    if checkpointing_off(cfg):
-        return []
-    return process_signals().hold(signal_numbers(cfg.preempt_signals))
 
 
 def adopt(engine: CheckpointEngine, resumed: Resumed) -> None:
@@ -132,6 +120,7 @@ class TrainingRun:
         self.controller = PreemptionController(
             cfg, log, who=who, steps=steps, save_cost=self._longest_save, on_saved=self._saved
         )
+        self.held = HeldStep(False)  # the state before an epoch's last step, while fit validates (if turned on)
         self.signals = signals if signals is not None else process_signals()
         self._lease: Lease | None = None  # what the signal owner holds for this run, between begin and the end
         self._guard = FitGuard(self._release) if port is not None else None
@@ -139,9 +128,8 @@ class TrainingRun:
         self._interrupt = InterruptNotice(log, engine.store, self._settle)
         self._on_release = on_release
         self.resumed: Resumed | None = None  # what restart() restored, once adopted
-        layout = Layout.of(cfg)
         self.watchdog = Watchdog(
-            hang_timeout(cfg), layout.log, restart_history.record_failure,
+            hang_timeout(cfg), Layout.of(cfg).log, restart_history.record_failure,
             who=f"{name} of {group.size}" if group.size > 1 else "", where=where, saves=self._longest_save,
         )  # fmt: skip
         self._logs_start = engine.topology.primary  # this process logs the start's line
@@ -241,26 +229,36 @@ class TrainingRun:
     def step_end(
         self, epoch: int, step: int, logs: Mapping[str, Any], capture: Capturer, *, last: bool = False, of=None
     ) -> bool:
-        """After step ``step`` (1-based) of epoch index ``epoch`` (``of`` steps, None: unknown): True once
-        training must stop. ``capture`` takes the step checkpoint's files (called only when one is saved);
-        ``last``: the epoch's last step (a request there is answered by the epoch's checkpoint).
+        """After step ``step`` (1-based) of epoch index ``epoch`` (``of`` steps, None: unknown): True once training must
+        stop. ``capture`` takes the step checkpoint's files (called only when one is saved); ``last``: the epoch's last
+        step (a request there is answered by the epoch's checkpoint, or in its validation: engine/capture.py HeldStep).
 
         Raises:
             PreemptExit: the preemption checkpoint is committed and the process exits (the run has ended).
         """
         self.watchdog.last = time.monotonic()  # progress: the watchdog's one cost per step
-
-        def save(reason: str, background: bool = False) -> Sidecar | None:  # background: a periodic one
-            with self.watchdog.phase_of("save"):
-                side = self.engine.save_step(epoch, step, logs, capture, reason, background=background)
-            if self.engine.records:
-                restart_history.committed()  # this start made progress (once: a progress record)
-            return side
-
         restart_history.first_step(self.log, self._logs_start)
-
         with self._ended_by_errors():
-            return self.controller.step_end(epoch, step, save, last=last, of=of)
+            save = partial(self._save_step, epoch, step, logs, capture)
+            stop = self.controller.step_end(epoch, step, save, last=last, of=of)
+            if not stop and self.controller.watching:
+                self.held.after_step(epoch, step, of, logs, capture, last)
+            return stop
+
+    def validation_batch_end(self) -> bool:
+        """After a batch of ``fit``'s validation: progress, and a stop request answered by the state held before
+        the epoch's last step (:class:`~candle_ckpt.engine.capture.HeldStep`); True once training must stop."""
+        self.watchdog.beat()
+        with self._ended_by_errors():
+            return self.held.answer(self.controller.during_validation, self._save_step)
+
+    def _save_step(self, epoch: int, step: int, logs, capture: Capturer, reason: str, background=False) -> Any:
+        """Commit the step checkpoint of ``step`` (``capture``'s files; ``background``: a periodic one)."""
+        with self.watchdog.phase_of("save"):
+            side = self.engine.save_step(epoch, step, logs, capture, reason, background=background)
+        if self.engine.records:
+            restart_history.committed()  # this start made progress (once: a progress record)
+        return side
 
     def epoch_end(self, done: int, logs: Mapping[str, Any], capture: Capturer, *, last_epoch: bool) -> bool:
         """After ``done`` completed epochs: save it if the policy says so, then True once training must stop.
@@ -271,6 +269,7 @@ class TrainingRun:
             PreemptExit: as :meth:`step_end`.
             CheckpointSaveError: the save failed with ``ckpt_on_error=raise`` (the run has ended).
         """
+        self.held.epoch_end()
         if self.controller.saved_at is not None:
             return True  # a step checkpoint stopped this run in the middle of the epoch: this is no epoch's end
         restart_history.first_step(self.log, self._logs_start)  # a loop that reports no step: its first epoch
@@ -392,6 +391,7 @@ class TrainingRun:
         handlers back), the front end's hooks, and the writer lock (after the last write)."""
         if self._lease is not None:
             self.signals.release(self._lease)  # the watchdog stops; the main thread puts the handlers back
+        self.held.drop()
         self._interrupt.unhook()
         self.fit.release()  # the fit's epoch hooks and first epoch are its own again
         if self._on_release is not None:

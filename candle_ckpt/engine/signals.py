@@ -36,6 +36,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from candle_ckpt.config.params import CkptConfig
+from candle_ckpt.config.preemption import signal_numbers
+from candle_ckpt.engine.decision import checkpointing_off
 from candle_ckpt.engine.preempt import Trigger
 
 logger = logging.getLogger("candle_ckpt.engine.signals")
@@ -282,4 +285,15 @@ def process_signals() -> SignalOwner:
     return _PROCESS
 
 
-__all__ = ["EXIT", "HOLD", "HOLD_GRACE_S", "WATCH", "Lease", "SignalOwner", "process_signals"]
+def hold_signals(cfg: CkptConfig) -> list[str]:
+    """From ``restart()`` until a run begins: hold the preemption signals for the run's first step.
+
+    Returns the names of the signals held (none with checkpointing off, off the main thread, or where the
+    program installed its own handler). See :meth:`~candle_ckpt.engine.signals.SignalOwner.hold`.
+    """
+    if checkpointing_off(cfg):
+        return []
+    return process_signals().hold(signal_numbers(cfg.preempt_signals))
+
+
+__all__ = ["EXIT", "HOLD", "HOLD_GRACE_S", "WATCH", "Lease", "SignalOwner", "hold_signals", "process_signals"]

@@ -105,6 +105,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             on_release=self._untrack,
             where=fit_internals.waiting_for_input,
         )
+        self.run.held.on = self.group.size == 1  # fit's validation batches answer a request (capture.HeldStep)
         self._state: ModelState | None = None
         self._spare = SpareChunks()  # an async multi-process save's buffers, reused once written
         self._stdout: LineTracker | None = None
@@ -168,6 +169,7 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         train.pipeline = Pipeline(iterator, train.warn_once) if iterator is not None else None
         batch = fit_internals.batch_size(iterator) if iterator is not None else None
         train.shape = EpochShape.make((self.params or {}).get("steps"), batch)
+        self.run.held.validates = fit_internals.validated_epochs(self.model)  # a copy is held only for those
         self._train = train
         # Saves after every callback's on_epoch_end, the state put back before every on_epoch_begin (the run's).
         self._hooked = self.run.fit.hook_epochs(callback_list, self, self._after_epoch, self._before_epoch)
@@ -204,8 +206,9 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
         if self.run.step_end(self._epoch, step, logs or {}, capture, last=last, of=steps):
             self.model.stop_training = True
 
-    def on_test_batch_end(self, batch: int, logs=None) -> None:
-        self.run.watchdog.beat()  # a validation batch is progress too (fit's evaluation between epochs)
+    def on_test_batch_end(self, batch: int, logs=None) -> None:  # progress; a request answered (capture.HeldStep)
+        if self.run.validation_batch_end():  # with ckpt_preempt_exit_code=return: fit returns after this batch
+            self.model.stop_evaluating = self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if self._hooked:  # saved by _after_epoch, once every callback's on_epoch_end has run
@@ -234,7 +237,8 @@ class CandleCheckpointCallback(keras.callbacks.Callback):
             )
         else:
             state = self._state or ModelState(self.model)
-            cap = capture_model(state, self.cfg if step is None or copy else self._sync_cfg)
+            cfg = self.cfg.replace(async_save=True) if copy else self.cfg if step is None else self._sync_cfg
+            cap = capture_model(state, cfg)  # copy: an owned snapshot (held, or written in the background)
             if data is not None:
                 cap.files.append(FileSpec(TRAIN_STATE_FILE, lambda f: f.write(data)))
                 cap.nbytes += len(data)

@@ -152,6 +152,22 @@ def find_epoch_iterator(model: Any) -> Any:
     return None
 
 
+def validated_epochs(model: Any) -> Callable[[int], bool] | None:
+    """Which epochs (0-based) the running ``fit`` of ``model`` validates, or None: no validation data (or no fit).
+
+    Relies on: ``Trainer.fit``'s locals ``validation_data`` (also made of ``validation_split``) and
+    ``validation_freq``, and ``Trainer._should_eval``
+    -- tripwire ``test_resume_order.py::test_fit_hooks_find_the_callback_list_and_the_input``.
+    """
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model):
+        frame = frame.f_back
+    if frame is None or frame.f_locals.get("validation_data") is None:
+        return None
+    freq = frame.f_locals.get("validation_freq", 1)
+    return lambda epoch: bool(model._should_eval(epoch, freq))
+
+
 def batch_size(epoch_iterator: Any) -> Any:
     """The batch size ``fit``'s input says it has (arrays, grain, a batched tf.data), as it says it; None where it
     says none (a PyDataset) or cannot (``engine.epoch_shape.EpochShape.make`` keeps only a count).

@@ -25,7 +25,7 @@ from candle_ckpt.distributed.cluster import is_tf_keras
 from candle_ckpt.distributed.worker_state import WorkerTrainingState, multi_worker_strategy
 from candle_ckpt.engine.restore import restore
 from candle_ckpt.engine.resume import attach_resumed, checkpoint_dir
-from candle_ckpt.engine.run import hold_signals
+from candle_ckpt.engine.signals import hold_signals
 from candle_ckpt.keras import internals
 from candle_ckpt.keras.adapter import KerasModelAdapter
 from candle_ckpt.keras.preflight import build_optimizer

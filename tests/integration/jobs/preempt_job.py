@@ -3,7 +3,8 @@
 The same server as ``exact_job.py``: it imports TensorFlow once, then for every
 stdin line ``SETUP PHASE DIR OUT [key=value ...]`` forks a child that runs one
 job and prints ``reaped <status>``. The model, data and inputs are
-``exact_job.py``'s (found by name, with its other callbacks), plus ``arrays_noshuffle``.
+``exact_job.py``'s (found by name, with its other callbacks), plus ``arrays_noshuffle``, ``validation`` (shuffled
+arrays validated in 8 batches of 4) and ``validation_reduce_lr`` (with ReduceLROnPlateau on ``val_loss`` after ours).
 
 Phases: ``full`` and ``resume`` run to the end and write the final weights and
 optimizer variables to ``OUT`` (each epoch's logged loss to ``OUT.loss.json``).
@@ -15,7 +16,9 @@ sends itself SIGKILL there. ``deadline`` trains slowly (``sleep=`` seconds per
 batch) towards ``deadline=``. Options: ``async``, ``code=N`` or ``code=return``
 (``ckpt_preempt_exit_code``), ``steps=N`` (``ckpt_save_steps``), ``batch=N`` (``fit``'s batch size), ``slowfs=S``
 (each of the first two commits sleeps S seconds before its sidecar, so that a
-signal can come during an async write).
+signal can come during an async write), ``val=EPOCH.BATCH`` (the signal at that batch of the epoch's validation
+instead: each validation batch of the run prints ``val EPOCH.BATCH``), ``valsleep=S`` (each validation batch sleeps S
+seconds: a slow validation).
 """
 
 from __future__ import annotations
@@ -43,7 +46,18 @@ def options(words: list[str]) -> dict[str, str]:
 def fit_inputs(setup: str) -> dict:
     if setup == "arrays_noshuffle":
         return {**job.fit_inputs("arrays_shuffle"), "shuffle": False}
+    if setup.startswith("validation_") or setup == "validation":
+        x, y, _ = job.data()
+        return {**job.fit_inputs("arrays_shuffle"), "validation_data": (x[:32], y[:32]), "validation_batch_size": 4}
     return job.fit_inputs(setup)
+
+
+def other_callbacks(setup: str) -> tuple[list, list]:
+    if setup == "validation_reduce_lr":  # lowers the rate at every epoch end, by what the validation measured
+        import keras
+
+        return [], [keras.callbacks.ReduceLROnPlateau("val_loss", factor=0.5, patience=0, min_delta=10.0)]
+    return job.other_callbacks(setup)
 
 
 def params(directory: str, opts: dict[str, str]) -> dict:
@@ -99,6 +113,7 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
     start = found["epoch"] if found else 0
     say(f"start {start} {found['step'] if found else None}")
     at_epoch, at_batch = (int(v) for v in opts.get("at", "0.0").split("."))
+    val_at = tuple(int(v) for v in opts["val"].split(".")) if "val" in opts else None
 
     class Interrupt(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None) -> None:
@@ -111,19 +126,31 @@ def run(setup: str, phase: str, directory: str, out: str, opts: dict[str, str]) 
                 return
             if phase == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if phase == "signal":
+            if phase == "signal" and val_at is None:
+                say(f"at {os.getpid()} {int(ckpt.engine.writer.in_flight())}")
+                wait_go(directory)
+
+        def on_test_batch_end(self, batch, logs=None) -> None:
+            if val_at is None:
+                return
+            time.sleep(float(opts.get("valsleep", 0)))
+            say(f"val {self.epoch + 1}.{batch}")
+            if phase == "signal" and (self.epoch + 1, batch) == val_at:
                 say(f"at {os.getpid()} {int(ckpt.engine.writer.in_flight())}")
                 wait_go(directory)
 
     say(f"deadline {ckpt.run.controller.watcher.deadline}")
     epochs = 40 if phase == "deadline" else job.EPOCHS
-    before, after = job.other_callbacks(setup)
+    before, after = other_callbacks(setup)
     callbacks = [Interrupt(), *before, ckpt, *after]
     inputs = {**fit_inputs(setup), **({"batch_size": int(opts["batch"])} if "batch" in opts else {})}
     history = model.fit(**inputs, epochs=epochs, initial_epoch=start, verbose=0, callbacks=callbacks)
     np.savez(out, **job.final_arrays(model))
     losses = dict(zip(history.epoch, map(float, history.history.get("loss", [])), strict=False))
     Path(out + ".loss.json").write_text(json.dumps({str(k): v for k, v in losses.items()}))
+    if "val_loss" in history.history:
+        val = dict(zip(history.epoch, map(float, history.history["val_loss"]), strict=False))
+        Path(out + ".val.json").write_text(json.dumps({str(k): v for k, v in val.items()}))
     say(f"done {start} {len(history.epoch)} {ckpt.stats()['preempt']}")
 
 

@@ -228,6 +228,76 @@ def test_a_resume_with_another_batch_size_skips_the_samples_done_and_says_so(ser
     assert sorted(losses) == ["1", "2", "3", "4"] and all(np.isfinite(v) for v in losses.values()), losses
 
 
+@pytest.fixture(scope="module")
+def jax_server(tmp_path_factory):
+    stderr = tmp_path_factory.mktemp("preempt-jax") / "server.stderr"
+    srv = Server("preempt_job.py", stderr, env={"KERAS_BACKEND": "jax"})
+    yield srv
+    srv.close()
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize(
+    ("backend", "setup"),
+    [
+        ("tensorflow", "validation"),
+        ("tensorflow", "validation_reduce_lr"),
+        pytest.param("jax", "validation_reduce_lr", marks=pytest.mark.needs_package("jax")),
+    ],
+)
+def test_a_signal_during_validation_saves_the_step_before_the_last_at_once_and_the_rerun_is_bit_identical(
+    request, tmp_path, backend, setup
+):
+    """SIGTERM at batch 3 of 8 of epoch 1's validation (0.3 s a batch: a slow one): the state held before the epoch's
+    last step is committed at that batch as the step checkpoint of step 3 of 4, and the job exits, running none of
+    the validation's other batches. Before, the request waited for the validation's end and the epoch's checkpoint:
+    a validation longer than the scheduler's grace lost the epoch. The rerun trains step 4 again, validates, and
+    ends bit-identical, with every epoch's loss and val_loss as uninterrupted (``validation_reduce_lr``: a
+    ReduceLROnPlateau on val_loss, after ours, lowers the rate at every epoch end, once). On JAX too, whose fit keeps
+    the state outside the variables until the epoch's end. (A run's first epoch always holds the copy; later ones
+    when the window before was long: the test with return below.)"""
+    server = request.getfixturevalue("server" if backend == "tensorflow" else "jax_server")
+    full = tmp_path / "full"
+    lines, status = server.run(setup, "full", str(full), f"{full}.npz")
+    assert status == 0 and lines[-1].startswith("done 0"), lines
+    full = Path(f"{full}.npz")
+    directory = tmp_path / "job"
+    out = str(directory) + ".npz"
+    lines, status = server.run(setup, "signal", str(directory), out, "val=1.2", "valsleep=0.3", f"code={CODE}",
+                               send=signal.SIGTERM)  # fmt: skip
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == CODE, (lines, status)
+    assert [line.split()[1] for line in lines if line.startswith("val ")] == ["1.0", "1.1", "1.2"], lines
+    assert [(s["epoch"], s["step"], s["reason"]) for s in step_sidecars(directory)] == [(0, 3, "SIGTERM")]
+    assert not (directory / "ckpts" / "epochs").exists() or not any((directory / "ckpts" / "epochs").iterdir())
+    log = (directory / "ckpt.log").read_text()
+    assert "SIGTERM came during fit's validation of epoch 1: saving the state held before its last step" in log, log
+    seconds = commit_time(directory)
+    lines, status = server.run(setup, "resume", str(directory), out, f"code={CODE}")
+    assert status == 0 and lines[0] == "start 0 3", lines
+    assert_identical(full, Path(out))
+    for kind in ("loss", "val"):
+        whole = json.loads(Path(f"{full}.{kind}.json").read_text())
+        resumed = json.loads(Path(f"{out}.{kind}.json").read_text())
+        assert sorted(resumed) == ["0", "1", "2", "3", "4"] and resumed == whole, kind
+    figure(f"{backend}-{setup}-SIGTERM-during-validation", {"signal_to_commit_s": seconds, **resume_times(directory)})
+
+
+@pytest.mark.tf_only
+def test_a_signal_during_validation_with_return_ends_the_validation_and_fit_returns(server, tmp_path):
+    """With ckpt_preempt_exit_code=return, a SIGTERM during epoch 2's validation (0.7 s a batch: epoch 1's took 5.6 s,
+    over the 5 s from which the copy is held in the epochs after a run's first) commits the held step checkpoint, the
+    validation ends at that batch (stop_evaluating) and fit returns after the epoch: no epoch checkpoint is made of
+    an epoch whose checkpoint is the step before its last."""
+    directory = tmp_path / "job"
+    lines, status = server.run("validation", "signal", str(directory), str(directory) + ".npz", "val=2.2",
+                               "valsleep=0.7", "code=return", send=signal.SIGTERM)  # fmt: skip
+    assert status == 0, lines
+    assert [line.split()[1] for line in lines if line.startswith("val ")][-1] == "2.2", lines
+    assert lines[-1].startswith("done 0 2 {") and "'step': 3" in lines[-1], lines
+    assert sorted(p.name for p in (directory / "ckpts" / "epochs").iterdir()) == ["001"]
+    assert [(s["epoch"], s["step"]) for s in step_sidecars(directory)] == [(1, 3)]
+
+
 @pytest.mark.tf_only
 def test_signal_at_the_last_step_saves_the_epoch(server, tmp_path):
     """A signal after the epoch's last step is answered by that epoch's checkpoint (no step checkpoint)."""

@@ -228,10 +228,16 @@ def test_fit_hooks_find_the_callback_list_and_the_input():
         def on_train_begin(self, logs=None) -> None:
             found["list"] = fit_hooks.find_callback_list(self)
             found["iterator"] = fit_hooks.find_epoch_iterator(self.model)
+            found.setdefault("validates", []).append(fit_internals.validated_epochs(self.model))
 
     probe = Probe()
     _model().fit(X, Y, batch_size=16, epochs=1, verbose=0, callbacks=[probe])
     assert found["list"] is not None and probe in found["list"].callbacks
+    # Which epochs fit validates (engine/capture.HeldStep): none without validation data; validation_split and
+    # validation_freq=2 validate epochs 2, 4...
+    _model().fit(X, Y, batch_size=16, epochs=1, verbose=0, callbacks=[probe], validation_split=0.25, validation_freq=2)
+    assert found["validates"][0] is None
+    assert [found["validates"][1](epoch) for epoch in range(4)] == [False, True, False, True]
     iterator = found["iterator"]
     assert type(iterator.data_adapter).__name__ == "ArrayDataAdapter"
     assert fit_internals.batch_size(iterator) == 16  # a resume with another batch size is told (engine/epoch_shape)

@@ -22,8 +22,8 @@ from candle_ckpt.engine.capture import Capture
 from candle_ckpt.engine.engine import CheckpointEngine
 from candle_ckpt.engine.notice import NoticeAgreement
 from candle_ckpt.engine.preempt import PreemptExit
-from candle_ckpt.engine.run import TrainingRun, hold_signals
-from candle_ckpt.engine.signals import EXIT, WATCH, process_signals
+from candle_ckpt.engine.run import TrainingRun
+from candle_ckpt.engine.signals import EXIT, WATCH, hold_signals, process_signals
 from candle_ckpt.storage.store import FileSpec
 from candle_ckpt.testing.groups import ThreadGroup
 
