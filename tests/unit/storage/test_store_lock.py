@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,7 +82,8 @@ from candle_ckpt.storage.store import CheckpointStore
 store = CheckpointStore(sys.argv[1])
 store.open_for_write()
 child = os.fork()
-if child == 0:  # a pool's worker: outlives its parent (killed by the test when done)
+if child == 0:  # a pool's worker: outlives its parent (killed by the test when done); os.fork ran its hooks
+    open(os.path.join(sys.argv[1], "child-runs"), "w").close()
     time.sleep(120)
     os._exit(0)
 print(child, flush=True)
@@ -98,6 +100,10 @@ def test_a_killed_writers_forked_child_does_not_keep_the_lock(tmp_path) -> None:
     child = 0
     try:
         child = int(holder.stdout.readline())
+        for _ in range(6000):  # the child's word that it runs (60 s at most)
+            if (tmp_path / "child-runs").exists():
+                break
+            time.sleep(0.01)
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=60)
         os.kill(child, 0)  # the child lives on
